@@ -1,0 +1,270 @@
+"""YAML + ``key=value`` overrides -> a validated :class:`RunConfig`.
+
+Errors are :class:`ConfigError` with one line that names the key (dotted path), what was given
+and what was expected; an unknown key names the closest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from alignkit.config.schema import RunConfig
+
+
+class ConfigError(ValueError):
+    """A bad config: the message is one line naming the key and what was expected."""
+
+
+# ---------------------------------------------------------------- reading + overrides
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{p}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` strings (value parsed as YAML: ``1e-4``, ``true``, ``[a, b]``)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. training.learning_rate=1e-4)")
+        key, _, text = item.partition("=")
+        key = key.strip().lstrip("-")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        node = raw
+        parts = key.split(".")
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[part] = nxt
+            node = nxt
+        node[parts[-1]] = value
+    return raw
+
+
+# ---------------------------------------------------------------- typed conversion
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", bool: "true/false", str: "a string", type(None): "null"}.get(
+        tp, str(tp)
+    )
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}{hint}")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]  # `data.train: file.jsonl` means a one-element list
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        return [_convert(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of options, got {value!r}")
+        return build_dataclass(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads `1e-4` as a string; accept any float literal
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")  # pragma: no cover - schema bug
+
+
+def _check_range(value: Any, meta: dict[str, Any], key: str) -> None:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if "gt" in meta and not value > meta["gt"]:
+        raise ConfigError(f"{key}: must be > {meta['gt']}, got {value!r}")
+    if "ge" in meta and not value >= meta["ge"]:
+        raise ConfigError(f"{key}: must be >= {meta['ge']}, got {value!r}")
+    if "le" in meta and not value <= meta["le"]:
+        raise ConfigError(f"{key}: must be <= {meta['le']}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+
+
+def build_dataclass(cls: type, raw: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in raw:
+        if name not in fields:
+            full = f"{prefix}.{name}" if prefix else str(name)
+            close = difflib.get_close_matches(str(name), list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean {((prefix + '.') if prefix else '') + close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown config key {full!r}{hint} (valid here: {', '.join(fields)})")
+    kwargs = {}
+    for name, fld in fields.items():
+        if name not in raw:
+            continue
+        key = f"{prefix}.{name}" if prefix else name
+        value = _convert(raw[name], hints[name], key)
+        _check_range(value, dict(fld.metadata), key)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+# ---------------------------------------------------------------- cross-field checks
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Batch arithmetic for one run: global = per_device x accumulation x world."""
+
+    per_device: int
+    accumulation: int
+    world_size: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_device * self.accumulation * self.world_size
+
+
+def resolve_batch(cfg: RunConfig, world_size: int) -> BatchPlan:
+    t = cfg.training
+    ga = t.gradient_accumulation_steps
+    if t.per_device_batch_size is None and t.global_batch_size is None:
+        raise ConfigError("training: give training.per_device_batch_size or training.global_batch_size")
+    if t.global_batch_size is not None:
+        denom = ga * world_size
+        if t.global_batch_size % denom:
+            raise ConfigError(
+                f"training.global_batch_size={t.global_batch_size} is not divisible by "
+                f"gradient_accumulation_steps={ga} x world_size={world_size} = {denom}"
+            )
+        per_device = t.global_batch_size // denom
+        if t.per_device_batch_size is not None and t.per_device_batch_size != per_device:
+            raise ConfigError(
+                f"training.per_device_batch_size={t.per_device_batch_size} disagrees with "
+                f"global_batch_size={t.global_batch_size} / ({ga} x {world_size}) = {per_device}; give only one"
+            )
+        return BatchPlan(per_device, ga, world_size)
+    return BatchPlan(t.per_device_batch_size, ga, world_size)  # type: ignore[arg-type]
+
+
+def scaled_learning_rate(cfg: RunConfig, plan: BatchPlan) -> float:
+    """learning_rate x (B / B_ref) for linear, x sqrt(B / B_ref) for sqrt (ALGORITHMS 6.3)."""
+    t = cfg.training
+    if t.lr_scaling == "none":
+        return t.learning_rate
+    ratio = plan.global_batch / t.reference_batch_size  # type: ignore[operator]
+    return t.learning_rate * (ratio if t.lr_scaling == "linear" else math.sqrt(ratio))
+
+
+def validate(cfg: RunConfig) -> None:
+    """Checks that need more than one field; run once after building."""
+    from alignkit.algorithms import ALGORITHMS  # late import: algorithms import config
+
+    if cfg.algorithm not in ALGORITHMS:
+        close = difflib.get_close_matches(cfg.algorithm, ALGORITHMS.names(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"algorithm: unknown {cfg.algorithm!r}{hint}; choose one of {ALGORITHMS.names()}")
+    if not cfg.model.name_or_path:
+        raise ConfigError("model.name_or_path: required (a hub id or a local model directory)")
+    if not cfg.data.train:
+        raise ConfigError("data.train: required (one or more .jsonl/.parquet files or builtin:NAME)")
+    t = cfg.training
+    if t.per_device_batch_size is None and t.global_batch_size is None:
+        raise ConfigError("training: give training.per_device_batch_size or training.global_batch_size")
+    if t.lr_scaling != "none" and t.reference_batch_size is None:
+        raise ConfigError(f"training.reference_batch_size: required when training.lr_scaling={t.lr_scaling!r}")
+    unknown_sinks = set(cfg.logging.report_to) - {"console", "jsonl", "tensorboard", "wandb"}
+    if unknown_sinks:
+        raise ConfigError(
+            f"logging.report_to: unknown sink(s) {sorted(unknown_sinks)}; choose from console, jsonl, tensorboard, wandb"
+        )
+    rf = cfg.checkpoint.resume_from
+    if rf not in (None, "latest") and not Path(rf).exists():
+        raise ConfigError(f"checkpoint.resume_from: {rf!r} does not exist (use null, latest or a checkpoint path)")
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    raw = read_yaml(path) if path is not None else {}
+    raw = apply_overrides(raw, list(overrides or []))
+    cfg = build_dataclass(RunConfig, raw)
+    validate(cfg)
+    return cfg
+
+
+def dump_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

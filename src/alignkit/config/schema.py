@@ -1,0 +1,140 @@
+"""The typed run configuration: one dataclass per YAML section.
+
+Every field has a docstring-like ``help`` in its metadata and, where it matters, a range
+(``ge`` / ``gt`` / ``le``). Choices are ``Literal`` types. Cross-field rules (batch arithmetic,
+algorithm needs) live in :mod:`alignkit.config.loader` and run once at load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+
+def f(default: Any = None, help: str = "", **rules: Any) -> Any:  # noqa: A002 - mirrors argparse
+    """A dataclass field carrying its help text and range rules (``ge``, ``gt``, ``le``)."""
+    if isinstance(default, (list, dict)):
+        value = default
+        return field(default_factory=lambda: type(value)(value), metadata={"help": help, **rules})
+    return field(default=default, metadata={"help": help, **rules})
+
+
+def section(cls: type, help: str = "") -> Any:  # noqa: A002
+    return field(default_factory=cls, metadata={"help": help})
+
+
+@dataclass
+class LoraConfig:
+    r: int = f(16, "LoRA rank.", gt=0)
+    alpha: float = f(32.0, "LoRA alpha (scaling = alpha / r).", gt=0)
+    dropout: float = f(0.05, "Dropout on the LoRA branch.", ge=0, le=1)
+    target_modules: list[str] = f(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], "Module names (suffixes) that get adapters."
+    )
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = f("", "Hub id or local directory of the model (from_pretrained).")
+    tokenizer: Optional[str] = f(None, "Tokenizer path; defaults to model.name_or_path.")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = f(
+        "auto", "Compute dtype: auto = bf16 if the GPU supports it, else fp16; fp32 on CPU."
+    )
+    gradient_checkpointing: bool = f(False, "Recompute activations in backward to save memory.")
+    attn_implementation: Optional[str] = f("sdpa", "Attention kernel passed to from_pretrained.")
+    trust_remote_code: bool = f(False, "Allow model code from the hub/local dir to run. Off by default.")
+    lora: Optional[LoraConfig] = f(None, "LoRA adapters through peft; null = full fine-tuning.")
+    ref_name_or_path: Optional[str] = f(None, "Reference model for DPO/PPO; defaults to the policy start.")
+
+
+@dataclass
+class DataConfig:
+    train: list[str] = f([], "Training files (.jsonl / .json / .parquet) or builtin:NAME.")
+    eval: list[str] = f([], "Evaluation files; empty = no evaluation.")
+    max_length: int = f(512, "Longest tokenized example; longer ones are truncated.", gt=0)
+    packing: bool = f(False, "SFT: pack short examples into rows of max_length (padding-free).")
+    skip_invalid: bool = f(False, "Skip malformed rows (counted in the log) instead of failing.")
+    num_workers: int = f(0, "DataLoader worker processes.", ge=0)
+    max_train_examples: Optional[int] = f(None, "Use only the first N training rows.", gt=0)
+    max_eval_examples: Optional[int] = f(None, "Use only the first N evaluation rows.", gt=0)
+
+
+@dataclass
+class TrainingConfig:
+    per_device_batch_size: Optional[int] = f(None, "Examples per process per micro-batch.", gt=0)
+    global_batch_size: Optional[int] = f(
+        None, "Examples per optimizer step over all processes (= per_device x accumulation x world).", gt=0
+    )
+    gradient_accumulation_steps: int = f(1, "Micro-batches per optimizer step.", gt=0)
+    learning_rate: float = f(1e-5, "Peak learning rate (before lr_scaling).", gt=0)
+    lr_scaling: Literal["none", "linear", "sqrt"] = f(
+        "none", "Scale learning_rate by (global batch / reference_batch_size) or its square root."
+    )
+    reference_batch_size: Optional[int] = f(None, "Global batch the learning_rate was tuned for.", gt=0)
+    lr_scheduler: Literal["constant", "linear", "cosine"] = f("cosine", "Decay after warmup.")
+    warmup_steps: int = f(0, "Linear warmup in optimizer steps.", ge=0)
+    warmup_ratio: float = f(0.0, "Warmup as a fraction of total optimizer steps (if warmup_steps=0).", ge=0, le=1)
+    min_lr_ratio: float = f(0.0, "Floor of the decay as a fraction of the peak lr.", ge=0, le=1)
+    max_steps: Optional[int] = f(None, "Optimizer steps to run; overrides epochs.", gt=0)
+    epochs: float = f(1.0, "Passes over the training data (if max_steps is not set).", gt=0)
+    max_grad_norm: float = f(1.0, "Clip the global gradient norm; 0 disables clipping.", ge=0)
+    weight_decay: float = f(0.0, "AdamW weight decay (not applied to biases and norms).", ge=0)
+    adam_beta1: float = f(0.9, "AdamW beta1.", ge=0, le=1)
+    adam_beta2: float = f(0.999, "AdamW beta2.", ge=0, le=1)
+    adam_epsilon: float = f(1e-8, "AdamW epsilon.", gt=0)
+    seed: int = f(42, "Seed for data order, init of new heads and dropout.")
+    eval_steps: Optional[int] = f(None, "Evaluate every N optimizer steps (and at the end).", gt=0)
+    eval_batch_size: Optional[int] = f(None, "Per-device eval batch; defaults to per_device_batch_size.", gt=0)
+
+
+@dataclass
+class DDPConfig:
+    find_unused_parameters: bool = f(False, "Let DDP tolerate parameters without gradients.")
+    bucket_cap_mb: float = f(25.0, "Gradient bucket size in MB.", gt=0)
+    gradient_as_bucket_view: bool = f(True, "Gradients alias the comm buckets (saves memory).")
+    broadcast_buffers: bool = f(False, "Broadcast module buffers from rank 0 every forward.")
+    static_graph: bool = f(False, "Tell DDP the graph never changes between iterations.")
+
+
+@dataclass
+class DistributedConfig:
+    strategy: Literal["auto", "single", "ddp"] = f("auto", "auto = ddp under a launcher, else single.")
+    backend: Literal["auto", "nccl", "gloo"] = f("auto", "auto = nccl on CUDA, gloo on CPU.")
+    timeout_minutes: float = f(30.0, "Collective timeout.", gt=0)
+    ddp: DDPConfig = section(DDPConfig, "DistributedDataParallel options.")
+
+
+@dataclass
+class CheckpointConfig:
+    save_steps: Optional[int] = f(None, "Save every N optimizer steps (and at the end).", gt=0)
+    save_total_limit: Optional[int] = f(None, "Keep only the newest N checkpoints.", gt=0)
+    resume_from: Optional[str] = f(None, "null | latest | PATH to a checkpoint-STEP directory.")
+    save_final: bool = f(True, "Write the final model to output_dir/final.")
+
+
+@dataclass
+class LoggingConfig:
+    logging_steps: int = f(10, "Log metrics every N optimizer steps.", gt=0)
+    report_to: list[str] = f(["console", "jsonl"], "Any of console, jsonl, tensorboard, wandb.")
+    run_name: Optional[str] = f(None, "Name for W&B / TensorBoard; defaults to output_dir's name.")
+    wandb_project: str = f("alignkit", "W&B project (W&B runs offline when WANDB_MODE=offline).")
+    progress_bar: Literal["auto", "on", "off"] = f("auto", "auto = only when stdout is a terminal.")
+
+
+@dataclass
+class SFTConfig:
+    loss_on: Literal["assistant", "all"] = f("assistant", "Train on assistant/completion tokens or all.")
+    logps_chunk_size: int = f(1024, "Rows of hidden states per LM-head chunk in the loss.", gt=0)
+
+
+@dataclass
+class RunConfig:
+    algorithm: str = f("sft", "Which algorithm to run (sft, ...).")
+    output_dir: str = f("runs/alignkit", "Where checkpoints, logs and the final model go.")
+    model: ModelConfig = section(ModelConfig, "The trained (policy) model.")
+    data: DataConfig = section(DataConfig, "Data files and tokenization.")
+    training: TrainingConfig = section(TrainingConfig, "Optimisation and batch arithmetic.")
+    distributed: DistributedConfig = section(DistributedConfig, "Strategy and process group.")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "Saving and resuming.")
+    logging: LoggingConfig = section(LoggingConfig, "Metrics sinks.")
+    sft: SFTConfig = section(SFTConfig, "SFT options.")

@@ -1,0 +1,111 @@
+"""Collective helpers for metrics and statistics.
+
+This is the only place algorithm-facing code reaches ``torch.distributed``: every helper is a
+no-op (identity) in a single process, so algorithms, losses and data never branch on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
+def _comm_device() -> torch.device:
+    """NCCL reduces CUDA tensors only; gloo reduces CPU tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _reduce(t: torch.Tensor, op: "dist.ReduceOp") -> torch.Tensor:
+    if not is_initialized():
+        return t.detach().clone()
+    out = t.detach().to(_comm_device(), copy=True)
+    dist.all_reduce(out, op=op)
+    return out.to(t.device)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of ``t`` over ranks (a new tensor on ``t``'s device; the input is untouched)."""
+    return _reduce(t, dist.ReduceOp.SUM)
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    return _reduce(t, dist.ReduceOp.MAX)
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    return all_reduce_sum(t) / world_size()
+
+
+def all_gather_tensor(t: torch.Tensor) -> torch.Tensor:
+    """Concatenate equal-shaped tensors from every rank along dim 0, in rank order."""
+    if not is_initialized():
+        return t.detach().clone()
+    src = t.detach().to(_comm_device()).contiguous()
+    parts = [torch.empty_like(src) for _ in range(world_size())]
+    dist.all_gather(parts, src)
+    return torch.cat(parts, dim=0).to(t.device)
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` in rank order (pickled; for small things only)."""
+    if not is_initialized():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank."""
+    if not is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def broadcast_tensor(t: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Rank ``src``'s values of ``t`` on every rank (a new tensor)."""
+    if not is_initialized():
+        return t.detach().clone()
+    out = t.detach().to(_comm_device(), copy=True)
+    dist.broadcast(out, src=src)
+    return out.to(t.device)
+
+
+def barrier() -> None:
+    if is_initialized():
+        dist.barrier()
+
+
+def reduce_metrics(sums: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Global mean of each metric: sum and count are reduced separately (no mean of means).
+
+    All values travel in one flat tensor so a step costs one all-reduce however many metrics.
+    """
+    names = sorted(sums)
+    if not names:
+        return {}
+    flat = torch.stack(
+        [sums[n].detach().double().reshape(()) for n in names]
+        + [counts[n].detach().double().reshape(()) for n in names]
+    )
+    flat = all_reduce_sum(flat)
+    k = len(names)
+    return {n: (flat[i] / flat[k + i]).item() if flat[k + i] > 0 else float("nan") for i, n in enumerate(names)}

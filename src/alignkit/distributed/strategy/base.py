@@ -1,0 +1,167 @@
+"""The one Strategy protocol every engine implements (single device, DDP; FSDP2/DeepSpeed later).
+
+The training loops talk to the engine only through these methods, so no algorithm ever
+branches on the engine. Engine quirks stay in each engine's own file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from alignkit.config.schema import DistributedConfig
+from alignkit.distributed.env import DistEnv
+from alignkit.models.loading import hf_model
+
+OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def pick_device(env: DistEnv) -> torch.device:
+    """CUDA (this process's local GPU) when present, else CPU: the single-GPU / CPU fallback."""
+    if torch.cuda.is_available():
+        idx = env.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(idx)
+        return torch.device("cuda", idx)
+    return torch.device("cpu")
+
+
+def pick_compute_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 where the GPU supports it, fp16 on older GPUs, fp32 on CPU."""
+    if requested != "auto":
+        return _DTYPES[requested]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def pick_backend(requested: str, device: torch.device) -> str:
+    if requested != "auto":
+        return requested
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+class Strategy(ABC):
+    """How the trainable model is placed, synchronised, stepped and saved."""
+
+    name: str = "base"
+
+    def __init__(self, cfg: DistributedConfig, env: DistEnv, dtype: str = "auto") -> None:
+        self.cfg = cfg
+        self.env = env
+        self.device = pick_device(env)
+        self.compute_dtype = pick_compute_dtype(dtype, self.device)
+        self.backend = pick_backend(cfg.backend, self.device)
+        # fp16 needs loss scaling; bf16 and fp32 do not.
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.compute_dtype == torch.float16 else None
+
+    # ------------------------------------------------------------------ process group
+    @property
+    def dp_rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    def setup(self) -> None:
+        """Create the process group (once) when launched with several processes."""
+        if self.env.world_size > 1 and not dist.is_initialized():
+            kwargs: dict[str, Any] = {"backend": self.backend, "timeout": timedelta(minutes=self.cfg.timeout_minutes)}
+            if self.device.type == "cuda":
+                kwargs["device_id"] = self.device
+            dist.init_process_group(**kwargs)
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    # ------------------------------------------------------------------ models
+    @abstractmethod
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Place/wrap the trainable model and build its optimizer; returns (wrapped, optimizer)."""
+
+    def prepare_frozen(self, model: nn.Module) -> nn.Module:
+        """A frozen model (reference, reward, cost): eval mode, no grads, replicated on every rank."""
+        model.eval()
+        model.requires_grad_(False)
+        return model.to(self.device)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module if hasattr(model, "module") and isinstance(model, nn.Module) else model
+
+    # ------------------------------------------------------------------ step
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Skip the gradient all-reduce on accumulation micro-batches (no-op without DDP)."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
+        """Clip, step and zero the grads; returns the global gradient norm before clipping."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        params = [p for p in model.parameters() if p.grad is not None]
+        limit = max_grad_norm if max_grad_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, limit) if params else torch.tensor(0.0)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    # ------------------------------------------------------------------ saving
+    def save_model(self, model: nn.Module, out_dir: Path, tokenizer: Any = None) -> None:
+        """Hugging Face format (safetensors), written by rank 0 only."""
+        if self.is_main:
+            inner = hf_model(self.unwrap(model))
+            inner.save_pretrained(str(out_dir), safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(out_dir))
+        self.barrier()
+
+    def save_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: Path) -> None:
+        """Optimizer (and scaler) state; rank 0 only, since DDP replicas are identical."""
+        if self.is_main:
+            state = {"optimizer": optimizer.state_dict()}
+            if self.scaler is not None:
+                state["scaler"] = self.scaler.state_dict()
+            torch.save(state, out_dir / "optimizer.pt")
+        self.barrier()
+
+    def load_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt_dir: Path) -> None:
+        """Model weights and optimizer state from a checkpoint directory (every rank reads)."""
+        from alignkit.models.weights import load_weights_into
+
+        load_weights_into(hf_model(self.unwrap(model)), ckpt_dir)
+        state = torch.load(ckpt_dir / "optimizer.pt", map_location=self.device, weights_only=True)
+        optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])

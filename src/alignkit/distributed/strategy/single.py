@@ -1,0 +1,23 @@
+"""One process on one device (a GPU if present, else the CPU)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from alignkit.distributed.strategy.base import OptimizerFactory, Strategy
+
+
+class SingleStrategy(Strategy):
+    name = "single"
+
+    def setup(self) -> None:
+        if self.env.world_size > 1:
+            raise ValueError(
+                f"distributed.strategy=single but the launcher started {self.env.world_size} processes; "
+                "use distributed.strategy=ddp (or auto)"
+            )
+
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = model.to(self.device)
+        return model, make_optimizer(model)

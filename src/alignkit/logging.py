@@ -1,0 +1,163 @@
+"""Rank-0 sinks: console (+ progress bar), metrics.jsonl, TensorBoard, Weights & Biases.
+
+Every rank may call these methods; only rank 0 writes anything. Secrets (W&B API keys and
+anything that looks like a token) never reach a sink: the config is scrubbed before logging.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("alignkit")
+
+_SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password)", re.IGNORECASE)
+
+
+def setup_console(is_main: bool) -> None:
+    """Plain ``alignkit: message`` lines on stderr from rank 0; other ranks only warn."""
+    if log.handlers:
+        log.setLevel(logging.INFO if is_main else logging.WARNING)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if is_main else logging.WARNING)
+    log.propagate = False
+
+
+def scrub(obj: Any) -> Any:
+    """A copy of a nested config with secret-looking values replaced by '***'."""
+    if isinstance(obj, dict):
+        return {k: ("***" if _SECRET_KEY.search(str(k)) and v else scrub(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [scrub(v) for v in obj]
+    return obj
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
+            return f"{v:.3e}"
+        return f"{v:.4f}"
+    return str(v)
+
+
+class RunLogger:
+    def __init__(
+        self,
+        *,
+        is_main: bool,
+        output_dir: Path,
+        report_to: list[str],
+        run_name: str | None = None,
+        wandb_project: str = "alignkit",
+        progress_bar: str = "auto",
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.is_main = is_main
+        self.report_to = set(report_to)
+        self._jsonl = None
+        self._tb = None
+        self._wandb = None
+        self._bar = None
+        self._progress_mode = progress_bar
+        if not is_main:
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        name = run_name or output_dir.name
+        if "jsonl" in self.report_to:
+            self._jsonl = (output_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        if "tensorboard" in self.report_to:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
+        if "wandb" in self.report_to:
+            try:
+                import wandb
+            except ImportError:
+                raise RuntimeError("logging.report_to has wandb but wandb is not installed: pip install wandb") from None
+            self._wandb = wandb.init(
+                project=wandb_project, name=name, dir=str(output_dir), config=scrub(config or {}), reinit=True
+            )
+
+    # -------------------------------------------------------------- text
+    def info(self, msg: str) -> None:
+        if self.is_main:
+            if self._bar is not None:
+                self._bar.write(msg, file=sys.stderr)
+            else:
+                log.info(msg)
+
+    # -------------------------------------------------------------- progress
+    def start_progress(self, total: int, initial: int = 0) -> None:
+        if not self.is_main:
+            return
+        on = self._progress_mode == "on" or (self._progress_mode == "auto" and sys.stderr.isatty())
+        if on:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
+
+    def advance(self, postfix: dict[str, Any] | None = None) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+            if postfix:
+                self._bar.set_postfix({k: _fmt(v) for k, v in postfix.items()}, refresh=False)
+
+    # -------------------------------------------------------------- metrics
+    def log_metrics(self, step: int, metrics: dict[str, Any], *, prefix: str = "") -> None:
+        if not self.is_main:
+            return
+        row = {(prefix + k if k not in ("step", "epoch") else k): v for k, v in metrics.items()}
+        row["step"] = step
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"time": round(time.time(), 3), **clean}) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
+        if "console" in self.report_to:
+            shown = " ".join(f"{k}={_fmt(v)}" for k, v in row.items() if k not in ("step", "epoch"))
+            epoch = row.get("epoch")
+            head = f"Epoch {epoch:.2f} step {step}" if isinstance(epoch, float) else f"step {step}"
+            self.info(f"{head} {shown}")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def peak_memory_mb(device_type: str) -> float:
+    """Peak memory of this process: CUDA allocator peak on GPU, peak RSS on CPU (MiB)."""
+    if device_type == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 1024 if sys.platform != "darwin" else rss / 2**20
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,21 @@
+"""Pure loss functions: tensors in, ``(losses, metrics)`` out; normalisers are arguments."""
+
+from alignkit.losses.cost import cost_model_loss
+from alignkit.losses.dpo import DPO_LOSSES, dpo_loss
+from alignkit.losses.kl import KL_ESTIMATORS, kl_estimate
+from alignkit.losses.reward import bradley_terry_loss
+from alignkit.losses.safe_dpo import dynamic_beta, lagrange_update, safe_dpo_loss
+from alignkit.losses.sft import sft_loss
+
+__all__ = [
+    "DPO_LOSSES",
+    "KL_ESTIMATORS",
+    "bradley_terry_loss",
+    "cost_model_loss",
+    "dpo_loss",
+    "dynamic_beta",
+    "kl_estimate",
+    "lagrange_update",
+    "safe_dpo_loss",
+    "sft_loss",
+]

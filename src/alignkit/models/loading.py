@@ -1,0 +1,93 @@
+"""Loading tokenizers and causal LMs (hub id or local path) the way training needs them."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from alignkit.config.schema import ModelConfig
+
+log = logging.getLogger("alignkit")
+
+
+def load_tokenizer(cfg: ModelConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
+    if tok.pad_token_id is None:
+        # Many base models ship without a pad token; EOS is the usual stand-in. Pad positions
+        # never reach the loss (targets are IGNORE_INDEX there).
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(
+    cfg: ModelConfig,
+    *,
+    name_or_path: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    trainable: bool = True,
+) -> nn.Module:
+    """A causal LM from ``from_pretrained``, configured for training.
+
+    Trainable models keep fp32 master weights (autocast supplies bf16/fp16 compute); frozen
+    ones are loaded straight in the compute dtype. The KV cache is switched off (it only costs
+    memory in training) and gradient checkpointing is enabled when asked.
+    """
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(name_or_path or cfg.name_or_path, **kwargs)
+    model.config.use_cache = False
+    if trainable:
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.lora is not None:
+            model = apply_lora(model, cfg)
+    return model
+
+
+def apply_lora(model: nn.Module, cfg: ModelConfig, task_type: str = "CAUSAL_LM") -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    assert cfg.lora is not None
+    if cfg.gradient_checkpointing:
+        # With frozen embeddings the checkpointed blocks would see inputs without grad.
+        model.enable_input_require_grads()
+    lcfg = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+        task_type=task_type,
+    )
+    return get_peft_model(model, lcfg)
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total
+
+
+def hf_model(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside our training wrappers (for save_pretrained / generate)."""
+    while hasattr(model, "hf_model") and isinstance(getattr(model, "hf_model"), nn.Module):
+        model = model.hf_model  # type: ignore[assignment]
+    return model
+
+
+def split_lm(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(backbone returning final hidden states, LM head) of a causal LM, peft-wrapped or not."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings()
+    backbone = base.base_model if getattr(base, "base_model", base) is not base else None
+    if head is None or backbone is None:
+        raise TypeError(f"{type(base).__name__}: cannot find the decoder backbone and LM head")
+    return backbone, head

@@ -1,0 +1,224 @@
+"""Per-token log-probabilities without materialising full-size float32 (or any (N, V)) logits.
+
+Two entry points:
+
+* :func:`selective_log_softmax` takes logits a model already produced (``(..., V)``, often bf16) and
+  returns ``log_softmax(logits)[index]`` in float32, computing the log-sum-exp in float32 row-chunks.
+  Its backward is also chunked, so neither pass holds a float32 copy of the whole logits tensor.
+* :func:`chunked_token_logps` fuses the LM head: from hidden states ``(N, H)`` and the head weight
+  ``(V, H)`` it computes ``log p(target)`` chunk by chunk and recomputes each chunk's logits in
+  backward, so no ``(N, V)`` tensor ever exists (the Liger / "cut cross-entropy" idea, in PyTorch).
+
+Both use the identity  d log_softmax(z)[y] / dz = onehot(y) - softmax(z)  to write the backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from alignkit.constants import IGNORE_INDEX
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for bf16/fp16/fp32 inputs, float64 for float64 inputs (exact tests, gradcheck)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _row_views(x: Tensor) -> list[Tensor]:
+    """Split ``x (..., V)`` into 2-D ``(rows, V)`` views, in row-major order, without copying.
+
+    ``x.reshape(-1, V)`` would copy a non-contiguous input such as the shifted ``logits[:, :-1]``,
+    which is the full-size copy this module exists to avoid; so recurse over the leading dim instead.
+    """
+    try:
+        return [x.view(-1, x.shape[-1])]
+    except RuntimeError:
+        return [v for sub in x.unbind(0) for v in _row_views(sub)]
+
+
+def _row_chunks(x: Tensor, chunk_size: int):
+    """Yield ``(flat_start, flat_stop, rows)`` with ``rows`` a ``(<=chunk_size, V)`` view of ``x``."""
+    offset = 0
+    for view in _row_views(x):
+        for start in range(0, view.shape[0], chunk_size):
+            rows = view[start : start + chunk_size]
+            yield offset + start, offset + start + rows.shape[0], rows
+        offset += view.shape[0]
+
+
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    """``log_softmax(logits, -1).gather(-1, index)`` with float32 maths in row-chunks.
+
+    Saves ``logits`` itself (already alive in the graph that produced it, so no new memory), the
+    indices and one float32 log-sum-exp per row.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, index: Tensor, chunk_size: int) -> Tensor:
+        acc = _acc_dtype(logits.dtype)
+        flat_index = index.reshape(-1)
+        lse = torch.empty(flat_index.shape[0], dtype=acc, device=logits.device)
+        picked = torch.empty_like(lse)
+        for start, stop, rows in _row_chunks(logits, chunk_size):
+            idx = flat_index[start:stop, None]
+            lse[start:stop] = torch.logsumexp(rows.to(acc), dim=-1)
+            picked[start:stop] = rows.gather(1, idx).squeeze(1).to(acc)
+        ctx.save_for_backward(logits, flat_index, lse)
+        ctx.chunk_size = chunk_size
+        return (picked - lse).view(index.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        logits, flat_index, lse = ctx.saved_tensors
+        grad_flat = grad_out.reshape(-1).to(lse.dtype)
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        grad_rows = grad.view(-1, logits.shape[-1])
+        for start, stop, rows in _row_chunks(logits, ctx.chunk_size):
+            g = grad_flat[start:stop, None]
+            # (onehot - softmax) * g, built in place on the chunk's softmax
+            chunk = torch.exp(rows.to(lse.dtype) - lse[start:stop, None]).mul_(-g)
+            chunk.scatter_add_(1, flat_index[start:stop, None], g)
+            grad_rows[start:stop] = chunk
+        return grad, None, None
+
+
+def selective_log_softmax(logits: Tensor, index: Tensor, *, chunk_size: int = 512) -> Tensor:
+    """Log-probability of ``index`` under ``softmax(logits)``.
+
+    Args:
+        logits: ``(..., V)`` any float dtype; may be non-contiguous (e.g. ``logits[:, :-1]``).
+        index: ``(...)`` int64, every entry in ``[0, V)`` (use :func:`token_logps_from_logits` when
+            labels contain ``IGNORE_INDEX``).
+        chunk_size: rows per float32 chunk (a chunk costs ``chunk_size * V * 4`` bytes).
+
+    Returns:
+        ``(...)`` float32 (float64 for float64 logits).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if logits.shape[:-1] != index.shape:
+        raise ValueError(f"index shape {tuple(index.shape)} != logits shape[:-1] {tuple(logits.shape[:-1])}")
+    return _SelectiveLogSoftmax.apply(logits, index, chunk_size)
+
+
+def token_logps_from_logits(logits: Tensor, labels: Tensor, *, chunk_size: int = 512) -> Tensor:
+    """Per-position ``log p(labels)``; positions with ``IGNORE_INDEX`` give exactly 0 (and no grad).
+
+    Unshifted: position t of ``logits`` scores position t of ``labels``; the caller aligns them
+    (``logits[:, :-1]`` with ``labels[:, 1:]``; the slice is not copied).
+
+    Args:
+        logits: ``(B, T, V)``.
+        labels: ``(B, T)`` int64 token ids or ``IGNORE_INDEX``.
+
+    Returns:
+        ``(B, T)`` float32.
+    """
+    valid = labels != IGNORE_INDEX
+    safe = torch.where(valid, labels, torch.zeros_like(labels))
+    logps = selective_log_softmax(logits, safe, chunk_size=chunk_size)
+    return torch.where(valid, logps, torch.zeros_like(logps))
+
+
+class _ChunkedLinearLogps(torch.autograd.Function):
+    """``log_softmax(hidden @ weight.T + bias)[targets]`` without an (N, V) tensor, fwd or bwd.
+
+    Saves only ``hidden``, ``weight``, ``bias``, the targets and one log-sum-exp per row; backward
+    recomputes each chunk's logits (one extra matmul per chunk, the price of the memory saving).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int) -> Tensor:
+        acc = _acc_dtype(hidden.dtype)
+        valid = targets != IGNORE_INDEX
+        safe = torch.where(valid, targets, torch.zeros_like(targets))
+        n = hidden.shape[0]
+        lse = torch.empty(n, dtype=acc, device=hidden.device)
+        picked = torch.empty_like(lse)
+        # autocast was resolved by the caller; backward must recompute exactly these logits
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, n, chunk_size):
+                stop = min(start + chunk_size, n)
+                logits = F.linear(hidden[start:stop], weight, bias).to(acc)
+                lse[start:stop] = torch.logsumexp(logits, dim=-1)
+                picked[start:stop] = logits.gather(1, safe[start:stop, None]).squeeze(1)
+        ctx.save_for_backward(hidden, weight, bias, safe, valid, lse)
+        ctx.chunk_size = chunk_size
+        return torch.where(valid, picked - lse, torch.zeros_like(lse))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None]:
+        hidden, weight, bias, safe, valid, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        g_all = torch.where(valid, grad_out.to(lse.dtype), torch.zeros_like(lse))
+        # grad_weight accumulates in the weight's own dtype, like a normal linear layer's .grad
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias) if need_b else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, hidden.shape[0], ctx.chunk_size):
+                stop = min(start + ctx.chunk_size, hidden.shape[0])
+                h, g = hidden[start:stop], g_all[start:stop, None]
+                logits = F.linear(h, weight, bias).to(lse.dtype)
+                # grad_logits = (onehot - softmax) * grad_out, built in place on the chunk's softmax
+                grad_logits = torch.exp(logits - lse[start:stop, None]).mul_(-g)
+                grad_logits.scatter_add_(1, safe[start:stop, None], g)
+                if grad_b is not None:
+                    grad_b += grad_logits.sum(0).to(grad_b.dtype)
+                grad_logits = grad_logits.to(hidden.dtype)
+                if grad_h is not None:
+                    grad_h[start:stop] = grad_logits @ weight
+                if grad_w is not None:
+                    grad_w.addmm_(grad_logits.t(), h)
+        return grad_h, grad_w, grad_b, None, None
+
+
+def chunked_token_logps(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    bias: Tensor | None = None,
+    chunk_size: int = 1024,
+) -> Tensor:
+    """``log p(target)`` per row of the LM head ``logits = hidden @ weight.T (+ bias)``, chunked.
+
+    Peak extra memory is one ``(chunk_size, V)`` float32 chunk in forward and in backward; nothing of
+    shape ``(N, V)`` is created or saved. ``hidden`` and ``weight`` may each require grad or not (LoRA:
+    frozen head). Rows whose target is ``IGNORE_INDEX`` give 0 and get zero gradient (cheaper still:
+    pass only the rows you need, ``hidden[mask]``).
+
+    Args:
+        hidden: ``(N, H)`` (any leading dims ``(..., H)`` are flattened), same dtype as ``weight``
+            (under autocast both are cast to the autocast dtype, as ``nn.Linear`` would be).
+        weight: ``(V, H)`` the output-embedding / lm_head weight.
+        targets: ``(N,)`` (or ``(...)`` matching ``hidden``) int64 ids in ``[0, V)`` or ``IGNORE_INDEX``.
+        bias: optional ``(V,)``.
+        chunk_size: rows per chunk.
+
+    Returns:
+        ``(N,)`` (or ``(...)``) float32; float64 for float64 inputs.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if hidden.shape[-1] != weight.shape[-1] or weight.dim() != 2:
+        raise ValueError(f"hidden (..., {hidden.shape[-1]}) does not match weight {tuple(weight.shape)} (V, H)")
+    if targets.shape != hidden.shape[:-1]:
+        raise ValueError(f"targets shape {tuple(targets.shape)} != hidden shape[:-1] {tuple(hidden.shape[:-1])}")
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        # behave like nn.Linear under autocast: matmul in the autocast dtype (casts are differentiable)
+        dtype = torch.get_autocast_dtype(device_type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    if not (hidden.dtype == weight.dtype and (bias is None or bias.dtype == weight.dtype)):
+        raise ValueError(f"hidden ({hidden.dtype}), weight ({weight.dtype}) and bias must share one dtype")
+    flat = _ChunkedLinearLogps.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1), chunk_size)
+    return flat.view(targets.shape)

@@ -1,0 +1,178 @@
+"""Atomic checkpoints: written to a hidden temporary directory, fsynced, then renamed.
+
+A crash (even kill -9) mid-write leaves at most a ``.tmp-checkpoint-*`` directory, which the
+next run deletes; ``latest`` is replaced atomically only after the rename, so it always names a
+complete checkpoint. Only rank 0 writes; RNG states of every rank are gathered to it first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from alignkit.distributed import comm
+
+PREFIX = "checkpoint-"
+TMP_PREFIX = ".tmp-checkpoint-"
+LATEST = "latest"
+STATE_FILE = "trainer_state.json"
+
+
+def rng_state() -> dict[str, Any]:
+    st = np.random.get_state()
+    out: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": [st[0], st[1].tolist(), int(st[2]), int(st[3]), float(st[4])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(tuple(_tuplify(state["python"])))  # type: ignore[arg-type]
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _tuplify(x: Any) -> Any:
+    return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with p.open("rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def step_of(path: Path) -> int:
+    return int(path.name[len(PREFIX) :])
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not output_dir.is_dir():
+        return []
+    found = [
+        p
+        for p in output_dir.iterdir()
+        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit() and (p / STATE_FILE).is_file()
+    ]
+    return sorted(found, key=step_of)
+
+
+def find_latest(output_dir: Path) -> Path | None:
+    """The checkpoint ``latest`` names if it is complete, else the newest complete one."""
+    pointer = output_dir / LATEST
+    if pointer.is_file():
+        cand = output_dir / pointer.read_text(encoding="utf-8").strip()
+        if (cand / STATE_FILE).is_file():
+            return cand
+    ckpts = list_checkpoints(output_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def resolve_resume(output_dir: Path, resume_from: str | None) -> Path | None:
+    if resume_from is None:
+        return None
+    if resume_from == "latest":
+        return find_latest(output_dir)
+    p = Path(resume_from)
+    if p.is_dir() and not (p / STATE_FILE).is_file():
+        inner = find_latest(p)  # an output_dir was given
+        if inner is not None:
+            return inner
+    if not (p / STATE_FILE).is_file():
+        raise FileNotFoundError(f"checkpoint.resume_from={resume_from!r} is not a complete checkpoint directory")
+    return p
+
+
+def clean_stale(output_dir: Path) -> None:
+    """Remove temporary directories left by a crash during a checkpoint write (rank 0)."""
+    if output_dir.is_dir():
+        for p in output_dir.iterdir():
+            if p.name.startswith(TMP_PREFIX):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def save_checkpoint(
+    output_dir: Path,
+    step: int,
+    *,
+    strategy: Any,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    trainer_state: dict[str, Any],
+    config_yaml: str,
+    tokenizer: Any = None,
+    save_total_limit: int | None = None,
+) -> Path:
+    final = output_dir / f"{PREFIX}{step}"
+    tmp = output_dir / f"{TMP_PREFIX}{step}"
+    if strategy.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    strategy.barrier()
+    strategy.save_model(model, tmp, tokenizer)
+    strategy.save_training_state(model, optimizer, tmp)
+    rngs = comm.all_gather_object(rng_state())
+    if strategy.is_main:
+        torch.save({"scheduler": scheduler.state_dict(), "rng": rngs}, tmp / "scheduler_rng.pt")
+        (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
+        (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
+        _fsync_tree(tmp)
+        if final.exists():  # re-saving a step after a resume
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(output_dir)
+        write_text_atomic(output_dir / LATEST, final.name)
+        if save_total_limit:
+            for old in list_checkpoints(output_dir)[:-save_total_limit]:
+                shutil.rmtree(old, ignore_errors=True)
+    strategy.barrier()
+    return final
+
+
+def load_checkpoint(
+    ckpt: Path, *, strategy: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> dict[str, Any]:
+    """Restore model, optimizer, scheduler and this rank's RNG; returns the trainer state."""
+    strategy.load_training_state(model, optimizer, ckpt)
+    extra = torch.load(ckpt / "scheduler_rng.pt", map_location="cpu", weights_only=True)
+    scheduler.load_state_dict(extra["scheduler"])
+    rngs = extra["rng"]
+    if len(rngs) == strategy.dp_size:
+        set_rng_state(rngs[strategy.dp_rank])
+    return json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
