@@ -1,0 +1,59 @@
+"""Batched greedy / sampled generation from chat prompts (evaluation, demos, online rollouts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
+    """A prompt as the model sees it: chat template with the assistant turn opened, if there is one."""
+    if getattr(tokenizer, "chat_template", None):
+        msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    if isinstance(prompt, list):
+        raise ValueError("message-list prompts need a tokenizer with a chat template")
+    return prompt
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    tokenizer: Any,
+    prompts: list[str | list[dict[str, str]]],
+    *,
+    max_new_tokens: int = 32,
+    batch_size: int = 32,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+) -> list[str]:
+    """Completions (special tokens stripped) for each prompt, in order. Left-pads each batch."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    out: list[str] = []
+    try:
+        for i in range(0, len(prompts), batch_size):
+            texts = [prompt_text(tokenizer, p) for p in prompts[i : i + batch_size]]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            gen = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=do_sample,
+                temperature=temperature if do_sample else None,
+                top_p=None,
+                top_k=None,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                use_cache=True,
+            )
+            new = gen[:, enc["input_ids"].shape[1] :]
+            out += tokenizer.batch_decode(new, skip_special_tokens=True)
+    finally:
+        tokenizer.padding_side = old_side
+        model.train(was_training)
+    return out

@@ -1,0 +1,85 @@
+"""Shared fixtures: tiny models built once per session, and launching the CLI (alone or under torchrun)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    # one thread per process: two gloo ranks share the machine's two cores
+    env.update({"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def run_cli(args: list[str], *, nproc: int = 1, timeout: int = 300, cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``alignkit ARGS`` as a child process; with nproc > 1 under torchrun on a free port (gloo)."""
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               f"--master_port={free_port()}", "-m", "alignkit", *args]
+    else:
+        cmd = [sys.executable, "-m", "alignkit", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env or child_env())
+
+
+def run_script(path: Path, *, nproc: int = 1, timeout: int = 300, args: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A Python worker script, alone or under torchrun (gloo)."""
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               f"--master_port={free_port()}", str(path), *(args or [])]
+    else:
+        cmd = [sys.executable, str(path), *(args or [])]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
+
+
+def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+
+
+def write_config(path: Path, cfg: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def micro_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~0.2M-parameter random Llama + tokenizer in HF format (built once per session)."""
+    from alignkit.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "micro", size="micro", seed=0)
+
+
+@pytest.fixture
+def sft_config(micro_model: Path, tmp_path: Path) -> dict[str, Any]:
+    """A small SFT config on the micro model and the shipped data (callers adjust keys)."""
+    return {
+        "algorithm": "sft",
+        "output_dir": str(tmp_path / "run"),
+        "model": {"name_or_path": str(micro_model)},
+        "data": {"train": "builtin:sft_train.jsonl", "max_length": 96, "max_train_examples": 64},
+        "training": {"per_device_batch_size": 4, "learning_rate": 1e-3, "max_steps": 4,
+                     "lr_scheduler": "constant", "seed": 0},
+        "logging": {"logging_steps": 1, "report_to": ["jsonl"]},
+        "checkpoint": {"save_final": False},
+    }

@@ -1,0 +1,127 @@
+"""Config loading: types, ranges, unknown keys with suggestions, batch arithmetic, LR scaling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from alignkit.config import ConfigError, load_config, resolve_batch, scaled_learning_rate
+from alignkit.config.loader import apply_overrides, build_dataclass
+from alignkit.config.schema import RunConfig
+from tests.conftest import run_cli, write_config
+
+BASE = {
+    "algorithm": "sft",
+    "model": {"name_or_path": "some/model"},
+    "data": {"train": "builtin:sft_train.jsonl"},
+    "training": {"per_device_batch_size": 4},
+}
+
+
+def cfg_from(raw: dict, overrides: list[str] | None = None) -> RunConfig:
+    import copy
+
+    from alignkit.config.loader import validate
+
+    cfg = build_dataclass(RunConfig, apply_overrides(copy.deepcopy(raw), overrides or []))
+    validate(cfg)
+    return cfg
+
+
+def test_defaults_and_overrides() -> None:
+    cfg = cfg_from(BASE, ["training.learning_rate=3e-4", "data.max_length=64", "logging.report_to=[jsonl]"])
+    assert cfg.training.learning_rate == 3e-4
+    assert cfg.data.max_length == 64
+    assert cfg.data.train == ["builtin:sft_train.jsonl"]  # a single string becomes a list
+    assert cfg.logging.report_to == ["jsonl"]
+    assert cfg.distributed.strategy == "auto"
+
+
+def test_unknown_key_names_closest() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config key 'training.learning_rat'.*'training.learning_rate'"):
+        cfg_from(BASE, ["training.learning_rat=1e-4"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'modle'.*'model'"):
+        cfg_from({**BASE, "modle": {}})
+
+
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        ("training.per_device_batch_size=two", r"training.per_device_batch_size: expected an integer.*'two'"),
+        ("training.per_device_batch_size=0", r"training.per_device_batch_size: must be > 0"),
+        ("model.dtype=fp8", r"model.dtype: expected one of 'auto', 'bf16', 'fp16', 'fp32', got 'fp8'"),
+        ("model.gradient_checkpointing=maybe", r"model.gradient_checkpointing: expected true/false"),
+        ("training.warmup_ratio=1.5", r"training.warmup_ratio: must be <= 1"),
+        ("distributed.strategy=dpp", r"did you mean 'ddp'"),
+        ("training.lr_scaling=linear", r"training.reference_batch_size: required"),
+        ("logging.report_to=[console, mlflow]", r"unknown sink"),
+        ("algorithm=sftt", r"algorithm: unknown 'sftt' \(did you mean 'sft'\?\)"),
+    ],
+)
+def test_bad_values_are_named(override: str, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        cfg_from(BASE, [override])
+
+
+def test_batch_arithmetic() -> None:
+    cfg = cfg_from(BASE, ["training.gradient_accumulation_steps=2"])
+    plan = resolve_batch(cfg, 2)
+    assert (plan.per_device, plan.accumulation, plan.world_size, plan.global_batch) == (4, 2, 2, 16)
+    g = cfg_from({**BASE, "training": {"global_batch_size": 16, "gradient_accumulation_steps": 2}})
+    assert resolve_batch(g, 2).per_device == 4
+    assert resolve_batch(g, 1).per_device == 8
+    with pytest.raises(ConfigError, match=r"global_batch_size=16 is not divisible by gradient_accumulation_steps=2 x world_size=3"):
+        resolve_batch(g, 3)
+    both = cfg_from({**BASE, "training": {"global_batch_size": 16, "per_device_batch_size": 3}})
+    with pytest.raises(ConfigError, match="disagrees"):
+        resolve_batch(both, 1)
+    with pytest.raises(ConfigError, match="give training.per_device_batch_size or training.global_batch_size"):
+        cfg_from({**BASE, "training": {}})
+
+
+def test_lr_scaling_rules() -> None:
+    lin = cfg_from(BASE, ["training.lr_scaling=linear", "training.reference_batch_size=4", "training.learning_rate=1e-4"])
+    assert scaled_learning_rate(lin, resolve_batch(lin, 4)) == pytest.approx(4e-4)
+    sq = cfg_from(BASE, ["training.lr_scaling=sqrt", "training.reference_batch_size=4", "training.learning_rate=1e-4"])
+    assert scaled_learning_rate(sq, resolve_batch(sq, 4)) == pytest.approx(2e-4)
+
+
+def test_yaml_file_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml line \d+: not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        ("training.lerning_rate=1", "unknown config key 'training.lerning_rate'"),
+        ("training.max_steps=-3", "training.max_steps: must be > 0"),
+        ("training.global_batch_size=10", "not divisible"),
+    ],
+)
+def test_cli_one_line_errors(tmp_path: Path, micro_model: Path, override: str, pattern: str) -> None:
+    cfg = write_config(tmp_path / "c.yaml", {**BASE, "model": {"name_or_path": str(micro_model)},
+                                              "training": {"gradient_accumulation_steps": 4}})
+    extra = [] if "global" in override else ["training.per_device_batch_size=2"]
+    proc = run_cli(["validate", str(cfg), override, *extra, "--world-size", "1"])
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("alignkit: error:"), proc.stderr
+    assert pattern in lines[0]
+
+
+def test_validate_prints_plan(tmp_path: Path, micro_model: Path) -> None:
+    cfg = write_config(tmp_path / "c.yaml", {**BASE, "model": {"name_or_path": str(micro_model)},
+                                              "data": {"train": "builtin:sft_train.jsonl", "max_train_examples": 100},
+                                              "training": {"per_device_batch_size": 4, "gradient_accumulation_steps": 2}})
+    proc = run_cli(["validate", str(cfg), "--world-size", "2"])
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "effective batch" in out and "16 (per_device=4 x accumulation=2 x 2 processes)" in out
+    # 100 examples / 2 ranks = 50 per rank -> 13 micro-batches of 4 -> 7 optimizer steps
+    assert "optimizer steps per epoch" in out and out.rstrip().endswith("7")
