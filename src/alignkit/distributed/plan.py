@@ -1,0 +1,506 @@
+"""Predict per-GPU memory before launch, and choose a distributed strategy from it.
+
+Pure arithmetic on config numbers: no model is built, nothing touches ``torch.distributed``.
+Units: bytes everywhere; tables print GB = 1e9 bytes (labelled), the unit of the seed guides.
+
+Per-GPU components (``n`` = ``n_gpus``; ``P`` = policy params, ``P_t`` = trainable params):
+
+====================  ===========================================================================
+policy weights        ``P * bytes(param_dtype)`` (+ LoRA ``A``/``B`` in ``lora_dtype``); ``/n`` under
+                      zero3/fsdp; on the host under zero3_offload.
+master weights        ``P_t * 4`` when ``master_weights_fp32`` and the trainable dtype is not fp32.
+gradients             ``P_t * bytes(trainable dtype)`` (fp32 on the host under zero3_offload).
+optimizer states      ``P_t * n_states * bytes(optimizer_state_dtype)``; adamw/adam 2, sgd 1.
+zero3 working set     gathered params of the current + prefetched unit and one unsharded gradient
+                      unit (unit = max(decoder layer, embedding matrix)), zero3-family only.
+reference / frozen    ``n_params * bytes(param_dtype)``; sharded ``/n`` only with ``shard_frozen``.
+activations           see :func:`activation_breakdown` (saved tensors of a Llama layer).
+optimizer step temp   ``foreach`` (torch's CUDA default) materialises a state-sized tensor list
+                      (``exp_avg_sq.sqrt()``); ``for_loop`` one parameter's worth; ``fused`` 0.
+overhead              CUDA context + allocator fragmentation, 1.5 GB on cuda, 0 on cpu.
+====================  ===========================================================================
+
+ZeRO arithmetic follows Rajbhandari et al. 2020 (sec. 5): stage 1 shards optimizer states (the fp32
+master copy is part of them), stage 2 also gradients, stage 3 also parameters. ``fsdp`` is treated as
+ZeRO-3 (``reshard_after_forward=True``), ``fsdp_grad_op`` as ZeRO-2. Simplification: FSDP2 with bf16
+``MixedPrecisionPolicy`` keeps only fp32 shards, so with master weights we over-count it by ``2P/n``.
+
+Gradients are counted as persistent (DDP buckets with ``gradient_as_bucket_view``, ZeRO and FSDP keep
+gradient buffers), so ``total = persistent rows + max(activations, optimizer step temp)``: the step
+temporaries exist only after backward has freed the activations. Reference and reward/cost models run
+under ``no_grad`` before the policy forward; their transient forward memory is not counted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+from alignkit.registry import Registry
+
+GB = 10**9
+GIB = 2**30
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 1, "sgd_no_momentum": 0}
+OPTIMIZER_IMPLS = ("fused", "foreach", "for_loop")
+REFERENCE_KINDS = ("none", "model", "lora_base", "precomputed")
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+CUDA_OVERHEAD_BYTES = int(1.5e9)
+#: Cheapest communication first; ``choose_strategy`` returns the first one that fits.
+COMM_ORDER = ("ddp", "zero1", "zero2", "fsdp_grad_op", "zero3", "fsdp", "zero3_offload")
+# strategy -> (shard optimizer+master, shard grads, shard params, offload optimizer+params to host)
+_SHARDING = {
+    "ddp": (False, False, False, False),
+    "zero1": (True, False, False, False),
+    "zero2": (True, True, False, False),
+    "fsdp_grad_op": (True, True, False, False),
+    "zero3": (True, True, True, False),
+    "fsdp": (True, True, True, False),
+    "zero3_offload": (True, True, True, True),
+}
+STRATEGIES = tuple(_SHARDING)
+TRANSIENT = ("activations", "optimizer step temp")
+
+
+def _check(value: Any, allowed: Sequence[Any], what: str) -> None:  # noqa: D103
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {list(allowed)}, got {value!r}")
+
+
+# --------------------------------------------------------------------------- model dimensions
+@dataclass(frozen=True)
+class ModelDims:
+    """Architecture numbers of a Llama/Mistral/Qwen2-style decoder (``n_params`` = total stored)."""
+
+    n_params: int
+    n_layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    n_heads: int
+    n_kv_heads: int
+    tied_embeddings: bool
+    head_dim: int | None = None  # None -> hidden // n_heads
+    head: str = "lm"  # "lm" (causal LM) | "score" (reward/cost model: linear head, no lm_head)
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.n_heads
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """``(in_features, out_features)`` of each projection of one decoder layer."""
+        h, i, q, kv = self.hidden, self.intermediate, self.n_heads * self.hd, self.n_kv_heads * self.hd
+        return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h),
+                "gate": (h, i), "up": (h, i), "down": (i, h)}
+
+    @property
+    def layer_params(self) -> int:
+        """Weights of one decoder layer (projections + 2 norms; biases ignored)."""
+        return sum(a * b for a, b in self.linear_shapes().values()) + 2 * self.hidden
+
+    @classmethod
+    def llama_like(cls, *, hidden: int, n_layers: int, n_heads: int, intermediate: int, vocab: int,
+                   n_kv_heads: int | None = None, tied_embeddings: bool = False,
+                   head_dim: int | None = None, qkv_bias: bool = False, o_bias: bool = False,
+                   mlp_bias: bool = False, qk_norm: bool = False) -> "ModelDims":
+        """Count parameters exactly as HF ``LlamaForCausalLM`` (and Mistral/Qwen2/Qwen3) lay them out."""
+        kvh = n_kv_heads or n_heads
+        hd = head_dim or hidden // n_heads
+        q, kv = n_heads * hd, kvh * hd
+        attn = hidden * q + 2 * hidden * kv + q * hidden + (q + 2 * kv if qkv_bias else 0)
+        attn += hidden if o_bias else 0
+        mlp = 3 * hidden * intermediate + ((2 * intermediate + hidden) if mlp_bias else 0)
+        layer = attn + mlp + 2 * hidden + (2 * hd if qk_norm else 0)
+        total = vocab * hidden + n_layers * layer + hidden + (0 if tied_embeddings else vocab * hidden)
+        return cls(total, n_layers, hidden, intermediate, vocab, n_heads, kvh, tied_embeddings,
+                   head_dim=head_dim if head_dim and head_dim != hidden // n_heads else None)
+
+    def as_score_model(self, num_labels: int = 1) -> "ModelDims":
+        """The same backbone with a ``hidden -> num_labels`` score head instead of the LM head."""
+        lm_head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return replace(self, n_params=self.n_params - lm_head + self.hidden * num_labels,
+                       tied_embeddings=False, head="score")
+
+
+#: Public config numbers; n_params are the well-known totals (6.74B, 7.24B, 494M).
+PRESETS: dict[str, ModelDims] = {
+    "llama-7b": ModelDims.llama_like(hidden=4096, n_layers=32, n_heads=32, intermediate=11008,
+                                     vocab=32000),
+    "mistral-7b": ModelDims.llama_like(hidden=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                                       intermediate=14336, vocab=32000),
+    "qwen2-0.5b": ModelDims.llama_like(hidden=896, n_layers=24, n_heads=14, n_kv_heads=2,
+                                       intermediate=4864, vocab=151936, tied_embeddings=True,
+                                       qkv_bias=True),
+}
+
+
+def dims_from_hf_config(cfg: Any) -> ModelDims:
+    """ModelDims from a ``transformers`` config (Llama/Mistral/Qwen2/Qwen3-style; a VLM's text part).
+
+    A VLM's vision tower is not counted: add its parameters to ``n_params`` with ``dataclasses.replace``.
+    """
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if getattr(text, "num_local_experts", None) or getattr(text, "num_experts", None):
+        raise ValueError(f"mixture-of-experts config ({text.model_type}) is not supported by the "
+                         "estimator; build ModelDims by hand with the total n_params")
+    mtype = getattr(text, "model_type", "")
+    attention_bias = bool(getattr(text, "attention_bias", False))
+    n_heads = text.num_attention_heads
+    return ModelDims.llama_like(
+        hidden=text.hidden_size, n_layers=text.num_hidden_layers, n_heads=n_heads,
+        n_kv_heads=getattr(text, "num_key_value_heads", None) or n_heads,
+        intermediate=text.intermediate_size, vocab=text.vocab_size,
+        tied_embeddings=bool(getattr(text, "tie_word_embeddings", getattr(cfg, "tie_word_embeddings", False))),
+        head_dim=getattr(text, "head_dim", None),
+        qkv_bias=attention_bias or mtype.startswith("qwen2"), o_bias=attention_bias,
+        mlp_bias=bool(getattr(text, "mlp_bias", False)), qk_norm=mtype.startswith("qwen3"))
+
+
+def dims_from_pretrained(name_or_path: str, trust_remote_code: bool = False) -> ModelDims:
+    """``AutoConfig.from_pretrained`` (a local dir works offline) -> :func:`dims_from_hf_config`."""
+    from transformers import AutoConfig  # local import: the estimator itself needs no transformers
+
+    return dims_from_hf_config(AutoConfig.from_pretrained(name_or_path,
+                                                          trust_remote_code=trust_remote_code))
+
+
+# --------------------------------------------------------------------------- inputs
+@dataclass
+class MemoryInputs:
+    """Everything the estimate depends on; validated on construction."""
+
+    policy: ModelDims
+    param_dtype: str = "bf16"
+    master_weights_fp32: bool = False  # mixed precision keeps an fp32 copy of trainable params
+    optimizer: str = "adamw"
+    optimizer_state_dtype: str = "fp32"  # torch AdamW on bf16 params without master keeps bf16 states
+    optimizer_impl: str = "fused"  # "foreach" adds a state-sized temporary at step time
+    lora_r: int | None = None
+    lora_targets: Sequence[str] = ("q", "k", "v", "o")
+    lora_dtype: str = "fp32"  # peft upcasts bf16/fp16 adapters to fp32 (autocast_adapter_dtype)
+    lora_dropout: float = 0.0
+    gradient_checkpointing: bool = False
+    per_device_batch: int = 1
+    seq_len: int = 2048
+    sequences_per_example: int = 1  # 2 for DPO-style pairs (chosen + rejected in one forward)
+    chunked_logits: bool = True  # alignkit's ops compute log-probs in chunks: no (B, T, V) tensors
+    reference: str = "none"  # "model" holds a copy; "lora_base"/"precomputed" cost nothing
+    frozen_models: Sequence[ModelDims] = ()  # reward / cost models, held in param_dtype
+    shard_frozen: bool = False  # shard reference + frozen models under zero3/fsdp
+    n_gpus: int = 1
+    activation: str = "llama"  # method in ACTIVATION_METHODS
+    device: str = "cuda"  # "cuda" | "cpu" (no CUDA overhead; adds process_baseline_bytes)
+    overhead_bytes: int | None = None  # None -> CUDA_OVERHEAD_BYTES on cuda, 0 on cpu
+    process_baseline_bytes: int = 0  # cpu: RSS of python + torch + transformers before model build
+
+    def __post_init__(self) -> None:
+        _check(self.param_dtype, list(DTYPE_BYTES), "param_dtype")
+        _check(self.optimizer_state_dtype, list(DTYPE_BYTES), "optimizer_state_dtype")
+        _check(self.lora_dtype, list(DTYPE_BYTES), "lora_dtype")
+        _check(self.optimizer, list(OPTIMIZER_STATES), "optimizer")
+        _check(self.optimizer_impl, OPTIMIZER_IMPLS, "optimizer_impl")
+        _check(self.reference, REFERENCE_KINDS, "reference")
+        _check(self.device, ("cuda", "cpu"), "device")
+        _check(self.activation, ACTIVATION_METHODS.names(), "activation")
+        self.lora_targets = tuple(self.lora_targets)
+        self.frozen_models = tuple(self.frozen_models)
+        for t in self.lora_targets:
+            _check(t, LORA_TARGETS, "each lora_targets entry")
+        if self.lora_r is not None and (self.lora_r < 1 or not self.lora_targets):
+            raise ValueError("lora_r must be >= 1 with at least one lora_targets entry")
+        if self.reference == "lora_base" and self.lora_r is None:
+            raise ValueError("reference='lora_base' needs LoRA (set lora_r)")
+        for name in ("per_device_batch", "seq_len", "sequences_per_example", "n_gpus"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in one micro-batch on one device: ``B * sequences_per_example * T``."""
+        return self.per_device_batch * self.sequences_per_example * self.seq_len
+
+    @property
+    def p(self) -> int:
+        return DTYPE_BYTES[self.param_dtype]
+
+
+def trainable_params(inputs: MemoryInputs) -> int:
+    """All params for full fine-tuning; for LoRA ``sum r * (in + out)`` over targets and layers."""
+    if inputs.lora_r is None:
+        return inputs.policy.n_params
+    shapes = inputs.policy.linear_shapes()
+    per_layer = sum(inputs.lora_r * sum(shapes[t]) for t in inputs.lora_targets)
+    return per_layer * inputs.policy.n_layers
+
+
+# --------------------------------------------------------------------------- activations
+ACTIVATION_METHODS: Registry[Callable[[MemoryInputs], int]] = Registry("activation method")
+
+
+def layer_saved_bytes_per_token(inputs: MemoryInputs) -> int:
+    """Bytes one HF Llama decoder layer saves for backward, per token (SDPA/flash: no T^2 term).
+
+    Read off ``LlamaDecoderLayer`` (and checked against ``saved_tensors_hooks`` in the tests);
+    ``p`` = bytes(param_dtype), ``H`` hidden, ``Q = n_heads*head_dim``, ``K = n_kv_heads*head_dim``:
+
+    * each RMSNorm: the fp32 upcast input ``4H`` (``pow``/``mul``), the normalised tensor ``pH`` (for
+      the weight's grad, only if norms train) and its output ``pH`` (input of the next linears, saved
+      only if one of them trains; LoRA saves its own cast/dropout copy instead, see below);
+    * attention: rotated q ``pQ``, k and v ``2pK`` (SDPA uses ``enable_gqa``, no repeat), the SDPA
+      output ``pQ`` (= o_proj input, same storage), logsumexp ``4*n_heads``;
+    * MLP: gate output ``pI`` (SiLU input), SiLU output and up output ``2pI`` (the product), the
+      product ``pI`` (down_proj input, only if down trains);
+    * LoRA per target: ``r*bytes(lora)`` (lora_A output); plus, when the adapter dtype differs from
+      ``param_dtype``, the cast input ``in*bytes(lora)``; with dropout instead, its output + mask
+      (bool on CUDA, x's dtype on CPU).
+    Full fine-tuning, fp32: ``24H + 8H + 8K + 16I`` = ``(10H + 4I)*4`` for MHA.
+    """
+    d, p = inputs.policy, inputs.p
+    h, i, q, kv = d.hidden, d.intermediate, d.n_heads * d.hd, d.n_kv_heads * d.hd
+    full = inputs.lora_r is None
+    targets = set() if full else set(inputs.lora_targets)
+    lb = DTYPE_BYTES[inputs.lora_dtype]
+    cast = not full and inputs.lora_dtype != inputs.param_dtype
+    drop = inputs.lora_dropout > 0
+    # CUDA's fused dropout keeps a bool mask; the CPU path multiplies by a noise tensor of x's dtype.
+    mask = 1 if inputs.device == "cuda" else lb
+
+    def input_saved(mods: Sequence[str], in_features: int, already_saved: bool = False) -> int:
+        """Bytes kept for the input shared by ``mods`` (q, k and v read the same norm output)."""
+        if full:
+            return 0 if already_saved else p * in_features
+        hits = sum(m in targets for m in mods)
+        if not hits:
+            return 0  # frozen linears need only their weight for the input gradient
+        per_hit = inputs.lora_r * lb  # lora_A output, saved by lora_B
+        if drop:
+            per_hit += (lb + mask) * in_features  # dropout output + its mask
+        elif cast:
+            per_hit += lb * in_features  # x.to(lora dtype), saved by lora_A
+        shared = 0 if (cast or drop or already_saved) else p * in_features
+        return shared + hits * per_hit
+
+    norm = 4 * h + (p * h if full else 0)  # fp32 input (+ normalised tensor when norms train)
+    attn = p * (2 * q + 2 * kv) + 4 * d.n_heads  # rotated q, k, v, SDPA output, logsumexp
+    mlp = 3 * p * i  # gate output, SiLU output, up output
+    rsqrt = 2 * 4
+    return (2 * norm + rsqrt + input_saved(("q", "k", "v"), h) + attn
+            + input_saved(("o",), q, already_saved=True) + input_saved(("gate", "up"), h)
+            + mlp + input_saved(("down",), i))
+
+
+def activation_breakdown(inputs: MemoryInputs) -> dict[str, int]:
+    """Peak activation bytes on one device, by part; the peak is at the start of backward.
+
+    * ``layers``: without GC, ``n_layers * layer_saved_bytes_per_token * tokens``; with GC, each
+      layer's checkpointed input ``pH`` plus one recomputed layer's saved set. LoRA without GC: the
+      first layer's input (frozen embedding output) needs no grad, so its norm/dropout keep nothing.
+    * ``final_norm``: the last RMSNorm (``4H`` + normed/output when the norm / lm head train).
+    * ``logits`` (``chunked_logits=False``, the plain HF loss): the logits ``pV`` held in the model
+      output + the fp32 log-softmax saved by cross-entropy ``4V``; ``logits_backward``: at the start
+      of backward nll/log-softmax backward add fp32 grads of log-probs and of logits, ``8V``.
+      Chunked log-probs (alignkit's ops): 0 for both.
+    Not counted: per-layer gradient temporaries during backward (a few ``pH``/``pI`` per token, smaller
+    than the logits transients that dominate the start of backward), position ids, RoPE cos/sin.
+    """
+    d, p, n = inputs.policy, inputs.p, inputs.tokens
+    per_layer = ACTIVATION_METHODS.get(inputs.activation)(inputs)
+    full = inputs.lora_r is None
+    if inputs.gradient_checkpointing:
+        layers = d.n_layers * p * d.hidden * n + per_layer * n
+    else:
+        layers = d.n_layers * per_layer * n
+        if not full and inputs.activation == "llama":
+            layers -= _first_layer_no_grad_bytes(inputs) * n
+    final_norm = (4 * d.hidden + (2 * p * d.hidden if full else 0) + 4) * n
+    v = 0 if inputs.chunked_logits or d.head != "lm" else d.vocab
+    return {"layers": layers, "final_norm": final_norm, "logits": (p + 4) * v * n,
+            "logits_backward": 8 * v * n}
+
+
+def _first_layer_no_grad_bytes(inputs: MemoryInputs) -> int:
+    """Per token: what layer 0 does not save under LoRA (its input needs no grad): the fp32 norm
+    input and, with lora dropout, the noise of q/k/v's dropout (CPU) -- ``mul`` keeps it only for x's grad."""
+    hits = sum(t in inputs.lora_targets for t in ("q", "k", "v"))
+    noise = DTYPE_BYTES[inputs.lora_dtype] if inputs.lora_dropout > 0 and inputs.device == "cpu" else 0
+    return (4 + hits * noise) * inputs.policy.hidden
+
+
+@ACTIVATION_METHODS.register("llama")
+def _llama_method(inputs: MemoryInputs) -> int:
+    return layer_saved_bytes_per_token(inputs)
+
+
+@ACTIVATION_METHODS.register("korthikanti")
+def _korthikanti_method(inputs: MemoryInputs) -> int:
+    """Coarse published rule (Korthikanti et al. 2022, eq. 1 without the ``5as/h`` score term, i.e.
+    flash attention): ``34 * H`` bytes per token per layer at 2-byte activations, scaled by ``p/2``."""
+    return 34 * inputs.policy.hidden * inputs.p // 2
+
+
+def activation_bytes(inputs: MemoryInputs) -> int:
+    """Sum of :func:`activation_breakdown`."""
+    return sum(activation_breakdown(inputs).values())
+
+
+# --------------------------------------------------------------------------- estimate
+@dataclass
+class MemoryEstimate:
+    """Per-GPU bytes by component (``gpu``) and per-rank host bytes (``cpu``, offload only)."""
+
+    strategy: str
+    gpu: dict[str, int]
+    cpu: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        """Persistent rows + max of the transient rows (activations vs optimizer-step temporaries)."""
+        persistent = sum(v for k, v in self.gpu.items() if k not in TRANSIENT)
+        return persistent + max([self.gpu.get(k, 0) for k in TRANSIENT])
+
+    @property
+    def cpu_total(self) -> int:
+        return sum(self.cpu.values())
+
+
+def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
+    """Per-GPU memory of ``inputs`` under ``strategy`` (see the module docstring for the rules)."""
+    _check(strategy, STRATEGIES, "strategy")
+    shard_opt, shard_grads, shard_params, offload = _SHARDING[strategy]
+    n, p, d = inputs.n_gpus, inputs.p, inputs.policy
+    lora = inputs.lora_r is not None
+    n_train = trainable_params(inputs)
+    tb = DTYPE_BYTES[inputs.lora_dtype] if lora else p  # trainable params' dtype bytes
+
+    def split(value: float, sharded: bool) -> int:
+        return int(math.ceil(value / n)) if sharded else int(value)
+
+    weights = d.n_params * p + (n_train * tb if lora else 0)
+    master = n_train * 4 if inputs.master_weights_fp32 and tb != 4 else 0
+    grads = n_train * (4 if offload else tb)
+    states = n_train * OPTIMIZER_STATES[inputs.optimizer] * DTYPE_BYTES[inputs.optimizer_state_dtype]
+    host = {
+        "policy weights": split(weights, shard_params),
+        "master weights (fp32)": split(master, shard_opt),
+        "gradients": split(grads, shard_grads),
+        "optimizer states": split(states, shard_opt),
+    }
+    gpu: dict[str, int] = {} if offload else dict(host)
+    if shard_params:  # gathered params (current + prefetched unit) + one unsharded gradient unit
+        unit = max(d.layer_params, d.vocab * d.hidden)
+        gpu["zero3 working set"] = 2 * unit * p + int(unit * tb * min(1.0, n_train / d.n_params))
+    shard_frozen = inputs.shard_frozen and shard_params
+    ref = d.n_params * p if inputs.reference == "model" else 0
+    gpu["reference model"] = split(ref, shard_frozen)
+    gpu["frozen models"] = split(sum(m.n_params for m in inputs.frozen_models) * p, shard_frozen)
+    gpu["activations"] = activation_bytes(inputs)
+    step_temp = 0
+    if not offload and inputs.optimizer_impl == "foreach" and OPTIMIZER_STATES[inputs.optimizer]:
+        step_temp = split(n_train * DTYPE_BYTES[inputs.optimizer_state_dtype], shard_opt)
+    elif not offload and inputs.optimizer_impl == "for_loop":  # one parameter's temporary at a time
+        biggest = inputs.lora_r * max(map(sum, d.linear_shapes().values())) if lora else max(
+            d.vocab * d.hidden, d.hidden * d.intermediate)
+        step_temp = biggest * DTYPE_BYTES[inputs.optimizer_state_dtype]
+    gpu["optimizer step temp"] = step_temp
+    overhead = inputs.overhead_bytes
+    gpu["overhead"] = (CUDA_OVERHEAD_BYTES if inputs.device == "cuda" else 0) if overhead is None else overhead
+    if inputs.device == "cpu":
+        gpu["process baseline"] = inputs.process_baseline_bytes
+    return MemoryEstimate(strategy, gpu, host if offload else {})
+
+
+def fits(estimate: MemoryEstimate, device_memory_bytes: int, headroom: float = 0.9) -> bool:
+    """True when the estimate uses at most ``headroom`` of the device memory."""
+    return estimate.total <= headroom * device_memory_bytes
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:.1f} GB"
+
+
+def choose_strategy(inputs: MemoryInputs, device_memory_bytes: int | None,
+                    available: Sequence[str] = ("ddp", "zero2", "zero3", "zero3_offload"),
+                    headroom: float = 0.9) -> tuple[str, str]:
+    """The cheapest-communication strategy in ``available`` that fits, and why.
+
+    Without device memory, fall back to the parameter-count rule users know (<1B ddp, 1-7B zero2,
+    larger zero3); published "7B" checkpoints span 6.7-7.6B, so the 7B class ends below 8B.
+    """
+    order = [s for s in COMM_ORDER if s in available]
+    unknown = [s for s in available if s not in STRATEGIES]
+    if unknown or not order:
+        raise ValueError(f"unknown strategies {unknown}; choose from {list(STRATEGIES)}")
+    if device_memory_bytes is None:
+        n = inputs.policy.n_params
+        want, cls = (("ddp", "<1B"), ("zero2", "1B-7B class (<8B)"), ("zero3", ">=8B"))[
+            (n >= 1e9) + (n >= 8e9)]
+        pick = next((s for s in order if COMM_ORDER.index(s) >= COMM_ORDER.index(want)), order[-1])
+        return pick, (f"device memory unknown: parameter-count rule, {n / 1e9:.2f}B params is {cls} "
+                      f"-> {want}" + ("" if pick == want else f" (not available; using {pick})"))
+    usable = headroom * device_memory_bytes
+    misses = []
+    for s in order:
+        est = estimate(inputs, s)
+        if fits(est, device_memory_bytes, headroom):
+            why = "; ".join(misses + [f"{s} needs {_gb(est.total)}/GPU <= {_gb(usable)} usable -> {s}"])
+            return s, why
+        misses.append(f"{s} needs {_gb(est.total)}/GPU > {_gb(usable)} usable")
+    best = min(order, key=lambda s: estimate(inputs, s).total)
+    return best, ("; ".join(misses) + f" -> nothing fits; {best} is smallest (expect OOM: lower "
+                  "per_device_batch or seq_len, enable gradient checkpointing or LoRA, add GPUs)")
+
+
+# --------------------------------------------------------------------------- reporting
+_ROWS = ("policy weights", "master weights (fp32)", "gradients", "optimizer states",
+         "zero3 working set", "reference model", "frozen models", "activations",
+         "optimizer step temp", "overhead", "process baseline")
+
+
+def format_table(inputs: MemoryInputs, estimates: dict[str, MemoryEstimate],
+                 device_memory_bytes: int | None = None, headroom: float = 0.9) -> str:
+    """Plain-text table: a row per component, a column per strategy, GB = 1e9 bytes."""
+    cols = list(estimates)
+    d = inputs.policy
+    mode = f"LoRA r={inputs.lora_r} {'+'.join(inputs.lora_targets)}" if inputs.lora_r else "full"
+    lines = [f"per-GPU memory in GB (1 GB = 1e9 bytes); policy {d.n_params / 1e9:.2f}B {mode}, "
+             f"{inputs.param_dtype}{' + fp32 master' if inputs.master_weights_fp32 else ''}, "
+             f"{inputs.optimizer} ({inputs.optimizer_state_dtype} states), n_gpus={inputs.n_gpus}, "
+             f"tokens/micro-batch={inputs.tokens}, GC={'on' if inputs.gradient_checkpointing else 'off'}"]
+    width = max(22, *(len(c) + 2 for c in cols))
+    fmt = lambda label, vals: f"{label:<24}" + "".join(f"{v:>{width}}" for v in vals)  # noqa: E731
+    lines.append(fmt("component", cols))
+    for row in _ROWS:
+        if any(e.gpu.get(row) for e in estimates.values()):  # all-zero rows are left out
+            lines.append(fmt(row, [f"{e.gpu[row] / GB:.1f}" if row in e.gpu else "-"
+                                   for e in estimates.values()]))
+    lines.append(fmt("total", [f"{e.total / GB:.1f}" for e in estimates.values()]))
+    if any(e.cpu for e in estimates.values()):
+        lines.append(fmt("host RAM per rank", [f"{e.cpu_total / GB:.1f}" if e.cpu else "-"
+                                               for e in estimates.values()]))
+    if device_memory_bytes is not None:
+        label = f"fits (<= {headroom * device_memory_bytes / GB:.1f})"
+        lines.append(fmt(label, ["yes" if fits(e, device_memory_bytes, headroom) else "no"
+                                 for e in estimates.values()]))
+    lines.append("total = persistent rows + max(activations, optimizer step temp)")
+    return "\n".join(lines)
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": GB, "gb": GB,
+          "t": 10**12, "tb": 10**12, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
+          "gi": GIB, "gib": GIB, "ti": 2**40, "tib": 2**40}
+
+
+def parse_memory(text: str | int) -> int:
+    """``"80GB"``/``"80G"`` -> 80e9, ``"64GiB"`` -> 64 * 2**30, ``"512MiB"``; an int passes through."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"cannot parse memory size {text!r}: expected a number and a unit such as "
+                         "'80GB', '80G', '64GiB' or '512MiB' (GB/G = 1e9 bytes, GiB/Gi = 2**30)")
+    return int(float(m.group(1)) * _UNITS[unit])
