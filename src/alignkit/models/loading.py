@@ -46,10 +46,19 @@ def load_causal_lm(
     model.config.use_cache = False
     if trainable:
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(model)
         if cfg.lora is not None:
             model = apply_lora(model, cfg)
     return model
+
+
+def enable_checkpointing(model: nn.Module) -> None:
+    """Activation (gradient) checkpointing, non-reentrant: transformers >= 5 renamed the method."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers 4.x
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def apply_lora(model: nn.Module, cfg: ModelConfig, task_type: str = "CAUSAL_LM") -> nn.Module:
