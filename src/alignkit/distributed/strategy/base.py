@@ -63,6 +63,11 @@ class Strategy(ABC):
         # fp16 needs loss scaling; bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler(self.device.type) if self.compute_dtype == torch.float16 else None
 
+    def configure(self, run: Any) -> None:
+        """Run-wide settings an engine may need beyond ``distributed.*`` (DeepSpeed: batch sizes,
+        clipping). Called once by ``build_strategy``; raise ConfigError here for conflicts."""
+        self.run = run
+
     # ------------------------------------------------------------------ process group
     @property
     def dp_rank(self) -> int:

@@ -1,0 +1,178 @@
+"""DeepSpeed ZeRO 0-3 (optional extra: ``pip install 'alignkit[deepspeed]'``).
+
+The engine keeps alignkit's semantics:
+- The loop already divides each micro-batch loss by (global units / dp_size), so backward runs
+  with ``scale_wrt_gas=False`` (DeepSpeed would divide by the accumulation steps again).
+- The accumulation boundary is set explicitly on every backward: False inside the loop's
+  ``no_sync`` (not the last micro-batch), True otherwise; ``engine.step()`` runs once per
+  optimizer step. Gradients are summed over micro-batches and averaged over ranks like DDP,
+  even for the shorter last group of an epoch.
+- The optimizer is a torch AdamW from ``training.*`` (no fused_adam / cpu_adam JIT builds);
+  DeepSpeed re-points its param groups at the fp32 partitions, so the LR schedule drives it.
+- Clipping is DeepSpeed's ``gradient_clipping`` = ``training.max_grad_norm`` (see
+  deepspeed_config.py); the returned grad norm is the engine's.
+Checkpoints: ``engine.save_checkpoint`` inside the checkpoint directory plus a Hugging Face
+export (ZeRO-3 weights gathered to rank 0 first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from alignkit.config.loader import ConfigError, resolve_batch
+from alignkit.distributed.strategy.base import OptimizerFactory, Strategy
+from alignkit.distributed.strategy.deepspeed_config import build_deepspeed_config, fill_model_sizes
+from alignkit.distributed.strategy.sharded import ensure_process_group, save_hf_state_dict
+from alignkit.models.loading import hf_model, split_lm
+
+DS_DIR = "deepspeed"  # engine.save_checkpoint output inside a checkpoint directory
+DS_TAG = "state"
+
+
+def import_deepspeed() -> Any:
+    try:
+        return importlib.import_module("deepspeed")
+    except ImportError as e:
+        raise ConfigError(
+            f"distributed.strategy=deepspeed needs DeepSpeed, which is not importable ({e}); "
+            "install it with: DS_BUILD_OPS=0 pip install 'alignkit[deepspeed]'"
+        ) from None
+
+
+class DeepSpeedStrategy(Strategy):
+    name = "deepspeed"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scaler = None  # DeepSpeed scales fp16 losses itself
+        self.engine: Any = None
+        self.ds_config: dict[str, Any] = {}
+        self._boundary = True
+
+    def configure(self, run: Any) -> None:
+        super().configure(run)
+        import_deepspeed()  # a missing install fails here, before any process group exists
+        plan = resolve_batch(run, self.env.world_size)
+        self.ds_config = build_deepspeed_config(
+            self.cfg.deepspeed,
+            per_device=plan.per_device,
+            accumulation=plan.accumulation,
+            world_size=self.env.world_size,
+            max_grad_norm=run.training.max_grad_norm,
+            dtype=self.compute_dtype,
+        )
+
+    @property
+    def zero_stage(self) -> int:
+        return int(self.ds_config.get("zero_optimization", {}).get("stage", 0))
+
+    def setup(self) -> None:
+        ds = import_deepspeed()
+        if self.device.type == "cpu":
+            # DeepSpeed JIT-compiles a shared-memory comm op for CPU (about 60 s on 2 cores, once
+            # per cache dir). gloo does the collectives without it. `import deepspeed.comm.torch as
+            # m` would bind the torch package, hence importlib.
+            importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+        # DeepSpeed's deprecated collective calls warn on every use; nothing a user can act on.
+        warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+        super().setup()
+        ensure_process_group(self.backend, self.cfg.timeout_minutes)
+        os.environ.setdefault("LOCAL_RANK", str(self.env.local_rank))  # a plain `python` run has none
+        ds.init_distributed(dist_backend=self.backend, auto_mpi_discovery=False)
+
+    # ------------------------------------------------------------------ models
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        ds = import_deepspeed()
+        hidden = getattr(getattr(hf_model(model), "config", None), "hidden_size", None)
+        config = fill_model_sizes(self.ds_config, hidden)
+        if self.zero_stage == 3:
+            self._register_lm_head(ds, model)
+        optimizer = make_optimizer(model)
+        engine, _, _, _ = ds.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
+        self.engine = engine
+        # The client optimizer's param groups are the ones DeepSpeed steps (pointed at its fp32
+        # partitions), so the loop's LR scheduler works on it unchanged.
+        return engine, optimizer
+
+    @staticmethod
+    def _register_lm_head(ds: Any, model: nn.Module) -> None:
+        """ZeRO-3 gathers a parameter around its own module's forward; CausalLMLogps uses the LM
+        head weight directly. DeepSpeed also fetches such a parameter on attribute access (checked:
+        same result without this), but declaring it ties the gather to the root's forward."""
+        try:
+            _, head = split_lm(hf_model(model))
+        except TypeError:
+            return
+        for p in head.parameters(recurse=False):
+            ds.zero.register_external_parameter(model, p)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return getattr(model, "module", model)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # the engine holds the module in the compute dtype
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """Marks a micro-batch that is not the last of the optimizer step."""
+        self._boundary = False
+        try:
+            yield
+        finally:
+            self._boundary = True
+
+    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
+        self.engine.set_gradient_accumulation_boundary(self._boundary)
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
+        engine = self.engine
+        own_norm = None
+        if self.zero_stage == 0 and not (engine.bfloat16_enabled() or engine.fp16_enabled()):
+            # Plain fp32 data parallel: the engine does not report a norm; grads are reduced by now.
+            grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+            own_norm = float(torch.nn.utils.get_total_norm(grads, 2.0)) if grads else 0.0
+        engine.set_gradient_accumulation_boundary(True)
+        engine.step()
+        norm = engine.get_global_grad_norm()
+        if own_norm is not None or norm is None:
+            return own_norm if own_norm is not None else float("nan")
+        return float(norm)
+
+    # ------------------------------------------------------------------ saving
+    def save_model(self, model: nn.Module, out_dir: Path, tokenizer: Any = None) -> None:
+        """Full weights in the engine's module dtype; under ZeRO-3 gathered to rank 0 (all ranks call)."""
+        engine = self.engine
+        if self.zero_stage == 3:
+            sd = engine._zero3_consolidated_16bit_state_dict()  # collective; None off rank 0
+        else:
+            sd = engine.module.state_dict() if self.is_main else None
+        if self.is_main:
+            save_hf_state_dict(engine.module, sd, out_dir, tokenizer)
+        self.barrier()
+
+    def save_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: Path) -> None:
+        """Model + every rank's optimizer partition through the engine; all ranks call."""
+        self.engine.save_checkpoint(str(out_dir / DS_DIR), tag=DS_TAG, save_latest=False)
+        self.barrier()
+
+    def load_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt_dir: Path) -> None:
+        path = ckpt_dir / DS_DIR
+        if not (path / DS_TAG).is_dir():
+            raise FileNotFoundError(
+                f"{ckpt_dir}: no DeepSpeed training state ({DS_DIR}/{DS_TAG}/); "
+                "it was not written with distributed.strategy=deepspeed"
+            )
+        loaded, _ = self.engine.load_checkpoint(
+            str(path), tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
+        if loaded is None:
+            raise FileNotFoundError(f"{path}: DeepSpeed could not load the checkpoint")

@@ -1,0 +1,164 @@
+"""PyTorch FSDP2 (``fully_shard``): parameters, gradients and optimizer state sharded over ranks.
+
+Each decoder block is one FSDP unit, then the root (embeddings, final norm, LM head). The LM
+head weight is used only inside the root module's forward (``CausalLMLogps``), where FSDP2 has
+it gathered. Gradients are reduce-scattered as averages over ranks on every backward and
+accumulate in the sharded ``.grad`` across micro-batches: the same sum-over-micro-batches,
+mean-over-ranks gradient as DDP, with ZeRO memory. Parameters are DTensors, so clipping reduces
+the norm over shards. Checkpoints: sharded model + optimizer through torch.distributed.checkpoint
+(DCP, resumable on another world size) plus a full Hugging Face export gathered on rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from alignkit.distributed.strategy.base import OptimizerFactory, Strategy
+from alignkit.distributed.strategy.sharded import decoder_blocks, ensure_process_group, save_hf_state_dict
+
+DCP_DIR = "dcp"  # sharded model + optimizer inside a checkpoint directory
+
+
+def _options(strict: bool = True) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Frozen weights (a LoRA base model) are not written: they come back from from_pretrained.
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)
+
+
+class FSDPStrategy(Strategy):
+    name = "fsdp"
+
+    def setup(self) -> None:
+        # CausalLMLogps returns a view (the chunked log-probs reshaped); our losses never modify
+        # it in place, which is the case this FSDP2 warning is about.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPCausalLMLogps\) returned a view")
+        super().setup()
+        ensure_process_group(self.backend, self.cfg.timeout_minutes)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(self.device.type, (self.env.world_size,), mesh_dim_names=("dp",))
+
+    # ------------------------------------------------------------------ models
+    def _mp_policy(self) -> Any:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        o = self.cfg.fsdp
+        if not o.mixed_precision or self.compute_dtype == torch.float32:
+            return MixedPrecisionPolicy()
+        reduce = torch.float32 if o.reduce_dtype == "fp32" else self.compute_dtype
+        return MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=reduce)
+
+    def _shard(self, model: nn.Module, *, trainable: bool) -> nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        o = self.cfg.fsdp
+        offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if o.cpu_offload else OffloadPolicy()
+        if not o.cpu_offload:
+            model = model.to(self.device)
+        kwargs: dict[str, Any] = {
+            "mesh": self.mesh,
+            "reshard_after_forward": o.reshard_after_forward,
+            "mp_policy": self._mp_policy() if trainable else MixedPrecisionPolicy(),
+            "offload_policy": offload,
+        }
+        for block in decoder_blocks(model):
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = self._shard(model, trainable=True)
+        # The optimizer is built over the DTensor shards, so its state is sharded too.
+        return model, make_optimizer(model)
+
+    def prepare_frozen(self, model: nn.Module) -> nn.Module:
+        if not self.cfg.fsdp.shard_frozen:
+            return super().prepare_frozen(model)  # replicated: no collectives in its forward
+        model.eval()
+        model.requires_grad_(False)
+        return self._shard(model, trainable=False)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model  # fully_shard keeps the module (its class becomes an FSDP subclass)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self._mp_policy().param_dtype is not None:
+            return contextlib.nullcontext()  # FSDP already computes in param_dtype
+        return super().autocast()
+
+    # ------------------------------------------------------------------ step
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
+        from torch.distributed.tensor import DTensor
+
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.tensor(0.0)
+        if params:
+            # The norm of DTensor grads is a partial (per-shard) value; full_tensor() reduces it
+            # over ranks before clipping, so every rank clips by the same global norm.
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0, foreach=True)
+            if isinstance(norm, DTensor):
+                norm = norm.full_tensor()
+            if max_grad_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, norm, foreach=True)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    # ------------------------------------------------------------------ saving
+    def save_model(self, model: nn.Module, out_dir: Path, tokenizer: Any = None) -> None:
+        """Full weights gathered to rank 0 (CPU), written with ``save_pretrained``; all ranks call."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.is_main:
+            save_hf_state_dict(model, sd, out_dir, tokenizer)
+        self.barrier()
+
+    def save_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: Path) -> None:
+        """Each rank writes its own shards of the model and optimizer (DCP); all ranks call."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(model, optimizer, options=_options())
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(out_dir / DCP_DIR))
+        if self.scaler is not None and self.is_main:
+            torch.save({"scaler": self.scaler.state_dict()}, out_dir / "scaler.pt")
+        self.barrier()
+
+    def load_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt_dir: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        path = ckpt_dir / DCP_DIR
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"{ckpt_dir}: no FSDP training state ({DCP_DIR}/); it was not written with distributed.strategy=fsdp"
+            )
+        # get_state_dict initialises the optimizer state, so DCP has tensors to load into.
+        msd, osd = get_state_dict(model, optimizer, options=_options())
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=str(path))
+        # strict=False only because frozen weights are absent on purpose; anything else missing is an error.
+        result = set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_options(False)
+        )
+        frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+        missing = [k for k in result.missing_keys if k not in frozen]
+        if missing or result.unexpected_keys:
+            unexpected = result.unexpected_keys[:3]
+            raise RuntimeError(f"{path}: model state mismatch (missing {missing[:3]}, unexpected {unexpected})")
+        if self.scaler is not None and (ckpt_dir / "scaler.pt").is_file():
+            self.scaler.load_state_dict(torch.load(ckpt_dir / "scaler.pt", weights_only=True)["scaler"])

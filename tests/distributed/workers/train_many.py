@@ -1,0 +1,32 @@
+"""Worker: run several training configs one after another in ONE launched process group.
+
+Each torchrun launch costs ~6-8 s of process start and imports, so the distributed tests put
+several runs (and their checks) into one launch. Usage: ``torchrun ... train_many.py A.yaml B.yaml``.
+Ends with os._exit after destroy_process_group (gloo can abort at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch.distributed as dist
+
+from alignkit.config import load_config
+from alignkit.train.runner import run_train
+
+
+def main(paths: list[str]) -> None:
+    for path in paths:
+        run_train(load_config(path))
+        if dist.is_initialized():
+            dist.barrier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
