@@ -11,6 +11,7 @@ import torch
 from alignkit.algorithms import ALGORITHMS
 from alignkit.config import RunConfig, to_dict
 from alignkit.distributed.env import read_env
+from alignkit.distributed.preflight import preflight
 from alignkit.distributed.strategy import build_strategy, resolve_strategy_name
 from alignkit.logging import RunLogger, scrub, setup_console
 from alignkit.models.loading import load_tokenizer
@@ -29,6 +30,9 @@ def run_train(cfg: RunConfig) -> TrainResult:
     strategy = build_strategy(cfg, env)
     strategy.setup()
     name, why = resolve_strategy_name(cfg, env)
+    checked = {}
+    if env.is_distributed:  # every rank reachable, same versions and decision, before any model is built
+        checked = preflight(strategy.backend, name, cfg.distributed.preflight_timeout_s)
     out = Path(cfg.output_dir)
     logger = RunLogger(
         is_main=strategy.is_main,
@@ -41,6 +45,9 @@ def run_train(cfg: RunConfig) -> TrainResult:
     )
     if env.is_distributed:
         logger.info(f"Distributed training initialized: world_size={env.world_size} backend={strategy.backend}")
+    if checked:
+        logger.info(f"Pre-flight OK: {env.world_size} ranks reachable; torch {checked['torch']}, transformers "
+                    f"{checked['transformers']}, alignkit {checked['alignkit']} and strategy match")
     logger.info(f"Strategy: {name} ({why}); device={strategy.device.type}; algorithm={cfg.algorithm}")
     if strategy.is_main:
         out.mkdir(parents=True, exist_ok=True)

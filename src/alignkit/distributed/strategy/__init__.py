@@ -1,32 +1,57 @@
-"""Strategies by name; ``auto`` resolves from the launcher environment."""
+"""Strategies by name; ``auto`` resolves from the launcher environment and the memory estimate."""
 
 from __future__ import annotations
 
-from alignkit.config.schema import RunConfig
+from typing import TYPE_CHECKING
+
+from alignkit.config.schema import DistributedConfig, RunConfig
 from alignkit.distributed.env import DistEnv
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.distributed.strategy.ddp import DDPStrategy
+from alignkit.distributed.strategy.deepspeed import DeepSpeedStrategy
+from alignkit.distributed.strategy.fsdp import FSDPStrategy
 from alignkit.distributed.strategy.single import SingleStrategy
 from alignkit.registry import Registry
+
+if TYPE_CHECKING:
+    from alignkit.distributed.auto import DeviceMemory
 
 STRATEGIES: Registry[type[Strategy]] = Registry("distributed.strategy")
 STRATEGIES.register("single")(SingleStrategy)
 STRATEGIES.register("ddp")(DDPStrategy)
+STRATEGIES.register("fsdp")(FSDPStrategy)
+STRATEGIES.register("deepspeed")(DeepSpeedStrategy)  # imports deepspeed only in setup()
 
 
-def resolve_strategy_name(cfg: RunConfig, env: DistEnv) -> tuple[str, str]:
-    """The concrete strategy for ``cfg`` and a one-line reason (printed at start-up)."""
+def resolve_strategy(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = None,
+                     ) -> tuple[str, str, DistributedConfig]:
+    """The one place that decides: (strategy name, one-line reason, the ``distributed`` settings to use).
+
+    ``auto`` in one process is ``single``; under several it compares the run's memory estimate with
+    the device memory (``memory``, probed when None): ddp if it fits, else ZeRO-2-like, else
+    ZeRO-3-like (DeepSpeed stage 2/3 where importable on GPUs, else FSDP2 without/with resharding).
+    """
     name = cfg.distributed.strategy
     if name != "auto":
-        return name, "set in the config"
+        return name, "set in the config", cfg.distributed
     if env.world_size > 1:
-        return "ddp", f"auto: {env.world_size} processes under a launcher"
-    return "single", "auto: one process"
+        from alignkit.distributed.auto import auto_strategy
+
+        return auto_strategy(cfg, env, memory)
+    return "single", "auto: one process", cfg.distributed
+
+
+def resolve_strategy_name(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = None) -> tuple[str, str]:
+    """The concrete strategy for ``cfg`` and a one-line reason (printed at start-up)."""
+    name, why, _ = resolve_strategy(cfg, env, memory)
+    return name, why
 
 
 def build_strategy(cfg: RunConfig, env: DistEnv) -> Strategy:
-    name, _ = resolve_strategy_name(cfg, env)
-    return STRATEGIES.get(name)(cfg.distributed, env, cfg.model.dtype)
+    name, _, dist = resolve_strategy(cfg, env)
+    strategy = STRATEGIES.get(name)(dist, env, cfg.model.dtype)
+    strategy.configure(cfg)
+    return strategy
 
 
-__all__ = ["STRATEGIES", "Strategy", "build_strategy", "resolve_strategy_name"]
+__all__ = ["STRATEGIES", "Strategy", "build_strategy", "resolve_strategy", "resolve_strategy_name"]

@@ -1,0 +1,38 @@
+@echo off
+rem Train any config on several processes (GPUs) of this machine, or of several machines:
+rem   scripts\train_multi_gpu.bat CONFIG [NPROC] ["key=value" overrides...]
+rem Quote each override: cmd.exe splits unquoted arguments at "=". NPROC defaults to the number of
+rem GPUs (1 without GPUs). A thin wrapper over `alignkit launch`: MASTER_PORT (default 29500, or a
+rem free port if taken), NNODES, NODE_RANK, MASTER_ADDR and LAUNCHER pass through; PYTHON picks
+rem the interpreter.
+setlocal
+set "CONFIG=%~1"
+if "%CONFIG%"=="" goto usage
+set "NPROC_ARGS="
+shift
+if "%~1"=="" goto args
+echo %~1| findstr /r "^[0-9][0-9]*$" >nul
+if not errorlevel 1 (
+  set "NPROC_ARGS=--nproc-per-node %~1"
+  shift
+  goto args
+)
+echo %~1| findstr /c:"=" >nul
+if errorlevel 1 (
+  echo %~nx0: second argument '%~1' is neither NPROC ^(a number^) nor a "key=value" override; a training stage is chosen in the config 1>&2
+  exit /b 2
+)
+:args
+call "%~dp0_launch_args.bat"
+set "REST="
+:collect
+if "%~1"=="" goto run
+set REST=%REST% %1
+shift
+goto collect
+:run
+"%PYTHON%" -m alignkit launch %NPROC_ARGS% %LAUNCH_ARGS% "%CONFIG%" %REST%
+exit /b %ERRORLEVEL%
+:usage
+echo usage: %~nx0 CONFIG [NPROC] ["key=value" ...] 1>&2
+exit /b 2

@@ -1,0 +1,258 @@
+"""A run config's memory plan, and ``distributed.strategy: auto`` decided from it.
+
+:mod:`alignkit.distributed.plan` is pure arithmetic on model dimensions; this module reads a
+:class:`RunConfig` into :class:`~alignkit.distributed.plan.MemoryInputs` (what ``alignkit estimate``
+prints) and asks the machine how much memory one rank has (what ``auto`` compares against).
+
+How alignkit's runs map onto the estimator:
+
+* compute dtype = ``model.dtype`` (``auto``: bf16 on GPUs, fp32 on CPU). Trainable weights stay fp32
+  while autocast / FSDP mixed precision / DeepSpeed bf16 compute in the compute dtype, which the
+  estimator counts as compute-dtype weights + an fp32 master copy (the same 16 bytes/param with AdamW).
+* optimizer: torch AdamW with ``foreach=True`` (train/optim.py): fp32 states and a state-sized
+  temporary at step time.
+* log-probs are computed in chunks (no ``(B, T, V)`` logits); DPO and reward/cost models run chosen
+  and rejected in one forward (2 sequences per example).
+* reference: DPO's resolved ``dpo.reference`` (a frozen copy, the LoRA base, precomputed or none).
+* frozen models: reward/cost models named by the config (any ``*.reward_model`` / ``*.cost_model`` /
+  ``*_name_or_path`` field of those names) plus ``alignkit estimate --frozen``; held in the compute dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from alignkit.config.loader import resolve_batch
+from alignkit.config.schema import DistributedConfig, RunConfig
+from alignkit.distributed.env import DistEnv
+from alignkit.distributed.plan import (
+    GB,
+    PRESETS,
+    MemoryInputs,
+    ModelDims,
+    choose_strategy,
+    dims_from_pretrained,
+)
+
+#: peft module names -> the estimator's projection names
+LORA_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
+                "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+#: algorithms whose one example is a chosen + rejected pair, forwarded together
+PAIRED = ("dpo", "reward_model", "cost_model")
+SCORE_HEAD = ("reward_model", "cost_model")
+#: RSS of python + torch + transformers + alignkit before any model exists (measured ~0.3 GB)
+CPU_PROCESS_BASELINE_BYTES = int(0.5e9)
+_FROZEN_FIELD = re.compile(r"^(reward|cost)_(model|model_path|name_or_path)$")
+
+
+# --------------------------------------------------------------------------- config -> inputs
+def resolve_dims(spec: str, trust_remote_code: bool = False) -> ModelDims:
+    """A preset name (``llama-7b``, ...) or a local model / LoRA adapter directory."""
+    from alignkit.models.adapters import adapter_base, is_adapter_dir
+
+    if spec in PRESETS:
+        return PRESETS[spec]
+    path = adapter_base(spec) if is_adapter_dir(spec) else spec
+    try:
+        return dims_from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"cannot read the model dimensions of {spec!r} ({first}); give a local model "
+                         f"directory or a preset: {', '.join(PRESETS)}") from None
+
+
+def frozen_model_specs(cfg: RunConfig) -> list[str]:
+    """Reward / cost models the config names (fields ``reward_model``, ``cost_name_or_path``, ...)."""
+    out = []
+    for sec in dataclasses.fields(cfg):
+        section = getattr(cfg, sec.name)
+        if not dataclasses.is_dataclass(section):
+            continue
+        for fld in dataclasses.fields(section):
+            value = getattr(section, fld.name)
+            if _FROZEN_FIELD.match(fld.name) and isinstance(value, str) and value:
+                out.append(value)
+    return out
+
+
+def _lora(cfg: RunConfig) -> tuple[int, tuple[str, ...], float] | None:
+    """(r, estimator targets, dropout) from ``model.lora`` or a LoRA adapter directory; None = full."""
+    from alignkit.models.adapters import adapter_config, is_adapter_dir
+
+    lora = cfg.model.lora
+    if lora is not None:
+        r, modules, dropout = lora.r, list(lora.target_modules), lora.dropout
+    elif cfg.model.name_or_path and is_adapter_dir(cfg.model.name_or_path):
+        ac = adapter_config(cfg.model.name_or_path)
+        r, modules, dropout = int(ac.get("r", 8)), ac.get("target_modules") or [], float(ac.get("lora_dropout", 0.0))
+    else:
+        return None
+    if modules == "all-linear" or "all-linear" in modules:
+        return r, tuple(LORA_TARGETS.values()), dropout
+    targets = tuple(dict.fromkeys(LORA_TARGETS[m.rsplit(".", 1)[-1]] for m in modules
+                                  if m.rsplit(".", 1)[-1] in LORA_TARGETS))
+    return (r, targets, dropout) if targets else None
+
+
+def reference_kind(cfg: RunConfig) -> str:
+    """The estimator's reference kind: ``model`` | ``lora_base`` | ``precomputed`` | ``none``."""
+    if cfg.algorithm != "dpo":
+        return "none"
+    from alignkit.algorithms.dpo import resolve_reference  # the one rule; a late import keeps layers apart
+
+    ref = resolve_reference(cfg)
+    if ref in ("model", "lora_base") and cfg.dpo.precompute_ref_logps:
+        return "precomputed"
+    return ref
+
+
+def compute_dtype(cfg: RunConfig, device: str) -> str:
+    if cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    return "bf16" if device == "cuda" else "fp32"
+
+
+def memory_inputs(cfg: RunConfig, *, n_gpus: int, device: str = "cuda", policy: ModelDims | None = None,
+                  frozen: Sequence[str] = (), process_baseline_bytes: int = 0) -> MemoryInputs:
+    """MemoryInputs for ``cfg`` on ``n_gpus`` ranks (see the module docstring for the mapping).
+
+    ``policy`` replaces the dimensions read from ``model.name_or_path`` (e.g. a preset);
+    ``frozen`` adds reward/cost models (presets or local dirs) to those the config names.
+    """
+    m = cfg.model
+    dims = policy or resolve_dims(m.name_or_path, m.trust_remote_code)
+    if cfg.algorithm in SCORE_HEAD and dims.head == "lm":
+        dims = dims.as_score_model()
+    frozen_dims = []
+    for spec in [*frozen_model_specs(cfg), *frozen]:
+        d = resolve_dims(spec, m.trust_remote_code)
+        frozen_dims.append(d.as_score_model() if d.head == "lm" else d)
+    dtype = compute_dtype(cfg, device)
+    lora = _lora(cfg)
+    reference = reference_kind(cfg)
+    if reference == "lora_base" and lora is None:
+        reference = "none"  # an adapter dir we could not read: the base costs nothing extra anyway
+    return MemoryInputs(
+        policy=dims,
+        param_dtype=dtype,
+        master_weights_fp32=dtype != "fp32",
+        optimizer="adamw",
+        optimizer_state_dtype="fp32",
+        optimizer_impl="foreach",
+        lora_r=lora[0] if lora else None,
+        lora_targets=lora[1] if lora else ("q", "k", "v", "o"),
+        lora_dropout=lora[2] if lora else 0.0,
+        gradient_checkpointing=m.gradient_checkpointing,
+        per_device_batch=resolve_batch(cfg, n_gpus).per_device,
+        seq_len=cfg.data.max_length,
+        sequences_per_example=2 if cfg.algorithm in PAIRED else 1,
+        chunked_logits=True,
+        reference=reference,
+        frozen_models=frozen_dims,
+        shard_frozen=cfg.distributed.fsdp.shard_frozen,
+        n_gpus=n_gpus,
+        device=device,
+        process_baseline_bytes=process_baseline_bytes if device == "cpu" else 0,
+    )
+
+
+# --------------------------------------------------------------------------- device memory
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What one rank may use: a GPU's memory, or its share of the host's RAM on CPU."""
+
+    device: str  # "cuda" | "cpu"
+    bytes_per_rank: int
+    note: str
+
+
+def host_ram_bytes() -> int:
+    """Physical RAM, capped by a cgroup (container) limit when there is one."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            raw = open(limit_file, encoding="ascii").read().strip()
+        except OSError:
+            continue
+        if raw.isdigit():
+            total = min(total, int(raw))
+    return total
+
+
+def probe_device_memory(env: DistEnv) -> DeviceMemory:
+    """The local GPU's total memory; on CPU, the host's RAM shared by this node's ranks.
+
+    Totals, not "free right now": every rank must reach the same decision without talking to the
+    others (the process group does not exist yet), and free memory differs from one instant to the
+    next. The pre-flight check then confirms all ranks chose the same strategy.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        idx = env.local_rank % torch.cuda.device_count()
+        total = int(torch.cuda.get_device_properties(idx).total_memory)
+        return DeviceMemory("cuda", total, f"{total / GB:.1f} GB per GPU")
+    total = host_ram_bytes()
+    local = max(1, env.local_world_size)
+    return DeviceMemory("cpu", total // local, f"{total / GB:.1f} GB host RAM / {local} local processes")
+
+
+# --------------------------------------------------------------------------- auto
+def engine_for(plan_name: str, device: str, dist: DistributedConfig) -> tuple[str, DistributedConfig, str]:
+    """Registered strategy + its settings for one of the estimator's strategies.
+
+    zero2 -> DeepSpeed ZeRO-2 where DeepSpeed is importable (GPU), else FSDP2 without resharding after
+    forward; zero3 -> DeepSpeed ZeRO-3, else FSDP2 resharding; zero3_offload adds CPU offload. CPU
+    runs always use FSDP2 (DeepSpeed on CPU adds nothing here and JIT-builds ops).
+    """
+    if plan_name == "ddp":
+        return "ddp", dist, "ddp"
+    stage = 2 if plan_name == "zero2" else 3
+    offload = plan_name == "zero3_offload"
+    if device == "cuda" and importlib.util.find_spec("deepspeed") is not None:
+        ds = dataclasses.replace(dist.deepspeed, zero_stage=stage, offload_optimizer=offload, offload_param=offload)
+        return "deepspeed", dataclasses.replace(dist, deepspeed=ds), (
+            f"deepspeed zero_stage={stage}" + (" + CPU offload" if offload else ""))
+    fs = dataclasses.replace(dist.fsdp, reshard_after_forward=stage == 3, cpu_offload=offload)
+    return "fsdp", dataclasses.replace(dist, fsdp=fs), (
+        f"fsdp reshard_after_forward={'true' if stage == 3 else 'false'}" + (" + cpu_offload" if offload else ""))
+
+
+def auto_strategy(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = None,
+                  ) -> tuple[str, str, DistributedConfig]:
+    """``distributed.strategy: auto`` under several processes: (strategy, why, distributed settings).
+
+    The cheapest-communication strategy whose estimate fits the device memory (90% headroom): ddp,
+    then ZeRO-2-like, ZeRO-3-like (and ZeRO-3 + offload on GPUs). An estimate that cannot be made
+    (a hub id, an unknown architecture) falls back to ddp and says why.
+    """
+    memory = memory or probe_device_memory(env)
+    try:
+        baseline = CPU_PROCESS_BASELINE_BYTES if memory.device == "cpu" else 0
+        inputs = memory_inputs(cfg, n_gpus=env.world_size, device=memory.device, process_baseline_bytes=baseline)
+    except ValueError as e:
+        return "ddp", f"auto: {env.world_size} processes; no memory estimate ({e}) -> ddp", cfg.distributed
+    choices = ("ddp", "zero2", "zero3") + (("zero3_offload",) if memory.device == "cuda" else ())
+    pick, why = choose_strategy(inputs, memory.bytes_per_rank, available=choices)
+    name, dist, engine = engine_for(pick, memory.device, cfg.distributed)
+    if memory.device == "cpu":
+        why = why.replace("/GPU", "/process")
+    return name, f"auto: {env.world_size} processes, {memory.note}; {why}" + (f" = {engine}" if pick != "ddp" else ""), dist
+
+
+def describe(inputs: MemoryInputs) -> str:
+    """One line naming what the estimate holds besides the policy."""
+    d = inputs.policy
+    parts = [f"policy {d.n_params / 1e9:.2f}B ({'score head' if d.head == 'score' else 'LM'})",
+             f"reference: {inputs.reference}"]
+    if inputs.frozen_models:
+        parts.append(f"{len(inputs.frozen_models)} frozen model(s) of "
+                     + ", ".join(f"{f.n_params / 1e9:.2f}B" for f in inputs.frozen_models))
+    parts.append(f"per-device batch {inputs.per_device_batch} x {inputs.sequences_per_example} seq x "
+                 f"{inputs.seq_len} tokens")
+    return "; ".join(parts)

@@ -1,0 +1,132 @@
+"""``alignkit launch``: start ``alignkit train`` under torchrun, the deepspeed launcher or accelerate.
+
+The command is built once, printed, and executed exactly as printed (``--dry-run`` only prints it).
+Facts it relies on (docs/ENGINES_ON_CPU.md):
+
+* torchrun (``python -m torch.distributed.run``) takes ``--nnodes/--node_rank/--master_addr/--master_port``
+  for a static multi-node rendezvous: node 0 hosts the store on the given port.
+* ``deepspeed --num_gpus N --master_port P --module alignkit ...`` runs one node; several nodes need
+  a hostfile and ssh (or ``--no_ssh`` plus a hostfile), so multi-node here goes through torchrun (the
+  DeepSpeed *engine* does not care which launcher started it).
+* ``accelerate launch --cpu`` starts ONE process (trap A); on CPU machines ``--multi_gpu`` with
+  ``ACCELERATE_USE_CPU=true`` gives gloo processes (trap B otherwise).
+* Without OMP_NUM_THREADS each CPU rank starts one thread per core: N ranks oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+DEFAULT_PORT = 29500
+LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
+
+
+class LaunchError(ValueError):
+    """Bad launch arguments (a user error: one line, exit status 2)."""
+
+
+@dataclass
+class LaunchPlan:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # added to the inherited environment
+    notes: list[str] = field(default_factory=list)
+
+    def shell(self) -> str:
+        """The command as one POSIX shell line, environment additions first (copy-pasteable)."""
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())
+        return prefix + shlex.join(self.argv)
+
+
+def port_is_free(port: int) -> bool:
+    """True when nothing listens on ``port`` (the rendezvous store binds all interfaces)."""
+    for family, addr in ((socket.AF_INET, ("", port)), (socket.AF_INET6, ("::", port))):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind(addr)
+        except OSError as e:
+            if family == socket.AF_INET6 and e.errno in (97, 99):  # no IPv6 on this host
+                continue
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def build_launch(config: str, overrides: list[str], *, nproc_per_node: int | None = None, nnodes: int = 1,
+                 node_rank: int = 0, master_addr: str | None = None, master_port: int | None = None,
+                 launcher: str = "torchrun", gpus: int | None = None) -> LaunchPlan:
+    """The launcher command for ``alignkit train CONFIG OVERRIDES`` (``gpus``: for tests; None = probe)."""
+    if launcher not in LAUNCHERS:
+        raise LaunchError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    gpus = _cuda_count() if gpus is None else gpus
+    nproc = nproc_per_node if nproc_per_node is not None else max(1, gpus)
+    if nproc < 1 or nnodes < 1:
+        raise LaunchError(f"--nproc-per-node and --nnodes must be >= 1, got {nproc} and {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        raise LaunchError(f"--node-rank {node_rank} is outside [0, --nnodes {nnodes})")
+    plan = LaunchPlan(argv=[])
+    if nnodes > 1:
+        if not master_addr:
+            raise LaunchError("--nnodes > 1 needs --master-addr (the address of node 0, the same on every node)")
+        if launcher == "deepspeed":
+            raise LaunchError("--launcher deepspeed starts one node here (several need its hostfile + ssh); use "
+                              "the default torchrun launcher for several nodes: distributed.strategy=deepspeed "
+                              "still runs DeepSpeed ZeRO")
+        port = master_port or DEFAULT_PORT  # every node must use the same port: never pick one
+    else:
+        master_addr = master_addr or "127.0.0.1"
+        port = master_port or DEFAULT_PORT
+        if master_port is None and not port_is_free(port):
+            port = free_port()
+            plan.notes.append(f"port {DEFAULT_PORT} is taken; using free port {port} (set --master-port to choose)")
+    if gpus == 0:
+        if "OMP_NUM_THREADS" not in os.environ:
+            plan.env["OMP_NUM_THREADS"] = "1"
+        if launcher == "accelerate":
+            plan.env["ACCELERATE_USE_CPU"] = "true"
+    train = ["alignkit", "train", config, *overrides]
+    py = sys.executable
+    if launcher == "torchrun":
+        plan.argv = [py, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--nnodes={nnodes}",
+                     f"--node_rank={node_rank}", f"--master_addr={master_addr}", f"--master_port={port}",
+                     "-m", *train]
+    elif launcher == "deepspeed":
+        plan.argv = [py, "-m", "deepspeed.launcher.runner", f"--num_gpus={nproc}", f"--master_port={port}",
+                     "--no_local_rank", "--module", *train]
+    else:
+        total = nproc * nnodes
+        plan.argv = [py, "-m", "accelerate.commands.launch", *(["--multi_gpu"] if total > 1 else []),
+                     f"--num_processes={total}", f"--num_machines={nnodes}", f"--machine_rank={node_rank}",
+                     f"--main_process_ip={master_addr}", f"--main_process_port={port}",
+                     "--mixed_precision=no", "--dynamo_backend=no", "-m", *train]
+    return plan
+
+
+def run_launch(plan: LaunchPlan, *, dry_run: bool = False) -> int:
+    """Print the command; unless ``dry_run``, run exactly it and return its exit status."""
+    for note in plan.notes:
+        print(f"alignkit launch: {note}", file=sys.stderr)
+    if dry_run:
+        print(plan.shell())
+        return 0
+    print(f"alignkit launch: {plan.shell()}", file=sys.stderr, flush=True)
+    env = {**os.environ, **plan.env}
+    if os.name == "posix":  # the launcher takes over this process: signals reach it directly
+        sys.stdout.flush()
+        os.execvpe(plan.argv[0], plan.argv, env)
+    return subprocess.call(plan.argv, env=env)

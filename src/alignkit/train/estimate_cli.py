@@ -1,0 +1,54 @@
+"""``alignkit estimate``: per-GPU memory of a run config under each strategy, and which fit."""
+
+from __future__ import annotations
+
+from alignkit.config import load_config
+from alignkit.distributed.auto import describe, engine_for, memory_inputs, probe_device_memory
+from alignkit.distributed.env import read_env
+from alignkit.distributed.plan import GB, PRESETS, choose_strategy, estimate, fits, format_table, parse_memory
+
+TABLE_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero3_offload", "fsdp")
+HEADROOM = 0.9
+
+
+def estimate_command(config: str, overrides: list[str], *, gpus: int | None = None, gpu_memory: str | None = None,
+                     preset: str | None = None, frozen: list[str] | None = None) -> str:
+    """Print (and return) the table for ``config`` on ``gpus`` GPUs of ``gpu_memory`` each.
+
+    ``preset`` replaces the policy read from ``model.name_or_path`` (no local model needed);
+    ``frozen`` adds reward/cost models (presets or local dirs). Without ``gpu_memory`` the local GPU's
+    memory is used when there is one.
+    """
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"--preset: unknown {preset!r}; choose one of {', '.join(PRESETS)}")
+    cfg = load_config(config, overrides)
+    env = read_env()
+    n = gpus or env.world_size
+    if n < 1:
+        raise ValueError(f"--gpus must be >= 1, got {n}")
+    inputs = memory_inputs(cfg, n_gpus=n, device="cuda", policy=PRESETS[preset] if preset else None,
+                           frozen=frozen or [])
+    memory = parse_memory(gpu_memory) if gpu_memory else None
+    if memory is None:
+        probed = probe_device_memory(env)
+        memory = probed.bytes_per_rank if probed.device == "cuda" else None
+    estimates = {s: estimate(inputs, s) for s in TABLE_STRATEGIES}
+    lines = [f"# memory estimate: {config} (algorithm {cfg.algorithm}) on {n} GPU(s)"
+             + (f" of {memory / GB:.1f} GB" if memory else ""),
+             f"# {describe(inputs)}",
+             format_table(inputs, estimates, memory, HEADROOM)]
+    if memory is not None:
+        ok = [s for s, e in estimates.items() if fits(e, memory, HEADROOM)]
+        lines.append(f"fits in {memory / GB:.1f} GB per GPU ({HEADROOM * memory / GB:.1f} GB usable): "
+                     + (", ".join(ok) if ok else "none (lower the per-device batch or max_length, enable "
+                        "gradient checkpointing or LoRA, or add GPUs)"))
+    else:
+        lines.append("device memory unknown: pass --gpu-memory (e.g. 80GB) to see which strategies fit")
+    pick, why = choose_strategy(inputs, memory, available=("ddp", "zero2", "zero3", "zero3_offload"),
+                                headroom=HEADROOM)
+    _, _, engine = engine_for(pick, "cuda", cfg.distributed)
+    lines.append(f"distributed.strategy=auto on {n} GPU(s) would run {engine} ({why})")
+    text = "\n".join(lines)
+    print(text)
+    return text
+

@@ -1,0 +1,169 @@
+"""``distributed.strategy: auto`` from the memory estimate, the config -> MemoryInputs mapping, and
+``alignkit estimate`` on the seed scenario (7B policy + reference + two 7B reward models, 8 x 64 GB)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
+from transformers import LlamaConfig
+
+from alignkit.config import load_config
+from alignkit.distributed import auto
+from alignkit.distributed.auto import DeviceMemory, frozen_model_specs, memory_inputs
+from alignkit.distributed.env import DistEnv
+from alignkit.distributed.plan import GB, PRESETS, estimate
+from alignkit.distributed.strategy import build_strategy, resolve_strategy, resolve_strategy_name
+from tests.conftest import REPO, assert_ok, run_cli
+
+LLAMA7B = PRESETS["llama-7b"]
+
+
+def _env(world: int, local: int | None = None) -> DistEnv:
+    return DistEnv(rank=0, world_size=world, local_rank=0, local_world_size=local or world,
+                   master_addr=None, master_port=None)
+
+
+@pytest.fixture(scope="module")
+def llama7b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A config.json with Llama-2-7B's shape (no weights: the estimate reads the config only)."""
+    out = tmp_path_factory.mktemp("llama7b")
+    LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                vocab_size=32000).save_pretrained(out)
+    return out
+
+
+def _sft(model: Path, *extra: str):
+    return load_config(None, ["algorithm=sft", f"model.name_or_path={model}", "model.dtype=bf16",
+                              "model.gradient_checkpointing=true", "data.train=[builtin:sft_train.jsonl]",
+                              "data.max_length=512", "training.per_device_batch_size=1", *extra])
+
+
+# --------------------------------------------------------------------------- the decision
+@pytest.mark.parametrize("gb,deepspeed,want", [
+    (400, True, ("ddp", None)),
+    (80, True, ("deepspeed", 2)),
+    (80, False, ("fsdp", False)),
+    (24, True, ("deepspeed", 3)),
+    (24, False, ("fsdp", True)),
+])
+def test_auto_picks_from_fake_gpu_memory(llama7b_dir: Path, monkeypatch: pytest.MonkeyPatch, gb: int,
+                                         deepspeed: bool, want: tuple) -> None:
+    """Full 7B on 8 GPUs: ddp needs ~136 GB, ZeRO-2 ~30 GB, ZeRO-3 ~17 GB per GPU."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(auto.importlib.util, "find_spec",
+                        lambda name, *a: (real(name, *a) if deepspeed else None) if name == "deepspeed" else real(name, *a))
+    cfg = _sft(llama7b_dir)
+    name, why, dist = resolve_strategy(cfg, _env(8), DeviceMemory("cuda", gb * GB, f"{gb} GB per GPU"))
+    assert (name, dist.deepspeed.zero_stage if name == "deepspeed" else
+            dist.fsdp.reshard_after_forward if name == "fsdp" else None) == want, why
+    assert why.startswith(f"auto: 8 processes, {gb} GB per GPU; ")
+    if name != "ddp":
+        assert "ddp needs" in why and "> " in why  # says what did not fit
+    assert cfg.distributed.strategy == "auto" and cfg.distributed.deepspeed.zero_stage is None  # untouched
+
+
+def test_auto_on_cpu_is_ddp_unless_ram_is_short(llama7b_dir: Path, tmp_path: Path) -> None:
+    cfg = _sft(llama7b_dir)
+    name, why = resolve_strategy_name(cfg, _env(2), DeviceMemory("cpu", 300 * GB, "600 GB host RAM / 2"))
+    assert name == "ddp" and "GB/process" in why
+    name, why, dist = resolve_strategy(cfg, _env(2), DeviceMemory("cpu", 100 * GB, "200 GB host RAM / 2"))
+    assert name == "fsdp" and "deepspeed" not in why  # never DeepSpeed on CPU
+    assert "ddp needs" in why
+
+
+def test_auto_single_process_and_explicit(llama7b_dir: Path) -> None:
+    assert resolve_strategy_name(_sft(llama7b_dir), _env(1)) == ("single", "auto: one process")
+    tiny = DeviceMemory("cuda", 1, "1 byte")
+    assert resolve_strategy_name(_sft(llama7b_dir, "distributed.strategy=ddp"), _env(8), tiny) == (
+        "ddp", "set in the config")
+
+
+def test_auto_without_estimate_falls_back_to_ddp(tmp_path: Path) -> None:
+    cfg = _sft(tmp_path / "no-such-model")
+    name, why = resolve_strategy_name(cfg, _env(2), DeviceMemory("cuda", 80 * GB, "80 GB"))
+    assert name == "ddp" and "no memory estimate" in why
+
+
+def test_build_strategy_uses_the_resolved_settings(llama7b_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auto, "probe_device_memory", lambda env: DeviceMemory("cpu", 20 * GB, "fake"))
+    strategy = build_strategy(_sft(llama7b_dir), _env(2))
+    assert strategy.name == "fsdp" and strategy.cfg.fsdp.reshard_after_forward is True
+
+
+# --------------------------------------------------------------------------- config -> inputs
+def test_memory_inputs_follow_the_config(llama7b_dir: Path) -> None:
+    dpo = load_config(REPO / "configs" / "dpo.yaml", [f"model.name_or_path={llama7b_dir}", "data.max_length=512",
+                                                      "training.per_device_batch_size=4"])
+    inp = memory_inputs(dpo, n_gpus=8)
+    assert inp.policy == LLAMA7B and inp.reference == "model" and inp.sequences_per_example == 2
+    assert (inp.param_dtype, inp.master_weights_fp32, inp.optimizer_impl) == ("bf16", True, "foreach")
+    assert inp.tokens == 4 * 2 * 512 and inp.lora_r is None
+    assert memory_inputs(dpo, n_gpus=2, device="cpu").param_dtype == "fp32"  # auto dtype on CPU
+
+    lora = load_config(REPO / "configs" / "dpo_lora.yaml", [f"model.name_or_path={llama7b_dir}"])
+    inp = memory_inputs(lora, n_gpus=8)
+    assert inp.lora_r == 16 and inp.lora_targets == ("q", "k", "v", "o", "gate", "up", "down")
+    assert inp.reference == "precomputed"  # dpo_lora.yaml precomputes the lora_base log-probs
+    inp = memory_inputs(load_config(REPO / "configs" / "dpo_lora.yaml", [
+        f"model.name_or_path={llama7b_dir}", "dpo.precompute_ref_logps=false"]), n_gpus=8)
+    assert inp.reference == "lora_base"
+
+    rm = load_config(REPO / "configs" / "rm_helpful.yaml", [f"model.name_or_path={llama7b_dir}"])
+    inp = memory_inputs(rm, n_gpus=8, frozen=["llama-7b"])
+    assert inp.policy == LLAMA7B.as_score_model() and inp.reference == "none"
+    assert inp.frozen_models == (LLAMA7B.as_score_model(),)
+
+
+def test_frozen_models_named_by_the_config() -> None:
+    @dataclasses.dataclass
+    class Safe:
+        reward_model: str = "runs/helpful_rm"
+        cost_name_or_path: str = "runs/harmless_rm"
+        beta: float = 0.1
+
+    @dataclasses.dataclass
+    class Cfg:
+        safe: Safe = dataclasses.field(default_factory=Safe)
+        algorithm: str = "safe_dpo"
+
+    assert frozen_model_specs(Cfg()) == ["runs/helpful_rm", "runs/harmless_rm"]
+
+
+# --------------------------------------------------------------------------- the CLI, seed scenario
+SEED_OVERRIDES = ["model.dtype=bf16", "model.gradient_checkpointing=true", "training.per_device_batch_size=4",
+                  "data.max_length=512", "dpo.reference=model"]
+SEED = ["estimate", str(REPO / "configs" / "dpo.yaml"), "--preset", "llama-7b", "--frozen", "llama-7b",
+        "--frozen", "llama-7b", "--gpus", "8", "--gpu-memory", "64GB", *SEED_OVERRIDES]
+
+
+def _row(text: str, label: str) -> list[str]:
+    return next(line for line in text.splitlines() if line.startswith(label)).split()[len(label.split()):]
+
+
+def test_estimate_cli_seed_scenario_full_vs_lora() -> None:
+    full = run_cli(SEED)
+    assert_ok(full)
+    print("\n" + full.stdout)
+    header = _row(full.stdout, "component")
+    assert header == ["ddp", "zero1", "zero2", "zero3", "zero3_offload", "fsdp"]
+    assert _row(full.stdout, "reference model") == ["13.5"] * 6
+    assert _row(full.stdout, "frozen models") == ["26.4"] * 6  # two 6.61B reward models in bf16
+    ddp_total = float(_row(full.stdout, "total")[0])
+    assert ddp_total > 150  # the seed's "~103 GB, far above 64 GB", with fp32 Adam states and master weights
+    assert "fits in 64.0 GB per GPU (57.6 GB usable): zero3_offload" in full.stdout
+
+    lora = run_cli([*SEED, "model.lora={r: 16, dropout: 0.1}"])
+    assert_ok(lora)
+    print(lora.stdout)
+    assert "LoRA r=16 q+k+v+o" in lora.stdout
+    total = float(_row(lora.stdout, "total")[0])
+    assert 55 <= total <= 66  # the seed: ~55-66 GB per GPU
+    assert _row(lora.stdout, "fits (<= 57.6)")[0] == "yes"
+    assert "would run ddp" in lora.stdout
+    # the CLI's numbers are plan.estimate's on the mapped inputs
+    cfg = load_config(REPO / "configs" / "dpo.yaml", SEED_OVERRIDES)
+    inputs = memory_inputs(cfg, n_gpus=8, policy=LLAMA7B, frozen=["llama-7b", "llama-7b"])
+    assert f"{estimate(inputs, 'ddp').total / GB:.1f}" == f"{ddp_total:.1f}"
