@@ -1,4 +1,4 @@
-"""The ``alignkit`` command: train | validate | demo | tiny-model | data synth.
+"""The ``alignkit`` command: train | launch | validate | estimate | eval | score | merge-lora | demo | tiny-model | data synth.
 
 User errors (bad config, bad data, missing files) end with one line ``alignkit: error: ...``
 and exit status 2; set ALIGNKIT_DEBUG=1 for the traceback.
@@ -14,8 +14,9 @@ from typing import Callable
 
 from alignkit.config.loader import ConfigError
 from alignkit.data.io import DataError
+from alignkit.distributed.preflight import PreflightError
 
-USER_ERRORS = (ConfigError, DataError, FileNotFoundError, ValueError, KeyError)
+USER_ERRORS = (ConfigError, DataError, FileNotFoundError, ValueError, KeyError, PreflightError)
 
 
 def _strip_launcher_args(argv: list[str]) -> list[str]:
@@ -61,6 +62,48 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from alignkit.train.evaluate import eval_command
+
+    eval_command(args.config, args.overrides, args.model, args.out)
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from alignkit.scoring import score_command
+
+    score_command(args.model_dir, args.file, args.out, batch_size=args.batch_size, max_length=args.max_length,
+                  chat_template=args.chat_template)
+    return 0
+
+
+def cmd_merge_lora(args: argparse.Namespace) -> int:
+    from alignkit.models.adapters import merge_lora
+
+    out = merge_lora(args.adapter_dir, args.out_dir, base=args.base)
+    print(f"wrote the merged model to {out}")
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from alignkit.train.estimate_cli import estimate_command
+
+    estimate_command(args.config, args.overrides, gpus=args.gpus, gpu_memory=args.gpu_memory, preset=args.preset,
+                     frozen=args.frozen)
+    return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from alignkit.config import load_config
+    from alignkit.launch import build_launch, run_launch
+
+    load_config(args.config, args.overrides)  # one error line here, not one per rank after start-up
+    plan = build_launch(args.config, args.overrides, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                        node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
+                        launcher=args.launcher)
+    return run_launch(plan, dry_run=args.dry_run)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from alignkit.demo import run_demo
 
@@ -84,6 +127,53 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(sp)
     sp.add_argument("--world-size", type=int, default=None, help="plan for N processes (default: the launcher's)")
     sp.set_defaults(func=cmd_validate)
+
+    sp = sub.add_parser("launch", help="run `alignkit train` under torchrun / deepspeed / accelerate (one or several nodes)")
+    sp.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
+                    help="processes on this node (default: its GPU count, 1 without GPUs)")
+    sp.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    sp.add_argument("--node-rank", "--node_rank", type=int, default=0, help="this node's index in [0, nnodes)")
+    sp.add_argument("--master-addr", "--master_addr", default=None,
+                    help="address of node 0 (required with --nnodes > 1; default 127.0.0.1)")
+    sp.add_argument("--master-port", "--master_port", type=int, default=None,
+                    help="rendezvous port (default 29500; on one node a free port if 29500 is taken)")
+    sp.add_argument("--launcher", default="torchrun", choices=["torchrun", "deepspeed", "accelerate"])
+    sp.add_argument("--dry-run", "--dry_run", action="store_true", help="print the command instead of running it")
+    with_config(sp)
+    sp.set_defaults(func=cmd_launch)
+
+    sp = sub.add_parser("estimate", help="per-GPU memory of a config under ddp / ZeRO 1-3 / FSDP, and which fit")
+    with_config(sp)
+    sp.add_argument("--gpus", type=int, default=None, help="number of GPUs (default: the launcher's world size, or 1)")
+    sp.add_argument("--gpu-memory", "--gpu_memory", default=None,
+                    help="memory per GPU, e.g. 80GB or 64GiB (default: the local GPU's, if any)")
+    sp.add_argument("--preset", default=None,
+                    help="policy dimensions from a preset (llama-7b, mistral-7b, qwen2-0.5b) instead of model.name_or_path")
+    sp.add_argument("--frozen", action="append", default=[], metavar="MODEL",
+                    help="add a frozen reward/cost model (preset or local dir); repeat for several")
+    sp.set_defaults(func=cmd_estimate)
+
+    sp = sub.add_parser("eval", help="evaluate a model on the config's data.eval (RM/CM: pairwise accuracy, margin)")
+    with_config(sp)
+    sp.add_argument("--model", default=None,
+                    help="model or adapter dir to evaluate (default: OUTPUT_DIR/final if it exists, else model.name_or_path)")
+    sp.add_argument("--out", default=None, help="also write the metrics as one JSON line to this file")
+    sp.set_defaults(func=cmd_eval)
+
+    sp = sub.add_parser("score", help="score every response of a .jsonl/.parquet file with a reward or cost model")
+    sp.add_argument("model_dir", help="a trained reward/cost model (full or LoRA adapter directory)")
+    sp.add_argument("file", help="rows: prompt/chosen/rejected, PKU-SafeRLHF, prompt/response or messages")
+    sp.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
+    sp.add_argument("--batch-size", type=int, default=16)
+    sp.add_argument("--max-length", type=int, default=512)
+    sp.add_argument("--chat-template", action="store_true", help="render string rows with the chat template")
+    sp.set_defaults(func=cmd_score)
+
+    sp = sub.add_parser("merge-lora", help="merge a LoRA adapter into its base and save a plain HF model")
+    sp.add_argument("adapter_dir")
+    sp.add_argument("out_dir")
+    sp.add_argument("--base", default=None, help="base model (default: the one recorded in adapter_config.json)")
+    sp.set_defaults(func=cmd_merge_lora)
 
     sp = sub.add_parser("demo", help="build a tiny model, run SFT on the shipped data, print before/after")
     sp.add_argument("--output-dir", default="runs/demo")
@@ -125,7 +215,13 @@ def _finish(code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = _strip_launcher_args(list(sys.argv[1:] if argv is None else argv))
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse ends a "*" positional at the first option: `CONFIG --gpus 8 a=b` leaves a=b over
+    if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         code = func(args)

@@ -80,6 +80,10 @@ class OfflineAlgorithm(ABC):
             return int(batch["attention_mask"].sum())
         return int(batch["input_ids"].numel())
 
+    def before_training(self, model: nn.Module, train_set: list[dict[str, Any]], eval_set: list[dict[str, Any]], strategy: Any) -> None:
+        """Called once, after the model is prepared and ``build_frozen`` ran, before the first step
+        (and before a resume restores weights). E.g. DPO caches reference log-probs in the examples."""
+
     def on_step_end(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Hook after each optimizer step with the globally reduced metrics (e.g. a dual update)."""
         return {}

@@ -54,6 +54,10 @@ class DataConfig:
     max_length: int = f(512, "Longest tokenized example; longer ones are truncated.", gt=0)
     packing: bool = f(False, "SFT: pack short examples into rows of max_length (padding-free).")
     skip_invalid: bool = f(False, "Skip malformed rows (counted in the log) instead of failing.")
+    chat_template: bool = f(
+        False, "Preference data: render string prompt/response rows through the tokenizer's chat template "
+        "(one user and one assistant turn), as message-list rows always are."
+    )
     num_workers: int = f(0, "DataLoader worker processes.", ge=0)
     max_train_examples: Optional[int] = f(None, "Use only the first N training rows.", gt=0)
     max_eval_examples: Optional[int] = f(None, "Use only the first N evaluation rows.", gt=0)
@@ -97,11 +101,56 @@ class DDPConfig:
 
 
 @dataclass
+class FSDPConfig:
+    reshard_after_forward: bool = f(
+        True,
+        "Free each layer's gathered parameters after its forward (ZeRO-3-like, least memory); "
+        "false keeps them until backward (ZeRO-2-like: more memory, one all-gather less per layer).",
+    )
+    mixed_precision: bool = f(
+        True,
+        "When model.dtype resolves to bf16/fp16, FSDP casts the fp32 parameter shards to it for compute "
+        "(MixedPrecisionPolicy) instead of autocast; false = fp32 parameters under autocast.",
+    )
+    reduce_dtype: Literal["fp32", "compute"] = f(
+        "fp32", "Dtype of the gradient reduce-scatter under mixed_precision: fp32 (exact) or the compute dtype."
+    )
+    cpu_offload: bool = f(False, "Keep parameter shards, gradients and optimizer state in host memory (CPUOffloadPolicy).")
+    shard_frozen: bool = f(False, "Also shard frozen models (reference, reward, cost); default replicates them.")
+
+
+@dataclass
+class DeepSpeedConfig:
+    zero_stage: Optional[int] = f(
+        None, "ZeRO stage 0-3; null = the stage in config_path, else 2.", ge=0, le=3
+    )
+    offload_optimizer: bool = f(False, "Keep optimizer states (and their step) on the CPU (ZeRO 1-3).")
+    offload_param: bool = f(False, "Keep parameters on the CPU between uses (ZeRO-3 only).")
+    config_path: Optional[str] = f(
+        None,
+        "A DeepSpeed JSON (e.g. configs/deepspeed/zero3.json). Its \"auto\" values are filled from training.* "
+        "and model.dtype; a value that disagrees with them is an error. optimizer/scheduler come from training.*.",
+    )
+
+
+@dataclass
 class DistributedConfig:
-    strategy: Literal["auto", "single", "ddp"] = f("auto", "auto = ddp under a launcher, else single.")
+    strategy: Literal["auto", "single", "ddp", "fsdp", "deepspeed"] = f(
+        "auto",
+        "auto = single in one process; under a launcher the memory estimate against the device memory picks "
+        "ddp, else ZeRO-2-like, else ZeRO-3-like (deepspeed stage 2/3 where importable on GPUs, else fsdp "
+        "without/with resharding; see `alignkit estimate`); fsdp = PyTorch FSDP2; deepspeed = ZeRO (optional extra).",
+    )
     backend: Literal["auto", "nccl", "gloo"] = f("auto", "auto = nccl on CUDA, gloo on CPU.")
     timeout_minutes: float = f(30.0, "Collective timeout.", gt=0)
+    preflight_timeout_s: float = f(
+        60.0, "Before training, every rank must reach a first collective within this many seconds "
+        "(a stuck or unreachable rank is named), and torch/transformers/alignkit versions and backend must match.",
+        gt=0,
+    )
     ddp: DDPConfig = section(DDPConfig, "DistributedDataParallel options.")
+    fsdp: FSDPConfig = section(FSDPConfig, "FSDP2 (fully_shard) options, used when strategy=fsdp.")
+    deepspeed: DeepSpeedConfig = section(DeepSpeedConfig, "DeepSpeed ZeRO options, used when strategy=deepspeed.")
 
 
 @dataclass
@@ -128,6 +177,38 @@ class SFTConfig:
 
 
 @dataclass
+class RewardConfig:
+    pair: Literal["auto", "helpful", "safety"] = f(
+        "auto", "Pair of a PKU-SafeRLHF row: helpful (by better_response_id) or safety (by safer_response_id); "
+        "auto = helpful for reward_model, safety for cost_model."
+    )
+    margin: float = f(0.0, "reward_model: Bradley-Terry margin m in -log sigma(r_c - r_r - m); a row's own "
+                      "numeric 'margin' field takes precedence.", ge=0)
+    center_coeff: float = f(0.0, "reward_model: centring term center_coeff * (r_c + r_r)^2 per pair "
+                            "(TRL center_rewards_coefficient).", ge=0)
+    reg_coeff: float = f(0.0, "L2 regulariser reg_coeff * mean(score^2) over both responses (Safe RLHF).", ge=0)
+
+
+@dataclass
+class DPOConfig:
+    loss_type: str = f("sigmoid", "Preference loss by name: sigmoid (DPO; cDPO with label_smoothing), ipo, simpo.")
+    beta: float = f(0.1, "DPO/cDPO beta (0.01-0.5); IPO tau; SimPO beta (paper: 2-2.5).", gt=0)
+    label_smoothing: float = f(0.0, "cDPO: assumed fraction of flipped labels (sigmoid, simpo).", ge=0, le=0.5)
+    simpo_gamma: float = f(0.5, "SimPO target reward margin gamma.", ge=0)
+    reference: Literal["auto", "model", "lora_base", "none"] = f(
+        "auto", "Reference log-probs: model = frozen copy of model.ref_name_or_path (or the policy start); "
+        "lora_base = the policy with LoRA adapters disabled (no second copy); none = reference-free (simpo); "
+        "auto = none for simpo, lora_base with model.lora, else model."
+    )
+    precompute_ref_logps: bool = f(
+        False, "Compute reference log-probs once before training and cache them per example (the reference "
+        "model is then freed)."
+    )
+    pair: Literal["helpful", "safety"] = f("helpful", "Pair of a PKU-SafeRLHF row to train on.")
+    logps_chunk_size: int = f(1024, "Rows of hidden states per LM-head chunk in the log-prob op.", gt=0)
+
+
+@dataclass
 class RunConfig:
     algorithm: str = f("sft", "Which algorithm to run (sft, ...).")
     output_dir: str = f("runs/alignkit", "Where checkpoints, logs and the final model go.")
@@ -138,3 +219,5 @@ class RunConfig:
     checkpoint: CheckpointConfig = section(CheckpointConfig, "Saving and resuming.")
     logging: LoggingConfig = section(LoggingConfig, "Metrics sinks.")
     sft: SFTConfig = section(SFTConfig, "SFT options.")
+    reward: RewardConfig = section(RewardConfig, "Reward / cost model options.")
+    dpo: DPOConfig = section(DPOConfig, "DPO family options.")

@@ -118,6 +118,7 @@ class OfflineTrainer:
             log.info(f"Policy model: {n_total:,} parameters ({trainable:,} trainable)")
         model, optimizer = strategy.prepare(policy, lambda m: build_optimizer(m, t, lr))
         self.frozen = algo.build_frozen(strategy)
+        algo.before_training(model, self.train_set, self.eval_set, strategy)
         scheduler = build_scheduler(optimizer, t, total)
         log.info(
             f"Effective batch size: {self.plan.global_batch} (per_device={self.plan.per_device} x "
@@ -234,10 +235,18 @@ class OfflineTrainer:
         was_training = model.training
         model.eval()
         sums = MetricSums()
+        # Sharded engines (FSDP2, ZeRO-3) gather weights inside forward, so every rank must run
+        # as many forwards as the busiest one: ranks with fewer eval batches run discarded extras.
+        most = int(comm.all_reduce_max(torch.tensor(float(len(loader)), device=strategy.device)).item())
         for batch in loader:
             batch = {k: v.to(strategy.device) for k, v in batch.items()}
             with strategy.autocast():
                 sums.merge(algo.eval_step(model, batch))
+        if most > len(loader):
+            filler = {k: v.to(strategy.device) for k, v in algo.collate([self.eval_set[0]]).items()}
+            for _ in range(most - len(loader)):
+                with strategy.autocast():
+                    algo.eval_step(model, filler)
         model.train(was_training)
         return comm.reduce_metrics(sums.sums, sums.counts)
 
