@@ -123,18 +123,44 @@ def test_collators_shift_and_pack() -> None:
 
 
 def test_packed_forward_equals_padded(micro_model: Path, tok) -> None:
-    """Padding-free packing gives the same per-token log-probs as right padding."""
-    from transformers import AutoModelForCausalLM
-
+    """Padding-free packing gives the same per-token log-probs and gradients as right padding,
+    through the per-example packed attention (``sdpa_packed``) and the plain SDPA block mask."""
+    from alignkit.config.schema import ModelConfig
+    from alignkit.models.loading import load_causal_lm
     from alignkit.models.policy import CausalLMLogps
 
-    model = CausalLMLogps(AutoModelForCausalLM.from_pretrained(micro_model, dtype=torch.float32)).eval()
     rows = [r for r in read_rows("builtin:sft_train.jsonl")[:4]]
     exs = [sft_example(tok, r, max_length=96) for r in rows]
-    with torch.no_grad():
-        a = model(**{k: v for k, v in TokenCollator(0)(exs).items() if k != "seq_index"})
-        b = model(**{k: v for k, v in TokenCollator(0, packed=True)(exs).items() if k != "seq_index"})
-    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    padded = {k: v for k, v in TokenCollator(0)(exs).items() if k != "seq_index"}
+    packed = {k: v for k, v in TokenCollator(0, packed=True)(exs).items() if k != "seq_index"}
+    results = []
+    for attn in ("sdpa", "eager"):  # sdpa -> alignkit's sdpa_packed; eager -> transformers' block mask
+        model = CausalLMLogps(load_causal_lm(ModelConfig(name_or_path=str(micro_model), attn_implementation=attn)))
+        a = model(**padded)
+        a.sum().backward()
+        ga = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        b = model(**packed)
+        b.sum().backward()
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(ga[n], p.grad, atol=1e-5, rtol=1e-4)
+        results.append(b.detach())
+    assert model.hf_model.config._attn_implementation == "eager"
+    torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
+
+
+def test_packed_attention_is_not_saved_in_config(micro_model: Path, tmp_path: Path) -> None:
+    """The saved model loads anywhere: config.json never names alignkit's attention."""
+    import json
+
+    from alignkit.config.schema import ModelConfig
+    from alignkit.models.loading import load_causal_lm
+
+    model = load_causal_lm(ModelConfig(name_or_path=str(micro_model)))
+    assert model.config._attn_implementation == "sdpa_packed"
+    model.save_pretrained(tmp_path)
+    assert "sdpa_packed" not in (tmp_path / "config.json").read_text()
 
 
 def test_sharded_sampler_partitions_and_resumes() -> None:

@@ -24,6 +24,15 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
     return tok
 
 
+def attention_for(requested: str) -> str:
+    """``sdpa`` becomes ``sdpa_packed``: identical except that packed rows attend per example."""
+    if requested == "sdpa":
+        from alignkit.models.attention import register
+
+        return register()
+    return requested
+
+
 def load_causal_lm(
     cfg: ModelConfig,
     *,
@@ -41,7 +50,7 @@ def load_causal_lm(
 
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
-        kwargs["attn_implementation"] = cfg.attn_implementation
+        kwargs["attn_implementation"] = attention_for(cfg.attn_implementation)
     model = AutoModelForCausalLM.from_pretrained(name_or_path or cfg.name_or_path, **kwargs)
     model.config.use_cache = False
     if trainable:
