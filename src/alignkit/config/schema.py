@@ -195,6 +195,8 @@ class DPOConfig:
     beta: float = f(0.1, "DPO/cDPO beta (0.01-0.5); IPO tau; SimPO beta (paper: 2-2.5).", gt=0)
     label_smoothing: float = f(0.0, "cDPO: assumed fraction of flipped labels (sigmoid, simpo).", ge=0, le=0.5)
     simpo_gamma: float = f(0.5, "SimPO target reward margin gamma.", ge=0)
+    rpo_alpha: float = f(0.0, "RPO: + rpo_alpha * per-token NLL of the chosen response, which keeps its likelihood "
+                         "from falling (Pang et al. 2024; TRL rpo_alpha). 0 = plain preference loss.", ge=0)
     reference: Literal["auto", "model", "lora_base", "none"] = f(
         "auto", "Reference log-probs: model = frozen copy of model.ref_name_or_path (or the policy start); "
         "lora_base = the policy with LoRA adapters disabled (no second copy); none = reference-free (simpo); "

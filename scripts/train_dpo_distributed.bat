@@ -1,0 +1,25 @@
+@echo off
+rem DPO on NPROC processes of this machine:
+rem   scripts\train_dpo_distributed.bat NPROC ["key=value" overrides...]
+rem Quote each override: cmd.exe splits unquoted arguments at "=". Set CONFIG to use another
+rem recipe (e.g. set CONFIG=configs\dpo_lora.yaml). Writes models\dpo. A thin wrapper over
+rem `alignkit launch`: MASTER_PORT (default 29500, or a free port if taken), NNODES, NODE_RANK,
+rem MASTER_ADDR and LAUNCHER pass through; PYTHON picks the interpreter.
+setlocal
+set "NPROC=%~1"
+if "%NPROC%"=="" goto usage
+if "%CONFIG%"=="" set "CONFIG=%~dp0..\configs\dpo.yaml"
+call "%~dp0_launch_args.bat"
+set "REST="
+shift
+:collect
+if "%~1"=="" goto run
+set REST=%REST% %1
+shift
+goto collect
+:run
+"%PYTHON%" -m alignkit launch --nproc-per-node %NPROC% %LAUNCH_ARGS% "%CONFIG%" "output_dir=models/dpo" %REST%
+exit /b %ERRORLEVEL%
+:usage
+echo usage: %~nx0 NPROC ["key=value" ...] 1>&2
+exit /b 2

@@ -1,0 +1,228 @@
+"""Preference rows -> tokenized (chosen, rejected) pairs, and their collator.
+
+Two row formats (ALGORITHMS 1.7):
+
+* ``{"prompt", "chosen", "rejected"}``: each a string, or a list of ``{role, content}`` messages
+  (then the chat template is applied). Optional: ``margin`` (a number, the Bradley-Terry margin
+  of that pair) and ``is_chosen_safe`` / ``is_rejected_safe`` (bools, for the cost model).
+* PKU-SafeRLHF: ``{"prompt", "response_0", "response_1", "better_response_id",
+  "safer_response_id", "is_response_0_safe", "is_response_1_safe"}``. ``pair="helpful"`` orders
+  the pair by ``better_response_id``, ``pair="safety"`` by ``safer_response_id``; the per-response
+  safety labels travel with the pair either way.
+
+An example is ``{chosen_ids, chosen_labels, rejected_ids, rejected_labels, margin,
+chosen_unsafe, rejected_unsafe}``; labels are the ids on response tokens and IGNORE_INDEX on the
+prompt, so log-prob sums cover the response only. Too-long sequences keep the end of the prompt
+and the start of the response (``max_length`` tokens in all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from alignkit.constants import IGNORE_INDEX
+from alignkit.data.collate import TokenCollator
+from alignkit.data.io import DataError, Row, convert_rows, require_messages
+from alignkit.data.tokenize import encode_prompt_response
+
+PAIRS = ("helpful", "safety")
+
+
+def text_or_messages(row: Row, field: str) -> str | list[dict[str, str]]:
+    """A non-empty string or a non-empty message list whose contents are not all blank."""
+    if field not in row.data:
+        raise DataError(f"{row.where()}: missing field {field!r} (row has {sorted(row.data)})")
+    value = row.data[field]
+    if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{row.where(field)}: is empty")
+        return value
+    if isinstance(value, list):
+        msgs = require_messages(row, field)
+        if not any(m["content"].strip() for m in msgs):
+            raise DataError(f"{row.where(field)}: is empty (every message has blank content)")
+        return msgs
+    raise DataError(f"{row.where(field)}: expected a string or a list of messages, got {type(value).__name__}")
+
+
+def _bool(row: Row, field: str) -> bool:
+    if field not in row.data:
+        raise DataError(f"{row.where()}: missing field {field!r} (row has {sorted(row.data)})")
+    value = row.data[field]
+    if not isinstance(value, bool):
+        raise DataError(f"{row.where(field)}: expected true/false, got {value!r}")
+    return value
+
+
+def _response_id(row: Row, field: str) -> int:
+    if field not in row.data:
+        raise DataError(f"{row.where()}: missing field {field!r} (row has {sorted(row.data)})")
+    value = row.data[field]
+    if isinstance(value, bool) or value not in (0, 1):
+        raise DataError(f"{row.where(field)}: expected 0 or 1, got {value!r}")
+    return int(value)
+
+
+@dataclass
+class PairText:
+    """One preference pair before tokenization. ``*_unsafe`` is None when the row has no labels."""
+
+    prompt: str | list[dict[str, str]]
+    chosen: str | list[dict[str, str]]
+    rejected: str | list[dict[str, str]]
+    margin: float | None = None
+    chosen_unsafe: bool | None = None
+    rejected_unsafe: bool | None = None
+
+
+def pair_from_row(row: Row, pair: str = "helpful") -> PairText:
+    """Read one row of either format (see the module docstring); raises DataError naming file:line field."""
+    if pair not in PAIRS:
+        raise ValueError(f"pair must be one of {PAIRS}, got {pair!r}")
+    d = row.data
+    prompt = text_or_messages(row, "prompt")
+    if "response_0" in d or "response_1" in d:  # PKU-SafeRLHF
+        responses = (text_or_messages(row, "response_0"), text_or_messages(row, "response_1"))
+        better = _response_id(row, "better_response_id") if pair == "helpful" else None
+        safer = _response_id(row, "safer_response_id") if pair == "safety" else None
+        has_labels = "is_response_0_safe" in d or "is_response_1_safe" in d or pair == "safety"
+        unsafe = (
+            (not _bool(row, "is_response_0_safe"), not _bool(row, "is_response_1_safe")) if has_labels else (None, None)
+        )
+        first = better if better is not None else safer
+        assert first is not None
+        return PairText(prompt, responses[first], responses[1 - first], None, unsafe[first], unsafe[1 - first])
+    if "chosen" not in d and "rejected" not in d:
+        raise DataError(
+            f"{row.where()}: a preference row needs 'prompt'+'chosen'+'rejected' or the PKU-SafeRLHF fields "
+            f"'response_0'/'response_1' (row has {sorted(d)})"
+        )
+    chosen, rejected = text_or_messages(row, "chosen"), text_or_messages(row, "rejected")
+    margin = d.get("margin")
+    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
+        raise DataError(f"{row.where('margin')}: expected a number, got {margin!r}")
+    cu = ru = None
+    if "is_chosen_safe" in d or "is_rejected_safe" in d:
+        cu, ru = not _bool(row, "is_chosen_safe"), not _bool(row, "is_rejected_safe")
+    return PairText(prompt, chosen, rejected, None if margin is None else float(margin), cu, ru)
+
+
+def as_chat(x: str | list[dict[str, str]], role: str) -> list[dict[str, str]]:
+    return x if isinstance(x, list) else [{"role": role, "content": x}]
+
+
+def truncate_prompt_response(ids: list[int], mask: list[int], max_length: int) -> tuple[list[int], list[int]]:
+    """Keep the end of the prompt and the start of the response, ``max_length`` tokens in all.
+
+    The response keeps ``max(max_length - prompt, max_length // 2)`` tokens at most, so a long
+    prompt cannot squeeze the response out entirely.
+    """
+    if len(ids) <= max_length:
+        return ids, mask
+    start = mask.index(1) if 1 in mask else len(mask)
+    n_resp = len(ids) - start
+    keep_resp = min(n_resp, max(max_length - start, max_length // 2))
+    keep_prompt = max_length - keep_resp
+    lo, hi = start - keep_prompt, start + keep_resp
+    return ids[lo:hi], mask[lo:hi]
+
+
+def encode_pair(tokenizer: Any, p: PairText, row: Row, *, max_length: int, chat_template: bool = False) -> dict[str, Any] | None:
+    """Tokenize a pair; None when truncation leaves a side without response tokens (counted as skipped).
+
+    ``chat_template=True`` renders string rows as one user turn and one assistant turn, as
+    message-list rows always are.
+    """
+    prompt, chosen, rejected = p.prompt, p.chosen, p.rejected
+    if chat_template:
+        prompt, chosen, rejected = as_chat(prompt, "user"), as_chat(chosen, "assistant"), as_chat(rejected, "assistant")
+    out: dict[str, Any] = {}
+    for side, response in (("chosen", chosen), ("rejected", rejected)):
+        ids, mask = encode_prompt_response(tokenizer, prompt, response, row)
+        ids, mask = truncate_prompt_response(ids, mask, max_length)
+        if sum(mask[1:]) == 0:  # position 0 is never predicted
+            return None
+        out[f"{side}_ids"] = ids
+        out[f"{side}_labels"] = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
+    out["margin"] = p.margin
+    out["chosen_unsafe"] = p.chosen_unsafe
+    out["rejected_unsafe"] = p.rejected_unsafe
+    return out
+
+
+def preference_example(
+    tokenizer: Any, row: Row, *, max_length: int, pair: str = "helpful", chat_template: bool = False
+) -> dict[str, Any] | None:
+    """A row -> a tokenized pair example (module docstring), or None if nothing is left to score."""
+    return encode_pair(tokenizer, pair_from_row(row, pair), row, max_length=max_length, chat_template=chat_template)
+
+
+@dataclass
+class PairCollator:
+    """Collates B pairs into 2B sequences: chosen 0..B-1, then rejected 0..B-1.
+
+    ``packed=True`` (DPO) puts all 2B sequences in one padding-free row, ``seq_index`` naming
+    each token's sequence. Extra per-sequence/per-pair tensors:
+
+    * ``response_lengths`` ``(2B,)`` loss tokens of each sequence;
+    * ``margin`` ``(B,)`` (NaN where a row has none); ``chosen_unsafe`` / ``rejected_unsafe`` ``(B,)``
+      bool when every pair of the batch has safety labels;
+    * ``ref_logps`` ``(2B,)`` when every example carries precomputed reference log-probs.
+    """
+
+    pad_token_id: int
+    packed: bool = False
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        seqs = [{"input_ids": e[f"{s}_ids"], "labels": e[f"{s}_labels"]} for s in ("chosen", "rejected") for e in examples]
+        batch = TokenCollator(self.pad_token_id, packed=self.packed)(seqs)
+        # one token fewer than labels: position 0 is never a target (targets are shifted)
+        batch["response_lengths"] = torch.tensor([sum(t != IGNORE_INDEX for t in s["labels"][1:]) for s in seqs])
+        # NaN where the row gives no margin: the algorithm fills in its configured default
+        batch["margin"] = torch.tensor(
+            [float("nan") if e.get("margin") is None else e["margin"] for e in examples], dtype=torch.float32
+        )
+        if all(e.get("chosen_unsafe") is not None and e.get("rejected_unsafe") is not None for e in examples):
+            batch["chosen_unsafe"] = torch.tensor([bool(e["chosen_unsafe"]) for e in examples])
+            batch["rejected_unsafe"] = torch.tensor([bool(e["rejected_unsafe"]) for e in examples])
+        if all("ref_chosen_logps" in e for e in examples):
+            batch["ref_logps"] = torch.tensor(
+                [e["ref_chosen_logps"] for e in examples] + [e["ref_rejected_logps"] for e in examples], dtype=torch.float32
+            )
+        return batch
+
+
+def count_pairs(batch: dict[str, torch.Tensor]) -> int:
+    return int(batch["margin"].shape[0])
+
+
+def load_pairs(
+    tokenizer: Any,
+    specs: list[str],
+    *,
+    max_length: int,
+    pair: str,
+    chat_template: bool,
+    skip_invalid: bool,
+    limit: int | None = None,
+    need_safety_labels: bool = False,
+) -> tuple[list[dict[str, Any]], int]:
+    """Every row of ``specs`` as a pair example; returns (examples, rows skipped).
+
+    ``need_safety_labels`` (the cost model) makes a row without per-response safety labels a
+    DataError naming its file and line.
+    """
+
+    def convert(row: Row) -> dict[str, Any] | None:
+        p = pair_from_row(row, pair)
+        if need_safety_labels and (p.chosen_unsafe is None or p.rejected_unsafe is None):
+            raise DataError(
+                f"{row.where()}: the cost model needs per-response safety labels "
+                "(is_response_0_safe/is_response_1_safe, or is_chosen_safe/is_rejected_safe)"
+            )
+        return encode_pair(tokenizer, p, row, max_length=max_length, chat_template=chat_template)
+
+    return convert_rows(specs, convert, skip_invalid=skip_invalid, limit=limit)

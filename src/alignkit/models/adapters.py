@@ -1,0 +1,115 @@
+"""LoRA adapter directories: recognising them, loading them onto their base, switching them off, merging.
+
+A peft model's ``save_pretrained`` writes the adapter alone (``adapter_config.json`` +
+``adapter_model.safetensors``, plus ``modules_to_save`` copies such as a reward model's score
+head); the base model is named by ``base_model_name_or_path`` in the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from torch import nn
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_config(path: str | Path) -> dict[str, Any]:
+    return json.loads((Path(path) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+
+
+def adapter_base(path: str | Path, base: str | None = None) -> str:
+    """The base model of an adapter directory (``base`` overrides the recorded one)."""
+    if base:
+        return base
+    recorded = adapter_config(path).get("base_model_name_or_path")
+    if not recorded:
+        raise ValueError(f"{path}: {ADAPTER_CONFIG} names no base_model_name_or_path; pass the base model explicitly")
+    return recorded
+
+
+def attach_adapter(base_model: nn.Module, path: str | Path, *, trainable: bool) -> nn.Module:
+    """``base_model`` with the adapter of ``path`` loaded (a PeftModel)."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(base_model, str(path), is_trainable=trainable)
+
+
+def peft_model_of(model: nn.Module) -> nn.Module | None:
+    """The PeftModel inside our wrappers (DDP ``.module``, ``.hf_model``), or None."""
+    from peft import PeftModel
+
+    seen = 0
+    while model is not None and seen < 8:
+        if isinstance(model, PeftModel):
+            return model
+        model = getattr(model, "module", None) or getattr(model, "hf_model", None)
+        seen += 1
+    return None
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """Run ``model`` as its LoRA base: peft's ``disable_adapter()`` (no second copy in memory).
+
+    ``model`` may be wrapped (DDP, our log-prob wrapper); the forward must still go through the
+    wrapper so that sharded engines gather their parameters.
+    """
+    peft = peft_model_of(model)
+    if peft is None:
+        raise ValueError("the reference is the LoRA base (dpo.reference=lora_base) but the model has no LoRA adapters")
+    with peft.disable_adapter():
+        yield
+
+
+def merge_lora(adapter_dir: str | Path, out_dir: str | Path, *, base: str | None = None) -> Path:
+    """Load base + adapter, ``merge_and_unload`` and save a plain Hugging Face model (+ tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    adapter_dir, out = Path(adapter_dir), Path(out_dir)
+    if not is_adapter_dir(adapter_dir):
+        raise FileNotFoundError(f"{adapter_dir}: not a LoRA adapter directory (no {ADAPTER_CONFIG})")
+    base_path = adapter_base(adapter_dir, base)
+    task = adapter_config(adapter_dir).get("task_type")
+    if task == "SEQ_CLS":  # a reward / cost model: one score per sequence
+        model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base_path)
+    merged = attach_adapter(model, adapter_dir, trainable=False).merge_and_unload()
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(str(out), safe_serialization=True)
+    tok_src = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else Path(base_path)
+    try:
+        AutoTokenizer.from_pretrained(str(tok_src)).save_pretrained(str(out))
+    except (OSError, ValueError):  # a base without a tokenizer: the model alone is still useful
+        pass
+    return out
+
+
+def load_lm(cfg: Any, *, name_or_path: str | None = None, dtype: Any = None, trainable: bool = True) -> nn.Module:
+    """``load_causal_lm`` that also accepts a LoRA adapter directory (e.g. a trained DPO policy).
+
+    For an adapter directory the base is loaded without new adapters and the saved adapter is
+    attached (trainable or not); otherwise this is exactly ``load_causal_lm``.
+    """
+    import dataclasses
+
+    import torch
+
+    from alignkit.models.loading import load_causal_lm
+
+    path = name_or_path or cfg.name_or_path
+    dtype = dtype or torch.float32
+    if not is_adapter_dir(path):
+        return load_causal_lm(cfg, name_or_path=path, dtype=dtype, trainable=trainable)
+    base = load_causal_lm(dataclasses.replace(cfg, lora=None), name_or_path=adapter_base(path), dtype=dtype, trainable=trainable)
+    if trainable and cfg.gradient_checkpointing:
+        base.enable_input_require_grads()
+    return attach_adapter(base, path, trainable=trainable)

@@ -1,0 +1,125 @@
+"""Scalar-head models (reward and cost models): one score per sequence, read at its last token.
+
+The model is a Hugging Face ``AutoModelForSequenceClassification`` with ``num_labels=1`` (for a
+causal-LM checkpoint transformers builds the same backbone plus a fresh linear ``score`` head), so
+a trained model saves and loads as a standard HF checkpoint. We do not use its own pooling (it
+looks for the last non-pad token *id*, which breaks when pad == eos and in packed rows); instead
+``forward`` takes ``seq_index`` and reads the final hidden state at each sequence's last position,
+the Safe RLHF ``end_scores`` (ALGORITHMS 1.2). Works for right/left padding and packed rows alike.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from alignkit.config.schema import ModelConfig
+from alignkit.models.adapters import adapter_base, attach_adapter, is_adapter_dir
+from alignkit.models.loading import apply_lora, attention_for, enable_checkpointing
+from alignkit.ops.segments import last_positions
+
+HEAD_NAMES = ("score", "classifier")
+
+
+def split_scalar(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(backbone returning hidden states, scalar head) of a sequence-classification model, peft or not."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    backbone = getattr(base, getattr(base, "base_model_prefix", "model"), None)
+    head = next((getattr(base, n) for n in HEAD_NAMES if isinstance(getattr(base, n, None), nn.Module)), None)
+    if backbone is None or head is None:
+        raise TypeError(f"{type(base).__name__}: cannot find the backbone and the score head")
+    return backbone, head
+
+
+class ScalarHeadModel(nn.Module):
+    """Wraps an HF sequence-classification model; ``forward`` returns one score per sequence."""
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        super().__init__()
+        self.hf_model = hf_model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        seq_index: torch.Tensor,
+        num_seqs: int,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Scores ``(S,)`` float32 of the S sequences in ``seq_index`` (``(B, T)``, -1 = pad).
+
+        Only the S hidden states that are scored go through the head.
+        """
+        backbone, head = split_scalar(self.hf_model)
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state  # (B, T, H)
+        last = last_positions(seq_index, num_seqs)  # (S,)
+        picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, last)  # (S, H)
+        return head(picked).squeeze(-1).float()
+
+
+def load_scalar_model(
+    cfg: ModelConfig,
+    *,
+    name_or_path: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    trainable: bool = True,
+    pad_token_id: int | None = None,
+) -> nn.Module:
+    """An HF sequence-classification model with one output (a fresh head on a causal LM checkpoint).
+
+    ``name_or_path`` may also be a LoRA adapter directory (a trained reward model saved with
+    ``model.lora``): its base is loaded and the adapter (with its score head) attached.
+    Trainable models get gradient checkpointing and new LoRA adapters as configured; peft's
+    SEQ_CLS task keeps the score head fully trainable and saves it with the adapter
+    (``modules_to_save``).
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    path = name_or_path or cfg.name_or_path
+    adapter = path if is_adapter_dir(path) else None
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code, "num_labels": 1}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = attention_for(cfg.attn_implementation)
+    model = AutoModelForSequenceClassification.from_pretrained(adapter_base(path) if adapter else path, **kwargs)
+    model.config.use_cache = False
+    if pad_token_id is not None:
+        model.config.pad_token_id = pad_token_id
+    if trainable and cfg.gradient_checkpointing:
+        enable_checkpointing(model)
+    if adapter:
+        return attach_adapter(model, adapter, trainable=trainable)
+    if trainable and cfg.lora is not None:
+        model = apply_lora(model, cfg, task_type="SEQ_CLS")
+    return model
+
+
+def load_scorer(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> tuple[ScalarHeadModel, Any]:
+    """A trained reward/cost model (full or adapter directory) and its tokenizer, for scoring."""
+    import json
+
+    from alignkit.models.adapters import adapter_config
+    from alignkit.models.loading import load_tokenizer
+
+    model_dir = Path(model_dir)
+    if is_adapter_dir(model_dir):
+        kind = adapter_config(model_dir).get("task_type")
+        ok = kind == "SEQ_CLS"
+    elif (model_dir / "config.json").is_file():
+        kind = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("architectures")
+        ok = bool(kind) and all(a.endswith("ForSequenceClassification") for a in kind)
+    else:
+        raise FileNotFoundError(f"{model_dir}: no config.json or adapter_config.json (not a saved model)")
+    if not ok:
+        # a causal LM would get a fresh random head here, and its "scores" would mean nothing
+        raise ValueError(f"{model_dir} is not a reward/cost model ({kind}); train one with algorithm reward_model or cost_model")
+    cfg = ModelConfig(name_or_path=str(model_dir))
+    if is_adapter_dir(model_dir) and not (Path(model_dir) / "tokenizer_config.json").is_file():
+        cfg.tokenizer = adapter_base(model_dir)
+    tok = load_tokenizer(cfg)
+    model = ScalarHeadModel(load_scalar_model(cfg, dtype=dtype, trainable=False, pad_token_id=tok.pad_token_id))
+    model.eval().requires_grad_(False)
+    return model, tok

@@ -1,0 +1,102 @@
+"""``alignkit score MODEL_DIR FILE``: reward/cost-model scores for every response of a data file.
+
+Row kinds (each row keeps its fields; score fields are added):
+
+* preference ``prompt/chosen/rejected``   -> ``chosen_score``, ``rejected_score``
+* PKU-SafeRLHF ``prompt/response_0/1``     -> ``response_0_score``, ``response_1_score``
+* ``prompt/response`` (or ``completion``)  -> ``score``
+* ``messages`` (a whole chat)              -> ``score``
+
+The score is the scalar head at each sequence's last token, exactly as in training.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alignkit.constants import IGNORE_INDEX
+from alignkit.data.collate import TokenCollator
+from alignkit.data.io import DataError, Row, read_rows, require_messages
+from alignkit.data.preference import as_chat, text_or_messages, truncate_prompt_response
+from alignkit.data.tokenize import encode_chat, encode_prompt_response
+
+#: row kind -> the fields scored (each together with the row's prompt)
+_RESPONSE_FIELDS = (("chosen", "rejected"), ("response_0", "response_1"), ("response",), ("completion",))
+
+
+def _sequences(tok: Any, row: Row, *, max_length: int, chat_template: bool) -> list[tuple[str, list[int]]]:
+    """(output field, token ids) for every response of the row."""
+    d = row.data
+    if "messages" in d and "prompt" not in d:
+        ids, _ = encode_chat(tok, require_messages(row, "messages"), row)
+        return [("score", ids[-max_length:])]
+    fields = next((f for f in _RESPONSE_FIELDS if any(k in d for k in f)), None)
+    if fields is None:
+        raise DataError(f"{row.where()}: nothing to score; expected chosen/rejected, response_0/response_1, "
+                        f"response, completion or messages (row has {sorted(d)})")
+    prompt = text_or_messages(row, "prompt")
+    out = []
+    for field in fields:
+        response = text_or_messages(row, field)
+        p, r = (as_chat(prompt, "user"), as_chat(response, "assistant")) if chat_template else (prompt, response)
+        ids, mask = truncate_prompt_response(*encode_prompt_response(tok, p, r, row), max_length)
+        name = "score" if len(fields) == 1 else f"{field}_score"
+        out.append((name, ids))
+    return out
+
+
+@torch.no_grad()
+def score_rows(model: Any, tok: Any, rows: list[Row], *, batch_size: int = 16, max_length: int = 512,
+               chat_template: bool = False) -> list[dict[str, Any]]:
+    """Every row's data plus its score field(s)."""
+    items = [(i, name, ids) for i, row in enumerate(rows) for name, ids in _sequences(tok, row, max_length=max_length, chat_template=chat_template)]
+    results = [dict(r.data) for r in rows]
+    collate = TokenCollator(tok.pad_token_id, packed=False)
+    device = next(model.parameters()).device
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        batch = collate([{"input_ids": ids, "labels": [IGNORE_INDEX] * len(ids)} for _, _, ids in chunk])
+        scores = model(
+            input_ids=batch["input_ids"].to(device),
+            seq_index=batch["seq_index"].to(device),
+            num_seqs=len(chunk),
+            attention_mask=batch["attention_mask"].to(device),
+        )
+        for (i, name, _), s in zip(chunk, scores.tolist()):
+            results[i][name] = s
+    return results
+
+
+def summary(results: list[dict[str, Any]]) -> str:
+    """One line: rows, mean score, and pairwise accuracy where rows are pairs."""
+    scores = [v for r in results for k, v in r.items() if k == "score" or k.endswith("_score")]
+    parts = [f"scored {len(results)} rows ({len(scores)} responses)"]
+    if scores:
+        parts.append(f"mean score {sum(scores) / len(scores):.4f}")
+    pairs = [(r["chosen_score"], r["rejected_score"]) for r in results if "chosen_score" in r]
+    if pairs:
+        parts.append(f"pairwise accuracy {sum(c > r for c, r in pairs) / len(pairs):.4f}")
+    return ", ".join(parts)
+
+
+def score_command(model_dir: str, file: str, out: str | None, *, batch_size: int, max_length: int,
+                  chat_template: bool) -> list[dict[str, Any]]:
+    from alignkit.models.scalar import load_scorer
+
+    model, tok = load_scorer(model_dir)
+    results = score_rows(model, tok, read_rows(file), batch_size=batch_size, max_length=max_length,
+                         chat_template=chat_template)
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text, encoding="utf-8")
+        print(f"{summary(results)}; wrote {out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+        print(summary(results), file=sys.stderr)
+    return results
