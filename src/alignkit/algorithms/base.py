@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from alignkit.config.schema import RunConfig
+from alignkit.data.preference import PairCollator, count_pairs
 
 
 @dataclass
@@ -94,3 +95,18 @@ class OfflineAlgorithm(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+class PairBatches:
+    """Mixin for algorithms over (chosen, rejected) pairs: one packed row, the pair as loss unit."""
+
+    tokenizer: Any
+
+    def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return PairCollator(self.tokenizer.pad_token_id, packed=True)(examples)
+
+    def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
+        return count_pairs(batch)
+
+    def tokens_in(self, batch: dict[str, torch.Tensor]) -> int:
+        return int((batch["seq_index"] >= 0).sum())

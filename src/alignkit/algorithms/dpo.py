@@ -34,10 +34,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import MetricSums, OfflineAlgorithm, PairBatches
 from alignkit.config.loader import ConfigError
 from alignkit.constants import IGNORE_INDEX
-from alignkit.data.preference import PairCollator, count_pairs, load_pairs
+from alignkit.data.preference import count_pairs, load_pairs
 from alignkit.distributed import comm
 from alignkit.losses.dpo import DPO_LOSSES, dpo_loss
 from alignkit.models.adapters import adapters_disabled, is_adapter_dir, load_lm
@@ -65,7 +65,7 @@ def resolve_reference(cfg: Any) -> str:
     return d.reference
 
 
-class DPO(OfflineAlgorithm):
+class DPO(PairBatches, OfflineAlgorithm):
     name = "dpo"
     loss_unit = "sequences"
 
@@ -95,15 +95,6 @@ class DPO(OfflineAlgorithm):
         )
         self.skipped[split] = skipped
         return examples
-
-    def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return PairCollator(self.tokenizer.pad_token_id, packed=True)(examples)
-
-    def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
-        return count_pairs(batch)
-
-    def tokens_in(self, batch: dict[str, torch.Tensor]) -> int:
-        return int((batch["seq_index"] >= 0).sum())
 
     # ------------------------------------------------------------------ models
     def build_policy(self, dtype: torch.dtype) -> nn.Module:

@@ -19,15 +19,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import MetricSums, OfflineAlgorithm, PairBatches
 from alignkit.config.loader import ConfigError
-from alignkit.data.preference import PairCollator, count_pairs, load_pairs
+from alignkit.data.preference import count_pairs, load_pairs
 from alignkit.losses.cost import cost_model_loss
 from alignkit.losses.reward import bradley_terry_loss
 from alignkit.models.scalar import ScalarHeadModel, load_scalar_model
 
 
-class RewardModel(OfflineAlgorithm):
+class RewardModel(PairBatches, OfflineAlgorithm):
     name = "reward_model"
     loss_unit = "sequences"
     default_pair = "helpful"
@@ -52,15 +52,6 @@ class RewardModel(OfflineAlgorithm):
         )
         self.skipped[split] = skipped
         return examples
-
-    def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return PairCollator(self.tokenizer.pad_token_id, packed=True)(examples)
-
-    def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
-        return count_pairs(batch)
-
-    def tokens_in(self, batch: dict[str, torch.Tensor]) -> int:
-        return int((batch["seq_index"] >= 0).sum())
 
     # ------------------------------------------------------------------ model
     def build_policy(self, dtype: torch.dtype) -> nn.Module:

@@ -132,8 +132,7 @@ class Strategy(ABC):
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
         params = [p for p in model.parameters() if p.grad is not None]
-        limit = max_grad_norm if max_grad_norm > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, limit) if params else torch.tensor(0.0)
+        norm = self.clip_grads(params, max_grad_norm) if params else torch.tensor(0.0)
         if self.scaler is not None:
             self.scaler.step(optimizer)
             self.scaler.update()
@@ -141,6 +140,11 @@ class Strategy(ABC):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+    def clip_grads(self, params: list[torch.Tensor], max_grad_norm: float) -> torch.Tensor:
+        """Global gradient norm of ``params``, clipping to ``max_grad_norm`` when it is > 0."""
+        limit = max_grad_norm if max_grad_norm > 0 else float("inf")
+        return torch.nn.utils.clip_grad_norm_(params, limit)
 
     # ------------------------------------------------------------------ saving
     def save_model(self, model: nn.Module, out_dir: Path, tokenizer: Any = None) -> None:

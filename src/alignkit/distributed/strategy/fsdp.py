@@ -94,28 +94,17 @@ class FSDPStrategy(Strategy):
         return super().autocast()
 
     # ------------------------------------------------------------------ step
-    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
+    def clip_grads(self, params: list[torch.Tensor], max_grad_norm: float) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)
-        params = [p for p in model.parameters() if p.grad is not None]
-        norm = torch.tensor(0.0)
-        if params:
-            # The norm of DTensor grads is a partial (per-shard) value; full_tensor() reduces it
-            # over ranks before clipping, so every rank clips by the same global norm.
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0, foreach=True)
-            if isinstance(norm, DTensor):
-                norm = norm.full_tensor()
-            if max_grad_norm > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, norm, foreach=True)
-        if self.scaler is not None:
-            self.scaler.step(optimizer)
-            self.scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        # The norm of DTensor grads is a partial (per-shard) value; full_tensor() reduces it
+        # over ranks before clipping, so every rank clips by the same global norm.
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0, foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, norm, foreach=True)
+        return norm
 
     # ------------------------------------------------------------------ saving
     def save_model(self, model: nn.Module, out_dir: Path, tokenizer: Any = None) -> None:
