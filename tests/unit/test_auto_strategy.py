@@ -8,9 +8,10 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import LlamaConfig
 
-from alignkit.config import load_config
+from alignkit.config import ConfigError, load_config
 from alignkit.distributed import auto
 from alignkit.distributed.auto import DeviceMemory, frozen_model_specs, memory_inputs
 from alignkit.distributed.env import DistEnv
@@ -136,7 +137,8 @@ def test_frozen_models_named_by_the_config() -> None:
 SEED_OVERRIDES = ["model.dtype=bf16", "model.gradient_checkpointing=true", "training.per_device_batch_size=4",
                   "data.max_length=512", "dpo.reference=model"]
 SEED = ["estimate", str(REPO / "configs" / "dpo.yaml"), "--preset", "llama-7b", "--frozen", "llama-7b",
-        "--frozen", "llama-7b", "--gpus", "8", "--gpu-memory", "64GB", *SEED_OVERRIDES]
+        "--frozen", "llama-7b", "--gpus", "8", "--gpu-memory", "64GB", *SEED_OVERRIDES,
+        "distributed.shard_frozen=false"]  # the seed's numbers: reference and RMs replicated everywhere
 
 
 def _row(text: str, label: str) -> list[str]:
@@ -167,3 +169,109 @@ def test_estimate_cli_seed_scenario_full_vs_lora() -> None:
     cfg = load_config(REPO / "configs" / "dpo.yaml", SEED_OVERRIDES)
     inputs = memory_inputs(cfg, n_gpus=8, policy=LLAMA7B, frozen=["llama-7b", "llama-7b"])
     assert f"{estimate(inputs, 'ddp').total / GB:.1f}" == f"{ddp_total:.1f}"
+
+
+def test_estimate_with_shard_frozen_auto_counts_them_sharded_where_they_can_be() -> None:
+    """Default ``distributed.shard_frozen: auto``: ZeRO-3 fits once the reference and RMs are sharded."""
+    from alignkit.train.estimate_cli import estimate_command
+
+    text = estimate_command(str(REPO / "configs" / "dpo.yaml"), SEED_OVERRIDES, gpus=8, gpu_memory="64GB",
+                            preset="llama-7b", frozen=["llama-7b", "llama-7b"])
+    assert _row(text, "reference model") == ["13.5", "13.5", "13.5", "1.7", "1.7", "1.7"]
+    assert "fits in 64.0 GB per GPU (57.6 GB usable): zero3, zero3_offload, fsdp" in text
+    assert ("frozen models counted sharded under zero3, zero3_offload, fsdp: distributed.shard_frozen=auto "
+            "shards them only where replicated copies would not fit") in text
+    assert "would run deepspeed zero_stage=3" in text or "would run fsdp" in text
+
+
+# --------------------------------------------------------------------------- frozen models: replicate or shard
+def _dpo(model: Path, *extra: str):
+    return load_config(REPO / "configs" / "dpo.yaml", [
+        f"model.name_or_path={model}", "model.dtype=bf16", "model.gradient_checkpointing=true",
+        "data.max_length=512", "training.per_device_batch_size=4", "dpo.reference=model", *extra])
+
+
+def _decide(cfg, monkeypatch: pytest.MonkeyPatch, gb: float | None, world: int = 8):
+    """build_strategy + the frozen-model decision, with a fake device of ``gb`` GB (None: must not probe)."""
+    def probe(env: DistEnv) -> DeviceMemory:
+        assert gb is not None, "the device memory was probed where no estimate is needed"
+        return DeviceMemory("cuda", int(gb * GB), f"{gb} GB per GPU")
+
+    monkeypatch.setattr(auto, "probe_device_memory", probe)
+    strategy = build_strategy(cfg, _env(world))
+    strategy.decide_frozen_sharding()
+    return strategy
+
+
+@pytest.fixture
+def frozen_log(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What rank 0 logs about frozen models: the decision, once, with the first frozen model."""
+    from alignkit.distributed.strategy import base
+
+    lines: list[str] = []
+    monkeypatch.setattr(base.log, "info", lambda msg, *a, **k: lines.append(msg))
+    return lines
+
+
+def _note(strategy) -> list[str]:
+    return [strategy.frozen_note] if strategy.frozen_note else []
+
+
+@pytest.mark.parametrize("gb,sharded", [(80, False), (24, True)])
+def test_auto_shards_frozen_only_when_replicas_do_not_fit(
+        llama7b_dir: Path, monkeypatch: pytest.MonkeyPatch, gb: int, sharded: bool) -> None:
+    """7B policy + 7B reference under FSDP on 8 GPUs: ~33 GB/GPU with the reference replicated."""
+    strategy = _decide(_dpo(llama7b_dir, "distributed.strategy=fsdp"), monkeypatch, gb)
+    assert strategy.shard_frozen is sharded
+    (line,) = _note(strategy)
+    verdict = "sharded" if sharded else "replicated"
+    assert line.startswith(f"Frozen models {verdict} (reference: 33.0 GB per rank with them replicated (13.5 GB) ")
+    assert (f"> 0.9 x {gb}.0 GB; 21.2 GB sharded)" if sharded else f"<= 0.9 x {gb}.0 GB)") in line, line
+
+
+def test_auto_counts_a_precomputing_reference(llama7b_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the reference is loaded (to precompute its log-probs) while the sharded policy is already placed
+    assert auto.frozen_names(_dpo(llama7b_dir, "dpo.precompute_ref_logps=true")) == ["reference"]
+    strategy = _decide(_dpo(llama7b_dir, "distributed.strategy=fsdp", "dpo.precompute_ref_logps=true"),
+                       monkeypatch, 24)
+    assert strategy.shard_frozen and strategy.frozen_note.startswith("Frozen models sharded (reference: ")
+    assert auto.frozen_names(_dpo(llama7b_dir, "dpo.loss_type=simpo", "dpo.reference=auto")) == []
+
+
+@pytest.mark.parametrize("setting,sharded", [("true", True), ("false", False)])
+def test_explicit_shard_frozen_needs_no_estimate(llama7b_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 setting: str, sharded: bool) -> None:
+    cfg = _dpo(llama7b_dir, "distributed.strategy=fsdp", f"distributed.shard_frozen={setting}")
+    strategy = _decide(cfg, monkeypatch, None)
+    assert strategy.shard_frozen is sharded
+    assert _note(strategy) == [f"Frozen models {'sharded' if sharded else 'replicated'} "
+                          f"(reference: distributed.shard_frozen={setting})"]
+
+
+def test_no_frozen_model_no_decision(llama7b_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    strategy = _decide(_sft(llama7b_dir, "distributed.strategy=fsdp"), monkeypatch, None)
+    assert strategy.shard_frozen is False and _note(strategy) == []
+
+
+@pytest.mark.parametrize("engine", [["distributed.strategy=ddp"],
+                                    ["distributed.strategy=deepspeed", "distributed.deepspeed.zero_stage=2"]])
+def test_shard_frozen_true_without_parameter_sharding_is_an_error(llama7b_dir: Path, engine: list[str]) -> None:
+    if "deepspeed" in engine[0]:
+        pytest.importorskip("deepspeed")
+    cfg = _dpo(llama7b_dir, *engine, "distributed.shard_frozen=true")
+    label = "ddp" if len(engine) == 1 else "deepspeed zero_stage 2"
+    with pytest.raises(ConfigError, match=f"^distributed.shard_frozen=true: {label} does not shard parameters; "):
+        build_strategy(cfg, _env(8))
+
+
+def test_shard_frozen_true_under_auto_ddp_is_a_note(llama7b_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    frozen_log: list[str]) -> None:
+    strategy = _decide(_dpo(llama7b_dir, "distributed.shard_frozen=true"), monkeypatch, 400)  # auto -> ddp
+    assert strategy.name == "ddp" and strategy.shard_frozen is False
+    note = ("Frozen models replicated (reference: ddp does not shard parameters; "
+            "distributed.shard_frozen=true is ignored)")
+    assert _note(strategy) == [note]
+    # rank 0 logs it once, with the first frozen model
+    for _ in range(2):
+        strategy.prepare_frozen(torch.nn.Linear(2, 2))
+    assert frozen_log == [note]

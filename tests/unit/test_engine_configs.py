@@ -51,6 +51,40 @@ def test_strategy_sections_are_typed() -> None:
         cfg_from(["distributed.strategy=zero3"])
 
 
+def test_shard_frozen_is_auto_true_or_false() -> None:
+    assert cfg_from([]).distributed.shard_frozen == "auto"
+    assert cfg_from(["distributed.shard_frozen=true"]).distributed.shard_frozen is True
+    assert cfg_from(["distributed.shard_frozen=false"]).distributed.shard_frozen is False
+    with pytest.raises(ConfigError, match="shard_frozen: expected true/false or one of 'auto', got 'maybe'"):
+        cfg_from(["distributed.shard_frozen=maybe"])
+
+
+def test_old_fsdp_shard_frozen_key_still_reads(tmp_path: Path) -> None:
+    from alignkit.config import load_config
+
+    over = [f"{k}={v}" for k, v in (("algorithm", "sft"), ("model.name_or_path", "m"),
+                                    ("data.train", "builtin:sft_train.jsonl"), ("training.per_device_batch_size", 1))]
+    deprecated = "'distributed.fsdp.shard_frozen' is deprecated; use 'distributed.shard_frozen'"
+    with pytest.warns(FutureWarning, match=deprecated):
+        cfg = load_config(None, [*over, "distributed.fsdp.shard_frozen=true"])
+    assert cfg.distributed.shard_frozen is True
+    with pytest.warns(FutureWarning), pytest.raises(ConfigError, match="disagrees with distributed.shard_frozen"):
+        load_config(None, [*over, "distributed.fsdp.shard_frozen=true", "distributed.shard_frozen=false"])
+
+
+def test_frozen_model_engine_config_is_inference_only_zero3() -> None:
+    from alignkit.distributed.strategy.deepspeed_config import frozen_model_config, offloads_params
+
+    train = fill_model_sizes(build(REPO / "configs" / "deepspeed" / "zero3.json", torch.bfloat16), hidden_size=64)
+    frozen = frozen_model_config(train)
+    assert frozen["zero_optimization"]["stage"] == 3 and offloads_params(frozen)  # parameter offload kept
+    assert "offload_optimizer" not in frozen["zero_optimization"] and "zero_force_ds_cpu_optimizer" not in frozen
+    assert frozen["bf16"] == train["bf16"] and frozen["train_batch_size"] == train["train_batch_size"]
+    assert "offload_optimizer" in train["zero_optimization"]  # the training engine's config is untouched
+    stage2 = frozen_model_config(build(zero_stage=2, offload_optimizer=True))
+    assert stage2["zero_optimization"] == {"stage": 3} and not offloads_params(stage2)
+
+
 @pytest.mark.parametrize("name", ["zero1", "zero2", "zero3"])
 def test_shipped_configs_fill_every_auto(name: str) -> None:
     ds = fill_model_sizes(build(REPO / "configs" / "deepspeed" / f"{name}.json", torch.bfloat16), hidden_size=64)

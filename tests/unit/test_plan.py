@@ -21,6 +21,7 @@ from alignkit.distributed.plan import (
     PRESETS,
     MemoryInputs,
     activation_breakdown,
+    choose_shard_frozen,
     choose_strategy,
     dims_from_hf_config,
     dims_from_pretrained,
@@ -183,7 +184,11 @@ def test_zero_stages_divide_by_n_gpus() -> None:
     assert z3.gpu["policy weights"] == ddp.gpu["policy weights"] // n
     assert z3.gpu["frozen models"] == ddp.gpu["frozen models"] // n
     assert z2.gpu["frozen models"] == ddp.gpu["frozen models"]  # replicated below stage 3
-    assert estimate(inp, "fsdp").gpu == z3.gpu and estimate(inp, "fsdp_grad_op").gpu == z2.gpu
+    assert estimate(inp, "fsdp").gpu == z3.gpu
+    # FSDP without resharding is ZeRO-2-like for the policy, but still shards frozen models
+    frozen_rows = ("reference model", "frozen models")
+    grad_op = estimate(inp, "fsdp_grad_op").gpu
+    assert grad_op == {**z2.gpu, **{k: z3.gpu[k] for k in frozen_rows}}
     off = estimate(inp, "zero3_offload")
     assert "optimizer states" not in off.gpu and off.cpu["optimizer states"] == z3.gpu["optimizer states"]
     assert off.total < z3.total < z2.total < z1.total < ddp.total
@@ -200,6 +205,36 @@ def test_choose_strategy() -> None:
     # replicated reference + RMs leave zero3 0.5 GB short: only offload fits
     assert choose_strategy(_seed(master_weights_fp32=True), parse_memory("64GB"))[0] == "zero3_offload"
     print("\n" + why)
+
+
+def _frozen_pair(inp: MemoryInputs, strategy: str):
+    return tuple(estimate(MemoryInputs(**{**inp.__dict__, "shard_frozen": s}), strategy) for s in (False, True))
+
+
+@pytest.mark.parametrize("strategy,memory,want,reason", [
+    # the seed at 64 GB: zero3 with replicated reference + RMs is 0.5 GB short, sharded it fits
+    ("zero3", "64GB", True, "58.1 GB per rank with them replicated (39.9 GB) > 0.9 x 64.0 GB; 23.2 GB sharded"),
+    ("fsdp", "80GB", False, "58.1 GB per rank with them replicated (39.9 GB) <= 0.9 x 80.0 GB"),  # fits: no all-gathers
+    ("fsdp_grad_op", "64GB", True, "> 0.9 x 64.0 GB; "),  # FSDP shards frozen models whatever the resharding
+    ("zero3", "20GB", True, "sharded (still over: expect OOM)"),  # smaller is still better
+    ("ddp", "64GB", False, "ddp does not shard parameters"),
+    ("zero2", "1GB", False, "zero2 does not shard parameters"),
+    ("zero3", None, False, "device memory unknown"),
+])
+def test_choose_shard_frozen(strategy: str, memory: str | None, want: bool, reason: str) -> None:
+    replicated, sharded = _frozen_pair(_seed(master_weights_fp32=True), strategy)
+    got, why = choose_shard_frozen(replicated, sharded, parse_memory(memory) if memory else None)
+    assert got is want and reason in why, why
+
+
+def test_choose_shard_frozen_needs_frozen_models_and_ranks() -> None:
+    none = _seed(master_weights_fp32=True, reference="none", frozen_models=[])
+    assert choose_shard_frozen(*_frozen_pair(none, "zero3"), 1) == (False, "no frozen model is held")
+    one_rank = _seed(master_weights_fp32=True, n_gpus=1)
+    got, why = choose_shard_frozen(*_frozen_pair(one_rank, "zero3"), parse_memory("64GB"))
+    assert not got and "sharding them saves nothing" in why
+    lora_base = _seed(lora_r=16, reference="lora_base", frozen_models=[])  # the reference is the policy itself
+    assert choose_shard_frozen(*_frozen_pair(lora_base, "fsdp"), 1)[0] is False
 
 
 def test_parameter_count_fallback() -> None:

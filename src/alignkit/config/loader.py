@@ -11,6 +11,7 @@ import difflib
 import math
 import types
 import typing
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -258,9 +259,37 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"checkpoint.resume_from: {rf!r} does not exist (use null, latest or a checkpoint path)")
 
 
+#: old dotted key -> its replacement; read with a FutureWarning (resolved configs saved before the rename)
+RENAMED = {"distributed.fsdp.shard_frozen": "distributed.shard_frozen"}
+
+
+def rename_deprecated(raw: dict[str, Any]) -> dict[str, Any]:
+    """Move each :data:`RENAMED` key of ``raw`` to its new place, warning once per key; giving both
+    with different values is an error."""
+    for old, new in RENAMED.items():
+        *old_parents, old_leaf = old.split(".")
+        node = raw
+        for part in old_parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or old_leaf not in node:
+            continue
+        value = node.pop(old_leaf)
+        warnings.warn(f"config key {old!r} is deprecated; use {new!r}", FutureWarning, stacklevel=3)
+        *new_parents, new_leaf = new.split(".")
+        target = raw
+        for part in new_parents:
+            target = target.setdefault(part, {})
+        if new_leaf in target and target[new_leaf] != value:
+            raise ConfigError(
+                f"{old}={value!r} (deprecated) disagrees with {new}={target[new_leaf]!r}; give only {new}"
+            )
+        target[new_leaf] = value
+    return raw
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     raw = read_yaml(path) if path is not None else {}
-    raw = apply_overrides(raw, list(overrides or []))
+    raw = rename_deprecated(apply_overrides(raw, list(overrides or [])))
     cfg = build_dataclass(RunConfig, raw)
     validate(cfg)
     return cfg

@@ -8,7 +8,7 @@ algorithm needs) live in :mod:`alignkit.config.loader` and run once at load time
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 
 def f(default: Any = None, help: str = "", **rules: Any) -> Any:  # noqa: A002 - mirrors argparse
@@ -116,7 +116,6 @@ class FSDPConfig:
         "fp32", "Dtype of the gradient reduce-scatter under mixed_precision: fp32 (exact) or the compute dtype."
     )
     cpu_offload: bool = f(False, "Keep parameter shards, gradients and optimizer state in host memory (CPUOffloadPolicy).")
-    shard_frozen: bool = f(False, "Also shard frozen models (reference, reward, cost); default replicates them.")
 
 
 @dataclass
@@ -143,6 +142,13 @@ class DistributedConfig:
     )
     backend: Literal["auto", "nccl", "gloo"] = f("auto", "auto = nccl on CUDA, gloo on CPU.")
     timeout_minutes: float = f(30.0, "Collective timeout.", gt=0)
+    shard_frozen: Union[bool, Literal["auto"]] = f(
+        "auto",
+        "Frozen models (DPO reference, reward/cost models): auto = replicated on every rank unless the memory "
+        "estimate says they would not fit the device and sharding them helps (fsdp, deepspeed zero_stage 3 only); "
+        "true = always shard them under those engines; false = always replicate. ddp, single and deepspeed "
+        "stages 0-2 always replicate.",
+    )
     preflight_timeout_s: float = f(
         60.0, "Before training, every rank must reach a first collective within this many seconds "
         "(a stuck or unreachable rank is named), and torch/transformers/alignkit versions and backend must match.",

@@ -16,6 +16,10 @@ How alignkit's runs map onto the estimator:
 * reference: DPO's resolved ``dpo.reference`` (a frozen copy, the LoRA base, precomputed or none).
 * frozen models: reward/cost models named by the config (any ``*.reward_model`` / ``*.cost_model`` /
   ``*_name_or_path`` field of those names) plus ``alignkit estimate --frozen``; held in the compute dtype.
+* frozen models are counted sharded under the strategies that can shard them (plan.SHARDS_FROZEN)
+  unless ``distributed.shard_frozen: false``: ``auto`` shards them exactly when replicated copies
+  would not fit, so "fits" is judged with them sharded. The run itself decides with
+  :func:`frozen_sharding` (replicated vs sharded estimate of its engine, against the device memory).
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ from alignkit.distributed.plan import (
     PRESETS,
     MemoryInputs,
     ModelDims,
+    choose_shard_frozen,
     choose_strategy,
     dims_from_pretrained,
+    estimate,
 )
 
 #: peft module names -> the estimator's projection names
@@ -154,7 +160,7 @@ def memory_inputs(cfg: RunConfig, *, n_gpus: int, device: str = "cuda", policy: 
         chunked_logits=True,
         reference=reference,
         frozen_models=frozen_dims,
-        shard_frozen=cfg.distributed.fsdp.shard_frozen,
+        shard_frozen=cfg.distributed.shard_frozen is not False,
         n_gpus=n_gpus,
         device=device,
         process_baseline_bytes=process_baseline_bytes if device == "cpu" else 0,
@@ -243,6 +249,35 @@ def auto_strategy(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = No
     if memory.device == "cpu":
         why = why.replace("/GPU", "/process")
     return name, f"auto: {env.world_size} processes, {memory.note}; {why}" + (f" = {engine}" if pick != "ddp" else ""), dist
+
+
+# --------------------------------------------------------------------------- frozen models
+def frozen_names(cfg: RunConfig) -> list[str]:
+    """What ``strategy.prepare_frozen`` will hold in this run: ``reference`` (DPO's frozen copy, also
+    when it is loaded only to precompute log-probs) and each reward / cost model the config names."""
+    names = []
+    if cfg.algorithm == "dpo":
+        from alignkit.algorithms.dpo import resolve_reference  # a late import keeps layers apart
+
+        if resolve_reference(cfg) == "model":
+            names.append("reference")
+    return names + frozen_model_specs(cfg)
+
+
+def frozen_sharding(cfg: RunConfig, plan_name: str, n_ranks: int, memory: DeviceMemory) -> tuple[bool, str]:
+    """``distributed.shard_frozen: auto`` for an engine whose memory the estimator calls ``plan_name``
+    (fsdp, zero3, ...): :func:`~alignkit.distributed.plan.choose_shard_frozen` on the run's estimate
+    with the frozen models replicated vs sharded. A precomputing reference is counted as held: it is
+    loaded while the policy is already placed."""
+    try:
+        baseline = CPU_PROCESS_BASELINE_BYTES if memory.device == "cpu" else 0
+        inputs = memory_inputs(cfg, n_gpus=n_ranks, device=memory.device, process_baseline_bytes=baseline)
+    except ValueError as e:
+        return False, f"no memory estimate ({e})"
+    if "reference" in frozen_names(cfg):
+        inputs = dataclasses.replace(inputs, reference="model")
+    replicated, sharded = (estimate(dataclasses.replace(inputs, shard_frozen=s), plan_name) for s in (False, True))
+    return choose_shard_frozen(replicated, sharded, memory.bytes_per_rank)
 
 
 def describe(inputs: MemoryInputs) -> str:

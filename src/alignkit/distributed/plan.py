@@ -13,7 +13,8 @@ gradients             ``P_t * bytes(trainable dtype)`` (fp32 on the host under z
 optimizer states      ``P_t * n_states * bytes(optimizer_state_dtype)``; adamw/adam 2, sgd 1.
 zero3 working set     gathered params of the current + prefetched unit and one unsharded gradient
                       unit (unit = max(decoder layer, embedding matrix)), zero3-family only.
-reference / frozen    ``n_params * bytes(param_dtype)``; sharded ``/n`` only with ``shard_frozen``.
+reference / frozen    ``n_params * bytes(param_dtype)``; sharded ``/n`` only with ``shard_frozen`` under
+                      a strategy whose engine shards parameters (:data:`SHARDS_FROZEN`).
 activations           see :func:`activation_breakdown` (saved tensors of a Llama layer).
 optimizer step temp   ``foreach`` (torch's CUDA default) materialises a state-sized tensor list
                       (``exp_avg_sq.sqrt()``); ``for_loop`` one parameter's worth; ``fused`` 0.
@@ -61,6 +62,9 @@ _SHARDING = {
     "zero3_offload": (True, True, True, True),
 }
 STRATEGIES = tuple(_SHARDING)
+#: Strategies whose engine can shard a frozen model (ZeRO-3, FSDP). ``fsdp_grad_op`` is FSDP too: a
+#: frozen model has no backward, so its parameters are resharded after forward whatever the policy does.
+SHARDS_FROZEN = ("zero3", "fsdp", "fsdp_grad_op", "zero3_offload")
 TRANSIENT = ("activations", "optimizer step temp")
 
 
@@ -188,7 +192,7 @@ class MemoryInputs:
     chunked_logits: bool = True  # alignkit's ops compute log-probs in chunks: no (B, T, V) tensors
     reference: str = "none"  # "model" holds a copy; "lora_base"/"precomputed" cost nothing
     frozen_models: Sequence[ModelDims] = ()  # reward / cost models, held in param_dtype
-    shard_frozen: bool = False  # shard reference + frozen models under zero3/fsdp
+    shard_frozen: bool = False  # shard reference + frozen models under SHARDS_FROZEN strategies
     n_gpus: int = 1
     activation: str = "llama"  # method in ACTIVATION_METHODS
     device: str = "cuda"  # "cuda" | "cpu" (no CUDA overhead; adds process_baseline_bytes)
@@ -393,7 +397,7 @@ def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
     if shard_params:  # gathered params (current + prefetched unit) + one unsharded gradient unit
         unit = max(d.layer_params, d.vocab * d.hidden)
         gpu["zero3 working set"] = 2 * unit * p + int(unit * tb * min(1.0, n_train / d.n_params))
-    shard_frozen = inputs.shard_frozen and shard_params
+    shard_frozen = inputs.shard_frozen and strategy in SHARDS_FROZEN
     ref = d.n_params * p if inputs.reference == "model" else 0
     gpu["reference model"] = split(ref, shard_frozen)
     gpu["frozen models"] = split(sum(m.n_params for m in inputs.frozen_models) * p, shard_frozen)
@@ -452,6 +456,37 @@ def choose_strategy(inputs: MemoryInputs, device_memory_bytes: int | None,
     best = min(order, key=lambda s: estimate(inputs, s).total)
     return best, ("; ".join(misses) + f" -> nothing fits; {best} is smallest (expect OOM: lower "
                   "per_device_batch or seq_len, enable gradient checkpointing or LoRA, add GPUs)")
+
+
+def frozen_bytes(est: MemoryEstimate) -> int:
+    """Per-GPU bytes of the reference and the other frozen models in ``est``."""
+    return est.gpu.get("reference model", 0) + est.gpu.get("frozen models", 0)
+
+
+def choose_shard_frozen(replicated: MemoryEstimate, sharded: MemoryEstimate, device_memory_bytes: int | None,
+                        headroom: float = 0.9) -> tuple[bool, str]:
+    """``distributed.shard_frozen: auto``: shard the frozen models, and why.
+
+    ``replicated`` / ``sharded`` are one strategy's estimates with ``shard_frozen`` False / True.
+    Sharding costs an all-gather per layer in every frozen forward, so it happens only where the
+    engine shards parameters (:data:`SHARDS_FROZEN`), the run does not fit with replicated copies
+    (``headroom`` of ``device_memory_bytes``) and the sharded estimate is smaller (not on one rank).
+    """
+    name, held = replicated.strategy, frozen_bytes(replicated)
+    if name not in SHARDS_FROZEN:
+        return False, f"{name} does not shard parameters"
+    if not held:
+        return False, "no frozen model is held"
+    if device_memory_bytes is None:
+        return False, "device memory unknown"
+    usable = f"{headroom:g} x {_gb(device_memory_bytes)}"
+    rep = f"{_gb(replicated.total)} per rank with them replicated ({_gb(held)})"
+    if fits(replicated, device_memory_bytes, headroom):
+        return False, f"{rep} <= {usable}"
+    if sharded.total >= replicated.total:
+        return False, f"{rep} > {usable}, but sharding them saves nothing here"
+    tail = "" if fits(sharded, device_memory_bytes, headroom) else " (still over: expect OOM)"
+    return True, f"{rep} > {usable}; {_gb(sharded.total)} sharded{tail}"
 
 
 # --------------------------------------------------------------------------- reporting

@@ -5,7 +5,17 @@ from __future__ import annotations
 from alignkit.config import load_config
 from alignkit.distributed.auto import describe, engine_for, memory_inputs, probe_device_memory
 from alignkit.distributed.env import read_env
-from alignkit.distributed.plan import GB, PRESETS, choose_strategy, estimate, fits, format_table, parse_memory
+from alignkit.distributed.plan import (
+    GB,
+    PRESETS,
+    SHARDS_FROZEN,
+    choose_strategy,
+    estimate,
+    fits,
+    format_table,
+    frozen_bytes,
+    parse_memory,
+)
 
 TABLE_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero3_offload", "fsdp")
 HEADROOM = 0.9
@@ -37,6 +47,11 @@ def estimate_command(config: str, overrides: list[str], *, gpus: int | None = No
              + (f" of {memory / GB:.1f} GB" if memory else ""),
              f"# {describe(inputs)}",
              format_table(inputs, estimates, memory, HEADROOM)]
+    setting = cfg.distributed.shard_frozen
+    if inputs.shard_frozen and any(frozen_bytes(e) for e in estimates.values()):
+        lines.append(f"frozen models counted sharded under {', '.join(s for s in estimates if s in SHARDS_FROZEN)}: "
+                     f"distributed.shard_frozen={str(setting).lower()}"
+                     + (" shards them only where replicated copies would not fit" if setting == "auto" else ""))
     if memory is not None:
         ok = [s for s, e in estimates.items() if fits(e, memory, HEADROOM)]
         lines.append(f"fits in {memory / GB:.1f} GB per GPU ({HEADROOM * memory / GB:.1f} GB usable): "

@@ -7,6 +7,8 @@ branches on the engine. Engine quirks stay in each engine's own file.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 from abc import ABC, abstractmethod
 from datetime import timedelta
 from pathlib import Path
@@ -16,9 +18,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from alignkit.config.loader import ConfigError
 from alignkit.config.schema import DistributedConfig
+from alignkit.distributed import comm
 from alignkit.distributed.env import DistEnv
 from alignkit.models.loading import hf_model
+
+log = logging.getLogger("alignkit")
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 
@@ -62,11 +68,26 @@ class Strategy(ABC):
         self.backend = pick_backend(cfg.backend, self.device)
         # fp16 needs loss scaling; bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler(self.device.type) if self.compute_dtype == torch.float16 else None
+        self.shard_frozen = False  # whether prepare_frozen shards; decided in setup (decide_frozen_sharding)
+        self.frozen_note = ""  # that decision in words, logged by rank 0 with the first frozen model
 
     def configure(self, run: Any) -> None:
         """Run-wide settings an engine may need beyond ``distributed.*`` (DeepSpeed: batch sizes,
         clipping). Called once by ``build_strategy``; raise ConfigError here for conflicts."""
         self.run = run
+        if self.cfg.shard_frozen is True and self.frozen_plan() is None and run.distributed.strategy != "auto":
+            raise ConfigError(f"distributed.shard_frozen=true: {self.label} does not shard parameters; use fsdp or "
+                              "deepspeed zero_stage 3, or set distributed.shard_frozen to auto or false")
+
+    @property
+    def label(self) -> str:
+        """The engine in words, for messages (e.g. ``deepspeed zero_stage 2``)."""
+        return self.name
+
+    def frozen_plan(self) -> str | None:
+        """The estimator's strategy (plan.py) for this engine where it can shard a frozen model
+        (``fsdp``, ``zero3``, ...); None where every model stays whole on every rank."""
+        return None
 
     # ------------------------------------------------------------------ process group
     @property
@@ -88,6 +109,38 @@ class Strategy(ABC):
             if self.device.type == "cuda":
                 kwargs["device_id"] = self.device
             dist.init_process_group(**kwargs)
+        self.decide_frozen_sharding()
+
+    def decide_frozen_sharding(self) -> None:
+        """Set ``self.shard_frozen`` once per run (``distributed.shard_frozen``), the same on every rank,
+        and ``self.frozen_note`` (what was decided and why) when the run holds frozen models."""
+        from alignkit.distributed import auto
+
+        setting, plan, run = self.cfg.shard_frozen, self.frozen_plan(), getattr(self, "run", None)
+        names = auto.frozen_names(run) if run is not None else []
+        if plan is None:
+            why = f"{self.label} does not shard parameters" + (
+                "; distributed.shard_frozen=true is ignored" if setting is True else "")
+            self.shard_frozen = False
+        elif setting == "auto":
+            self.shard_frozen, why = self._auto_shard_frozen(run, plan) if names else (False, "")
+        else:
+            self.shard_frozen, why = bool(setting), f"distributed.shard_frozen={str(setting).lower()}"
+        if names:
+            k = len(names) - ("reference" in names)
+            held = " + ".join((["reference"] if "reference" in names else [])
+                              + ([f"{k} reward/cost model{'s' if k > 1 else ''}"] if k else []))
+            self.frozen_note = f"Frozen models {'sharded' if self.shard_frozen else 'replicated'} ({held}: {why})"
+
+    def _auto_shard_frozen(self, run: Any, plan: str) -> tuple[bool, str]:
+        from alignkit.distributed import auto
+
+        memory = auto.probe_device_memory(self.env)
+        # Rank 0 decides for the smallest device of all ranks; every rank takes its answer, so the
+        # sharded forwards stay in lock-step even if one rank could not read the model config.
+        smallest = -int(comm.all_reduce_max(torch.tensor(-memory.bytes_per_rank, dtype=torch.int64)).item())
+        decision = auto.frozen_sharding(run, plan, self.dp_size, dataclasses.replace(memory, bytes_per_rank=smallest))
+        return comm.broadcast_object(decision)
 
     def teardown(self) -> None:
         if dist.is_initialized():
@@ -103,10 +156,19 @@ class Strategy(ABC):
         """Place/wrap the trainable model and build its optimizer; returns (wrapped, optimizer)."""
 
     def prepare_frozen(self, model: nn.Module) -> nn.Module:
-        """A frozen model (reference, reward, cost): eval mode, no grads, replicated on every rank."""
+        """A frozen model (reference, reward, cost): eval mode, no grads; replicated on every rank, so
+        its forward has no collectives, or sharded (:meth:`shard_frozen_model`) when ``self.shard_frozen``."""
+        if self.frozen_note and self.is_main:
+            log.info(self.frozen_note)
+        self.frozen_note = ""  # once per run
         model.eval()
         model.requires_grad_(False)
-        return model.to(self.device)
+        return self.shard_frozen_model(model) if self.shard_frozen else model.to(self.device)
+
+    def shard_frozen_model(self, model: nn.Module) -> nn.Module:
+        """``model`` (eval mode, no grads) sharded over the ranks; every rank must then run its
+        forwards in lock-step. Only engines with a :meth:`frozen_plan` get here."""
+        raise NotImplementedError(f"{self.label} does not shard frozen models")
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if hasattr(model, "module") and isinstance(model, nn.Module) else model

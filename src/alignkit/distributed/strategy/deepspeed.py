@@ -29,7 +29,12 @@ from torch import nn
 
 from alignkit.config.loader import ConfigError, resolve_batch
 from alignkit.distributed.strategy.base import OptimizerFactory, Strategy
-from alignkit.distributed.strategy.deepspeed_config import build_deepspeed_config, fill_model_sizes
+from alignkit.distributed.strategy.deepspeed_config import (
+    build_deepspeed_config,
+    fill_model_sizes,
+    frozen_model_config,
+    offloads_params,
+)
 from alignkit.distributed.strategy.sharded import ensure_process_group, save_hf_state_dict
 from alignkit.models.loading import hf_model, split_lm
 
@@ -58,7 +63,6 @@ class DeepSpeedStrategy(Strategy):
         self._boundary = True
 
     def configure(self, run: Any) -> None:
-        super().configure(run)
         import_deepspeed()  # a missing install fails here, before any process group exists
         plan = resolve_batch(run, self.env.world_size)
         self.ds_config = build_deepspeed_config(
@@ -69,10 +73,20 @@ class DeepSpeedStrategy(Strategy):
             max_grad_norm=run.training.max_grad_norm,
             dtype=self.compute_dtype,
         )
+        super().configure(run)  # its checks need the ZeRO stage
 
     @property
     def zero_stage(self) -> int:
         return int(self.ds_config.get("zero_optimization", {}).get("stage", 0))
+
+    @property
+    def label(self) -> str:
+        return f"deepspeed zero_stage {self.zero_stage}"
+
+    def frozen_plan(self) -> str | None:
+        if self.zero_stage != 3:
+            return None
+        return "zero3_offload" if offloads_params(self.ds_config) else "zero3"
 
     def setup(self) -> None:
         ds = import_deepspeed()
@@ -101,6 +115,18 @@ class DeepSpeedStrategy(Strategy):
         # The client optimizer's param groups are the ones DeepSpeed steps (pointed at its fp32
         # partitions), so the loop's LR scheduler works on it unchanged.
         return engine, optimizer
+
+    def shard_frozen_model(self, model: nn.Module) -> nn.Module:
+        """An inference-only ZeRO-3 engine of its own (no optimizer; parameters partitioned over the
+        ranks and gathered per module in forward, as TRL's ``prepare_deepspeed`` does for its
+        reference). Returns the engine; its ``eval()`` puts the wrapped module in eval mode."""
+        ds = import_deepspeed()
+        self._register_lm_head(ds, model)
+        hidden = getattr(getattr(hf_model(model), "config", None), "hidden_size", None)
+        config = fill_model_sizes(frozen_model_config(self.ds_config), hidden)
+        engine, _, _, _ = ds.initialize(model=model, config=config, dist_init_required=False)
+        engine.eval()
+        return engine
 
     @staticmethod
     def _register_lm_head(ds: Any, model: nn.Module) -> None:

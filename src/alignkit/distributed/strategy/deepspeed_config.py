@@ -126,6 +126,24 @@ def _offloaded(zero: dict[str, Any], key: str) -> bool:
     return isinstance(sec, dict) and sec.get("device") not in (None, "none")
 
 
+def offloads_params(cfg: dict[str, Any]) -> bool:
+    """True when the resolved config keeps ZeRO-3 parameters on the host (``offload_param``)."""
+    return _offloaded(cfg.get("zero_optimization", {}), "offload_param")
+
+
+def frozen_model_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config of an inference-only ZeRO-3 engine for a frozen model, from the training engine's
+    resolved ``cfg``: same batch sizes and precision, stage 3, ``offload_param`` kept; no optimizer,
+    scheduler or optimizer offload (a frozen model has no optimizer state)."""
+    out = copy.deepcopy(cfg)
+    for key in ("optimizer", "scheduler", "zero_force_ds_cpu_optimizer"):
+        out.pop(key, None)
+    zero = out.setdefault("zero_optimization", {})
+    zero["stage"] = 3
+    zero.pop("offload_optimizer", None)
+    return out
+
+
 def fill_model_sizes(cfg: dict[str, Any], hidden_size: int | None) -> dict[str, Any]:
     """ZeRO bucket sizes left "auto" get the usual values from the hidden size (as the HF
     Trainer does), or DeepSpeed's defaults when the model has no ``hidden_size``."""

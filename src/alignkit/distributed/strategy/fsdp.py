@@ -64,7 +64,9 @@ class FSDPStrategy(Strategy):
             model = model.to(self.device)
         kwargs: dict[str, Any] = {
             "mesh": self.mesh,
-            "reshard_after_forward": o.reshard_after_forward,
+            # a frozen model has no backward to keep gathered parameters for
+            "reshard_after_forward": o.reshard_after_forward or not trainable,
+            # a frozen model computes in the dtype it was loaded in (algorithms load it in the compute dtype)
             "mp_policy": self._mp_policy() if trainable else MixedPrecisionPolicy(),
             "offload_policy": offload,
         }
@@ -78,11 +80,12 @@ class FSDPStrategy(Strategy):
         # The optimizer is built over the DTensor shards, so its state is sharded too.
         return model, make_optimizer(model)
 
-    def prepare_frozen(self, model: nn.Module) -> nn.Module:
-        if not self.cfg.fsdp.shard_frozen:
-            return super().prepare_frozen(model)  # replicated: no collectives in its forward
-        model.eval()
-        model.requires_grad_(False)
+    def frozen_plan(self) -> str | None:
+        o = self.cfg.fsdp
+        return "zero3_offload" if o.cpu_offload else "fsdp" if o.reshard_after_forward else "fsdp_grad_op"
+
+    def shard_frozen_model(self, model: nn.Module) -> nn.Module:
+        """Sharded like the policy: one FSDP unit per decoder block, then the root."""
         return self._shard(model, trainable=False)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
