@@ -57,8 +57,9 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 def cmd_data_synth(args: argparse.Namespace) -> int:
     from alignkit.data.synth import generate
 
-    generate(args.kind, args.n, args.seed, Path(args.out))
-    print(f"wrote {args.n} {args.kind} rows to {args.out}")
+    generate(args.kind, args.n, args.seed, Path(args.out), split=args.split)
+    where = f" ({args.split} split)" if args.split else ""
+    print(f"wrote {args.n} {args.kind} rows{where} to {args.out}")
     return 0
 
 
@@ -178,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("demo", help="build a tiny model, run SFT on the shipped data, print before/after")
     sp.add_argument("--output-dir", default="runs/demo")
     sp.add_argument("--max-steps", type=int, default=None)
-    sp.add_argument("--size", default="tiny", choices=["micro", "tiny", "small"])
+    sp.add_argument("--size", default="micro", choices=["micro", "tiny", "small"],
+                    help="the random model trained (default micro: learns the tasks in about a minute)")
     sp.set_defaults(func=cmd_demo)
 
     sp = sub.add_parser("tiny-model", help="write a tiny random model + tokenizer in Hugging Face format")
@@ -196,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     ss.add_argument("--n", type=int, default=1000)
     ss.add_argument("--seed", type=int, default=0)
     ss.add_argument("--out", required=True, help="output .jsonl or .parquet")
+    ss.add_argument("--split", choices=["train", "eval"], default=None,
+                    help="only task instances of this split (train and eval rows never share a question); default both")
     ss.set_defaults(func=cmd_data_synth)
     return p
 
@@ -213,8 +217,20 @@ def _finish(code: int) -> int:
     return code
 
 
+def _quiet_deepspeed_on_cpu() -> None:
+    """Without a GPU, DeepSpeed (imported by transformers whenever it is installed) warns "Setting
+    accelerator to CPU ... we were unable to detect it" on every command; naming the CPU
+    accelerator, which it would pick anyway, says the same without the warning."""
+    if "DS_ACCELERATOR" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _strip_launcher_args(list(sys.argv[1:] if argv is None else argv))
+    _quiet_deepspeed_on_cpu()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse ends a "*" positional at the first option: `CONFIG --gpus 8 a=b` leaves a=b over

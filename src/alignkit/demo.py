@@ -1,7 +1,11 @@
 """``alignkit demo``: the whole SFT job on the built-in tiny default, with before/after numbers.
 
-Builds a random tiny Llama and its tokenizer, measures held-out loss and the judge's accuracy
-on greedy answers, runs SFT on the shipped synthetic tasks, measures again, prints a table.
+Builds a random Llama and its tokenizer (``micro`` by default: 0.16 M parameters, a 1024-token
+vocabulary, so its 1000 steps take about a minute on 2 CPU cores), measures held-out loss and the
+judge's accuracy on greedy answers, runs SFT on the shipped synthetic tasks, measures again and
+prints a table. Measured on 2 cores: judged accuracy 0% -> about 60% (reversal ~100%, upper-casing
+~70%, two-digit addition stays low at this size). ``--size tiny`` (7.4 M parameters, 8192-token
+vocabulary) needs several times more steps to get past the answer format.
 """
 
 from __future__ import annotations
@@ -41,13 +45,13 @@ def judge_accuracy(model_dir: Path, rows: list[dict[str, Any]], *, max_new_token
     return out
 
 
-def run_demo(output_dir: Path, *, max_steps: int | None = None, size: str = "tiny", n_judge: int = 90) -> dict[str, Any]:
+def run_demo(output_dir: Path, *, max_steps: int | None = None, size: str = "micro", n_judge: int = 90) -> dict[str, Any]:
     from alignkit.train.runner import run_train
 
     setup_console(True)
     t0 = time.perf_counter()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    model_dir = output_dir / "model"
+    model_dir = output_dir / f"model-{size}"
     if not (model_dir / "config.json").is_file():
         build_tiny_model(model_dir, size=size, seed=0)
         log.info(f"Built a random {size} Llama and its tokenizer in {model_dir}")
@@ -69,7 +73,7 @@ def run_demo(output_dir: Path, *, max_steps: int | None = None, size: str = "tin
         rows.append((f"held-out {k} (greedy, judged)", f"{before[k]:.1%}", f"{after[k]:.1%}"))
     width = max(len(r[0]) for r in rows)
     print()
-    print(f"{'alignkit demo: SFT of a random tiny Llama on synthetic tasks':<{width}}  {'before':>8}  {'after':>8}")
+    print(f"{f'alignkit demo: SFT of a random {size} Llama on synthetic tasks':<{width}}  {'before':>8}  {'after':>8}")
     for name, b, a in rows:
         print(f"{name:<{width}}  {b:>8}  {a:>8}")
     print(f"\nfinal model:  {final}\nmetrics:      {Path(cfg.output_dir) / 'metrics.jsonl'}")

@@ -114,3 +114,19 @@ def test_kill9_during_checkpoint_leaves_previous_loadable(cli_model: Path, tmp_p
     assert "Resumed from" in resumed.stderr and "checkpoint-1 at step 1" in resumed.stderr
     assert not (out / ".tmp-checkpoint-2").exists()
     assert (out / "latest").read_text() == "checkpoint-3"
+
+
+def test_demo_smoke(tmp_path: Path) -> None:
+    """``alignkit demo`` (the README's first command), shortened: builds its model, trains, judges."""
+    out = tmp_path / "demo"
+    proc = run_cli(["demo", "--output-dir", str(out), "--size", "micro", "--max-steps", "3"])
+    assert_ok(proc)
+    text = proc.stdout
+    assert "alignkit demo: SFT of a random" in text
+    for line in ("train loss (first step -> last step)", "held-out loss", "held-out accuracy (greedy, judged)",
+                 "held-out accuracy/add (greedy, judged)"):
+        assert line in text, line
+    rows = [json.loads(x) for x in (out / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r][-1] == 3
+    assert (out / "sft" / "final" / "model.safetensors").is_file()
+    assert (out / "model-micro" / "tokenizer.json").is_file()

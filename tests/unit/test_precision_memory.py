@@ -66,3 +66,32 @@ def test_low_precision_autocast_trains_on_cpu(sft_config: dict[str, Any], dtype:
     assert torch.isfinite(torch.tensor(l_low))
     assert l_low == pytest.approx(l_ref, rel=0.05)
     assert all(torch.isfinite(g).all() for g in g_low.values())
+
+
+def test_lora_base_held_in_compute_dtype_adapters_fp32(sft_config: dict[str, Any], micro_model: Path) -> None:
+    """A LoRA policy's frozen base is loaded in the compute dtype (bf16 here), its adapters (and a
+    reward model's score head) in fp32; a bf16 autocast step gives fp32 grads on the adapters only."""
+    from alignkit.algorithms.reward import RewardModel
+
+    cfg, algo = make(sft_config, "model.dtype=bf16", "model.lora={r: 4, alpha: 8, dropout: 0.0}")
+    env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr=None, master_port=None)
+    strategy = SingleStrategy(cfg.distributed, env, cfg.model.dtype)
+    assert strategy.policy_dtype(lora=True) == torch.bfloat16 and strategy.policy_dtype(lora=False) == torch.float32
+    model = algo.build_policy(strategy.policy_dtype(lora=True))
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    trainable = {p.dtype for p in model.parameters() if p.requires_grad}
+    assert frozen == {torch.bfloat16} and trainable == {torch.float32}
+    batch = algo.collate(algo.build_dataset(cfg.data.train, "train")[:4])
+    with strategy.autocast():
+        loss, _ = algo.loss(model, batch, normalizer=float(algo.loss_units(batch)))
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+    assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
+
+    rm_cfg = build_dataclass(RunConfig, apply_overrides(copy.deepcopy(sft_config), [
+        "algorithm=reward_model", "model.dtype=bf16", "model.lora={r: 4, alpha: 8, dropout: 0.0}"]))
+    rm = RewardModel(rm_cfg, load_tokenizer(rm_cfg.model)).build_policy(torch.bfloat16)
+    head = [p for n, p in rm.named_parameters() if "score" in n and p.requires_grad]
+    assert head and all(p.dtype == torch.float32 for p in head)
+    assert {p.dtype for p in rm.parameters() if not p.requires_grad} == {torch.bfloat16}

@@ -39,7 +39,10 @@ def attach_adapter(base_model: nn.Module, path: str | Path, *, trainable: bool) 
     """``base_model`` with the adapter of ``path`` loaded (a PeftModel)."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(base_model, str(path), is_trainable=trainable)
+    from alignkit.models.loading import upcast_trainable
+
+    model = PeftModel.from_pretrained(base_model, str(path), is_trainable=trainable)
+    return upcast_trainable(model) if trainable else model
 
 
 def peft_model_of(model: nn.Module) -> nn.Module | None:

@@ -43,8 +43,10 @@ def load_causal_lm(
     """A causal LM from ``from_pretrained``, configured for training.
 
     Trainable models keep fp32 master weights (autocast supplies bf16/fp16 compute); frozen
-    ones are loaded straight in the compute dtype. The KV cache is switched off (it only costs
-    memory in training) and gradient checkpointing is enabled when asked.
+    ones are loaded straight in the compute dtype. With ``model.lora`` the caller may pass the
+    compute dtype for a trainable model too: the frozen base is then held in it (half the memory
+    of fp32) while the adapters (and any other trainable module) are fp32. The KV cache is
+    switched off (it only costs memory in training) and gradient checkpointing is enabled when asked.
     """
     from transformers import AutoModelForCausalLM
 
@@ -84,7 +86,17 @@ def apply_lora(model: nn.Module, cfg: ModelConfig, task_type: str = "CAUSAL_LM")
         target_modules=list(cfg.lora.target_modules),
         task_type=task_type,
     )
-    return get_peft_model(model, lcfg)
+    return upcast_trainable(get_peft_model(model, lcfg))
+
+
+def upcast_trainable(model: nn.Module) -> nn.Module:
+    """Trainable parameters in fp32 (the optimizer's master weights), whatever dtype the frozen
+    base was loaded in; peft already does this for LoRA layers, not for ``modules_to_save``
+    (e.g. a reward model's score head)."""
+    for p in model.parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
+    return model
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:

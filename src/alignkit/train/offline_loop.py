@@ -107,7 +107,7 @@ class OfflineTrainer:
         self.sampler = ShardedSampler(len(self.train_set), strategy.dp_size, strategy.dp_rank, seed=t.seed)
         lr = scaled_learning_rate(cfg, self.plan)
 
-        policy = algo.build_policy(torch.float32)
+        policy = algo.build_policy(strategy.policy_dtype(lora=cfg.model.lora is not None))
         trainable, n_total = count_parameters(policy)
         if cfg.model.lora is not None:
             log.info(

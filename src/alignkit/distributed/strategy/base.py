@@ -155,6 +155,12 @@ class Strategy(ABC):
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Place/wrap the trainable model and build its optimizer; returns (wrapped, optimizer)."""
 
+    def policy_dtype(self, *, lora: bool) -> torch.dtype:
+        """The dtype the trainable model is loaded in: fp32 master weights, except that a LoRA
+        policy's frozen base is held in the compute dtype (bf16 on GPUs) with fp32 adapters;
+        autocast computes in the compute dtype either way."""
+        return self.compute_dtype if lora else torch.float32
+
     def prepare_frozen(self, model: nn.Module) -> nn.Module:
         """A frozen model (reference, reward, cost): eval mode, no grads; replicated on every rank, so
         its forward has no collectives, or sharded (:meth:`shard_frozen_model`) when ``self.shard_frozen``."""

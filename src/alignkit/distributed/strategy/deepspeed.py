@@ -103,6 +103,9 @@ class DeepSpeedStrategy(Strategy):
         ds.init_distributed(dist_backend=self.backend, auto_mpi_discovery=False)
 
     # ------------------------------------------------------------------ models
+    def policy_dtype(self, *, lora: bool) -> torch.dtype:
+        return torch.float32  # the engine casts the module to its bf16/fp16 itself and keeps fp32 master weights
+
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         ds = import_deepspeed()
         hidden = getattr(getattr(hf_model(model), "config", None), "hidden_size", None)

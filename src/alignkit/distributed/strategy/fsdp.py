@@ -75,6 +75,11 @@ class FSDPStrategy(Strategy):
         fully_shard(model, **kwargs)
         return model
 
+    def policy_dtype(self, *, lora: bool) -> torch.dtype:
+        # fp32 for a LoRA base too: one FSDP unit holds one original dtype, and the
+        # MixedPrecisionPolicy already gathers the (sharded) base in the compute dtype.
+        return torch.float32
+
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         model = self._shard(model, trainable=True)
         # The optimizer is built over the DTensor shards, so its state is sharded too.
