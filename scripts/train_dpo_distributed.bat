@@ -6,10 +6,13 @@ rem recipe (e.g. set CONFIG=configs\dpo_lora.yaml). Writes models\dpo. A thin wr
 rem `alignkit launch`: MASTER_PORT (default 29500, or a free port if taken), NNODES, NODE_RANK,
 rem MASTER_ADDR and LAUNCHER pass through; PYTHON picks the interpreter.
 setlocal
+rem SHIFT also shifts the script's own name and folder: keep both before any SHIFT
+set "HERE=%~dp0"
+set "ME=%~nx0"
 set "NPROC=%~1"
 if "%NPROC%"=="" goto usage
-if "%CONFIG%"=="" set "CONFIG=%~dp0..\configs\dpo.yaml"
-call "%~dp0_launch_args.bat"
+if "%CONFIG%"=="" set "CONFIG=%HERE%..\configs\dpo.yaml"
+call "%HERE%_launch_args.bat"
 set "REST="
 shift
 :collect
@@ -21,5 +24,5 @@ goto collect
 "%PYTHON%" -m alignkit launch --nproc-per-node %NPROC% %LAUNCH_ARGS% "%CONFIG%" "output_dir=models/dpo" %REST%
 exit /b %ERRORLEVEL%
 :usage
-echo usage: %~nx0 NPROC ["key=value" ...] 1>&2
+echo usage: %ME% NPROC ["key=value" ...] 1>&2
 exit /b 2

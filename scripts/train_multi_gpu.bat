@@ -6,6 +6,9 @@ rem GPUs (1 without GPUs). A thin wrapper over `alignkit launch`: MASTER_PORT (d
 rem free port if taken), NNODES, NODE_RANK, MASTER_ADDR and LAUNCHER pass through; PYTHON picks
 rem the interpreter.
 setlocal
+rem SHIFT also shifts the script's own name and folder: keep both before any SHIFT
+set "HERE=%~dp0"
+set "ME=%~nx0"
 set "CONFIG=%~1"
 if "%CONFIG%"=="" goto usage
 set "NPROC_ARGS="
@@ -19,11 +22,11 @@ if not errorlevel 1 (
 )
 echo %~1| findstr /c:"=" >nul
 if errorlevel 1 (
-  echo %~nx0: second argument '%~1' is neither NPROC ^(a number^) nor a "key=value" override; a training stage is chosen in the config 1>&2
+  echo %ME%: second argument '%~1' is neither NPROC ^(a number^) nor a "key=value" override; a training stage is chosen in the config 1>&2
   exit /b 2
 )
 :args
-call "%~dp0_launch_args.bat"
+call "%HERE%_launch_args.bat"
 set "REST="
 :collect
 if "%~1"=="" goto run
@@ -34,5 +37,5 @@ goto collect
 "%PYTHON%" -m alignkit launch %NPROC_ARGS% %LAUNCH_ARGS% "%CONFIG%" %REST%
 exit /b %ERRORLEVEL%
 :usage
-echo usage: %~nx0 CONFIG [NPROC] ["key=value" ...] 1>&2
+echo usage: %ME% CONFIG [NPROC] ["key=value" ...] 1>&2
 exit /b 2

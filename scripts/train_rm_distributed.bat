@@ -7,12 +7,15 @@ rem Writes models\<task>_rm (relative to the current directory). A thin wrapper 
 rem MASTER_PORT (default 29500, or a free port if taken), NNODES, NODE_RANK, MASTER_ADDR and LAUNCHER
 rem pass through; PYTHON picks the interpreter.
 setlocal
+rem SHIFT also shifts the script's own name and folder: keep both before any SHIFT
+set "HERE=%~dp0"
+set "ME=%~nx0"
 set "TASK=%~1"
 set "NPROC=%~2"
 if "%TASK%"=="" goto usage
 if "%NPROC%"=="" goto usage
 if /I not "%TASK%"=="helpful" if /I not "%TASK%"=="harmless" goto usage
-call "%~dp0_launch_args.bat"
+call "%HERE%_launch_args.bat"
 set "REST="
 shift
 shift
@@ -22,8 +25,8 @@ set REST=%REST% %1
 shift
 goto collect
 :run
-"%PYTHON%" -m alignkit launch --nproc-per-node %NPROC% %LAUNCH_ARGS% "%~dp0..\configs\rm_%TASK%.yaml" "output_dir=models/%TASK%_rm" %REST%
+"%PYTHON%" -m alignkit launch --nproc-per-node %NPROC% %LAUNCH_ARGS% "%HERE%..\configs\rm_%TASK%.yaml" "output_dir=models/%TASK%_rm" %REST%
 exit /b %ERRORLEVEL%
 :usage
-echo usage: %~nx0 helpful^|harmless NPROC ["key=value" ...] 1>&2
+echo usage: %ME% helpful^|harmless NPROC ["key=value" ...] 1>&2
 exit /b 2

@@ -97,3 +97,18 @@ def test_run_distributed_shim_maps_onto_launch() -> None:
                     "192.168.1.100", "--master-port", "29500", "x.yaml", "algorithm=sft", "training.max_steps=3"]
     with pytest.raises(SystemExit):
         mod.to_launch_argv(["--config", "x.yaml", "--mode", "train"])
+
+
+@pytest.mark.parametrize("script", sorted((REPO / "scripts").glob("train_*.bat")), ids=lambda p: p.name)
+def test_bat_scripts_do_not_use_their_own_path_after_shift(script) -> None:
+    """cmd.exe's SHIFT also shifts %0, so %~dp0 / %~nx0 after a SHIFT name an argument, not the
+    script (no cmd.exe here to run the .bat twins: this guards that trap statically). Each script
+    also passes its arguments to ``alignkit launch`` like its .sh twin."""
+    lines = script.read_text().splitlines()
+    code = [line for line in lines if not line.lower().startswith("rem")]
+    first_shift = next(i for i, line in enumerate(code) if line.strip().lower() == "shift")
+    after = "\n".join(code[first_shift:])
+    assert "%~dp0" not in after and "%~nx0" not in after and "%0" not in after
+    assert any("-m alignkit launch" in line for line in code)
+    sh = script.with_suffix(".sh")
+    assert sh.is_file(), f"{script.name} has no .sh twin"
