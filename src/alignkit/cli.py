@@ -166,8 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("file", help="rows: prompt/chosen/rejected, PKU-SafeRLHF, prompt/response or messages")
     sp.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
     sp.add_argument("--batch-size", type=int, default=16)
-    sp.add_argument("--max-length", type=int, default=512)
-    sp.add_argument("--chat-template", action="store_true", help="render string rows with the chat template")
+    sp.add_argument("--max-length", type=int, default=None,
+                    help="default: data.max_length of the run that trained MODEL_DIR (its config.yaml), else 512")
+    sp.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
+                    help="render string rows with the chat template (default: as MODEL_DIR was trained, else no)")
     sp.set_defaults(func=cmd_score)
 
     sp = sub.add_parser("merge-lora", help="merge a LoRA adapter into its base and save a plain HF model")

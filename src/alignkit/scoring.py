@@ -84,10 +84,28 @@ def summary(results: list[dict[str, Any]]) -> str:
     return ", ".join(parts)
 
 
-def score_command(model_dir: str, file: str, out: str | None, *, batch_size: int, max_length: int,
-                  chat_template: bool) -> list[dict[str, Any]]:
+def trained_format(model_dir: str | Path) -> dict[str, Any]:
+    """``{"chat_template": bool, "max_length": int}`` the model was trained with, read from the
+    ``config.yaml`` alignkit writes beside every final model and checkpoint; ``{}`` when absent
+    (a model trained elsewhere)."""
+    import yaml
+
+    path = Path(model_dir) / "config.yaml"
+    if not path.is_file():
+        return {}
+    data = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("data") or {}
+    return {k: data[k] for k in ("chat_template", "max_length") if data.get(k) is not None}
+
+
+def score_command(model_dir: str, file: str, out: str | None, *, batch_size: int, max_length: int | None = None,
+                  chat_template: bool | None = None) -> list[dict[str, Any]]:
+    """Scores rows the way the model was trained: ``chat_template`` / ``max_length`` default to the
+    training run's ``data.*`` (its config.yaml), else no template and 512 tokens."""
     from alignkit.models.scalar import load_scorer
 
+    trained = trained_format(model_dir)
+    chat_template = trained.get("chat_template", False) if chat_template is None else chat_template
+    max_length = trained.get("max_length", 512) if max_length is None else max_length
     model, tok = load_scorer(model_dir)
     results = score_rows(model, tok, read_rows(file), batch_size=batch_size, max_length=max_length,
                          chat_template=chat_template)

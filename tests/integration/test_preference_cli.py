@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from alignkit.data.io import read_rows
 from alignkit.resources import resource_path
 from tests.conftest import REPO, assert_ok, run_cli
 
@@ -72,6 +73,31 @@ def test_reward_model_train_eval_score(micro_model: Path, tmp_path: Path) -> Non
     assert "scored 25 rows (50 responses)" in proc.stderr
 
 
+def test_score_uses_the_trained_data_format(micro_model: Path, tmp_path: Path) -> None:
+    """A reward model trained on chat-rendered rows is scored on chat-rendered rows by default (read from
+    the config.yaml saved beside the model); --no-chat-template overrides it."""
+    from alignkit.models.scalar import load_scorer
+    from alignkit.scoring import score_rows
+
+    out = tmp_path / "rm"
+    proc = run_cli(["train", *rm_args("rm_helpful.yaml", micro_model, out, "data.chat_template=true",
+                                      "data.max_length=80", "training.max_steps=2")])
+    assert_ok(proc)
+    assert (out / "final" / "config.yaml").is_file()
+    eval_file = safety_rows(tmp_path, 6, name="eval.jsonl")
+    rows = read_rows(str(eval_file))
+    model, tok = load_scorer(out / "final")
+    chat = score_rows(model, tok, rows, max_length=80, chat_template=True)
+    plain = score_rows(model, tok, rows, max_length=80, chat_template=False)
+    assert any(abs(a["response_0_score"] - b["response_0_score"]) > 1e-6 for a, b in zip(chat, plain))
+    for flags, expected in (([], chat), (["--no-chat-template"], plain)):
+        target = tmp_path / f"scores{len(flags)}.jsonl"
+        assert_ok(run_cli(["score", str(out / "final"), str(eval_file), "--out", str(target), *flags]))
+        got = [json.loads(line) for line in target.read_text().splitlines()]
+        for g, e in zip(got, expected):
+            assert abs(g["response_0_score"] - e["response_0_score"]) < 1e-5, flags
+
+
 def test_malformed_row_is_a_one_line_error(micro_model: Path, tmp_path: Path) -> None:
     bad = {"prompt": "How?", "response_0": "ok", "response_1": 7, "better_response_id": 0, "safer_response_id": 0}
     train_file = safety_rows(tmp_path, 10, bad)
@@ -95,7 +121,6 @@ def test_lora_cost_model_merge(micro_model: Path, tmp_path: Path) -> None:
 
     from alignkit.models.scalar import load_scorer
     from alignkit.scoring import score_rows
-    from alignkit.data.io import read_rows
 
     rows = read_rows(str(safety_rows(tmp_path, 6)))
     a = score_rows(*load_scorer(final), rows)

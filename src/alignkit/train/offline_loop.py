@@ -176,6 +176,8 @@ class OfflineTrainer:
         if cfg.checkpoint.save_final:
             final_dir = self.out / "final"
             strategy.save_model(model, final_dir, self.algo.tokenizer)
+            if strategy.is_main:  # how it was trained (e.g. `alignkit score` reads the data format), as in checkpoints
+                (final_dir / "config.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
             log.info(f"Saved final model to {final_dir}")
         log.close()
         return TrainResult(final_dir, last_metrics, eval_metrics, losses)
