@@ -8,17 +8,16 @@ use the shipped configs/deepspeed/*.json (ZeRO-3 offloads optimizer and paramete
 
 from __future__ import annotations
 
-import copy
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from tests.conftest import REPO, assert_ok, run_script, write_config
+from tests.distributed.runs import derive_config as _cfg
+from tests.distributed.runs import final_weights as final
+from tests.distributed.runs import max_delta, metric as metrics
 
 pytest.importorskip("deepspeed")
 
@@ -27,32 +26,6 @@ pytestmark = pytest.mark.distributed
 WORKERS = Path(__file__).parent / "workers"
 STEPS = 6
 STAGES = ["z0", "z1", "z2", "z3"]
-
-
-def _cfg(base: dict[str, Any], out: Path, **over: Any) -> dict[str, Any]:
-    c = copy.deepcopy(base)
-    c["output_dir"] = str(out)
-    for dotted, value in over.items():
-        node = c
-        *parents, last = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return c
-
-
-def metrics(run: Path, key: str) -> list[float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r[key] for r in rows if key in r]
-
-
-def max_delta(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))[:5]
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-
-
-def final(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(run / "final" / "model.safetensors"))
 
 
 @pytest.fixture(scope="module")

@@ -8,44 +8,27 @@ frozen base, exact resume, uneven evaluation batches across ranks) and bf16 + CP
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from tests.conftest import assert_ok, run_script, write_config
+from tests.distributed.runs import derive_config as _cfg
+from tests.distributed.runs import final_weights as final
+from tests.distributed.runs import max_delta, metric
+
+
+def losses(run: Path) -> list[float]:
+    return metric(run, "loss")
 
 pytestmark = pytest.mark.distributed
 
 WORKERS = Path(__file__).parent / "workers"
 STEPS = 10  # 8 optimizer steps per epoch: the runs cross an epoch boundary
-
-
-def _cfg(base: dict[str, Any], out: Path, **over: Any) -> dict[str, Any]:
-    c = copy.deepcopy(base)
-    c["output_dir"] = str(out)
-    for dotted, value in over.items():
-        node = c
-        *parents, last = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return c
-
-
-def losses(run: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if "loss" in r]
-
-
-def max_delta(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))[:5]
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +69,6 @@ def runs(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     single = _cfg(base, root / "single", training__per_device_batch_size=8, distributed__strategy="single")
     run_train(load_config(write_config(root / "single.yaml", single)))
     return root
-
-
-def final(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(run / "final" / "model.safetensors"))
 
 
 @pytest.mark.parametrize("name", ["raf1", "raf0"])

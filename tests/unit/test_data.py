@@ -152,8 +152,6 @@ def test_packed_forward_equals_padded(micro_model: Path, tok) -> None:
 
 def test_packed_attention_is_not_saved_in_config(micro_model: Path, tmp_path: Path) -> None:
     """The saved model loads anywhere: config.json never names alignkit's attention."""
-    import json
-
     from alignkit.config.schema import ModelConfig
     from alignkit.models.loading import load_causal_lm
 

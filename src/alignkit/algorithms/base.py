@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from alignkit.config.schema import RunConfig
-from alignkit.data.preference import PairCollator, count_pairs
+from alignkit.data.preference import PairCollator, count_pairs, load_pairs
 
 
 @dataclass
@@ -98,9 +98,31 @@ class OfflineAlgorithm(ABC):
 
 
 class PairBatches:
-    """Mixin for algorithms over (chosen, rejected) pairs: one packed row, the pair as loss unit."""
+    """Mixin for algorithms over (chosen, rejected) pairs: one packed row, the pair as loss unit.
+
+    The algorithm sets ``pair`` (which pair of a row: ``helpful`` / ``safety``) and, when every row
+    must carry per-response safety labels, ``needs_safety_labels``."""
 
     tokenizer: Any
+    cfg: Any
+    skipped: dict[str, int]
+    pair: str = "helpful"
+    needs_safety_labels: bool = False
+
+    def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
+        d = self.cfg.data
+        examples, skipped = load_pairs(
+            self.tokenizer,
+            specs,
+            max_length=d.max_length,
+            pair=self.pair,
+            chat_template=d.chat_template,
+            skip_invalid=d.skip_invalid,
+            limit=d.max_train_examples if split == "train" else d.max_eval_examples,
+            need_safety_labels=self.needs_safety_labels,
+        )
+        self.skipped[split] = skipped
+        return examples
 
     def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         return PairCollator(self.tokenizer.pad_token_id, packed=True)(examples)

@@ -37,7 +37,7 @@ from torch import nn
 from alignkit.algorithms.base import MetricSums, OfflineAlgorithm, PairBatches
 from alignkit.config.loader import ConfigError
 from alignkit.constants import IGNORE_INDEX
-from alignkit.data.preference import count_pairs, load_pairs
+from alignkit.data.preference import count_pairs
 from alignkit.distributed import comm
 from alignkit.losses.dpo import DPO_LOSSES, dpo_loss
 from alignkit.models.adapters import adapters_disabled, is_adapter_dir, load_lm
@@ -80,21 +80,7 @@ class DPO(PairBatches, OfflineAlgorithm):
             raise ConfigError("dpo.label_smoothing: applies to sigmoid and simpo, not ipo")
         self.reference = resolve_reference(cfg)
         self.ref_model: nn.Module | None = None
-
-    # ------------------------------------------------------------------ data
-    def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
-        d = self.cfg.data
-        examples, skipped = load_pairs(
-            self.tokenizer,
-            specs,
-            max_length=d.max_length,
-            pair=self.cfg.dpo.pair,
-            chat_template=d.chat_template,
-            skip_invalid=d.skip_invalid,
-            limit=d.max_train_examples if split == "train" else d.max_eval_examples,
-        )
-        self.skipped[split] = skipped
-        return examples
+        self.pair = cfg.dpo.pair
 
     # ------------------------------------------------------------------ models
     def build_policy(self, dtype: torch.dtype) -> nn.Module:

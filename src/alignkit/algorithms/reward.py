@@ -21,7 +21,7 @@ from torch import nn
 
 from alignkit.algorithms.base import MetricSums, OfflineAlgorithm, PairBatches
 from alignkit.config.loader import ConfigError
-from alignkit.data.preference import count_pairs, load_pairs
+from alignkit.data.preference import count_pairs
 from alignkit.losses.cost import cost_model_loss
 from alignkit.losses.reward import bradley_terry_loss
 from alignkit.models.scalar import ScalarHeadModel, load_scalar_model
@@ -36,22 +36,6 @@ class RewardModel(PairBatches, OfflineAlgorithm):
         super().__init__(cfg, tokenizer)
         r = cfg.reward
         self.pair = self.default_pair if r.pair == "auto" else r.pair
-
-    # ------------------------------------------------------------------ data
-    def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
-        d = self.cfg.data
-        examples, skipped = load_pairs(
-            self.tokenizer,
-            specs,
-            max_length=d.max_length,
-            pair=self.pair,
-            chat_template=d.chat_template,
-            skip_invalid=d.skip_invalid,
-            limit=d.max_train_examples if split == "train" else d.max_eval_examples,
-            need_safety_labels=self.name == "cost_model",
-        )
-        self.skipped[split] = skipped
-        return examples
 
     # ------------------------------------------------------------------ model
     def build_policy(self, dtype: torch.dtype) -> nn.Module:
@@ -99,6 +83,7 @@ class RewardModel(PairBatches, OfflineAlgorithm):
 class CostModel(RewardModel):
     name = "cost_model"
     default_pair = "safety"
+    needs_safety_labels = True
 
     def __init__(self, cfg: Any, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
