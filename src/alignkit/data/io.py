@@ -102,10 +102,15 @@ def convert_rows(
     return out, skipped
 
 
-def require_str(row: Row, field: str) -> str:
+def require_field(row: Row, field: str) -> Any:
+    """The row's ``field``; a DataError naming the file, line and the fields the row has if missing."""
     if field not in row.data:
         raise DataError(f"{row.where()}: missing field {field!r} (row has {sorted(row.data)})")
-    value = row.data[field]
+    return row.data[field]
+
+
+def require_str(row: Row, field: str) -> str:
+    value = require_field(row, field)
     if not isinstance(value, str):
         raise DataError(f"{row.where(field)}: expected a string, got {type(value).__name__}")
     if not value.strip():

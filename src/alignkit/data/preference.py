@@ -25,7 +25,7 @@ import torch
 
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.collate import TokenCollator
-from alignkit.data.io import DataError, Row, convert_rows, require_messages
+from alignkit.data.io import DataError, Row, convert_rows, require_field, require_messages
 from alignkit.data.tokenize import encode_prompt_response
 
 PAIRS = ("helpful", "safety")
@@ -33,9 +33,7 @@ PAIRS = ("helpful", "safety")
 
 def text_or_messages(row: Row, field: str) -> str | list[dict[str, str]]:
     """A non-empty string or a non-empty message list whose contents are not all blank."""
-    if field not in row.data:
-        raise DataError(f"{row.where()}: missing field {field!r} (row has {sorted(row.data)})")
-    value = row.data[field]
+    value = require_field(row, field)
     if isinstance(value, str):
         if not value.strip():
             raise DataError(f"{row.where(field)}: is empty")
@@ -49,18 +47,14 @@ def text_or_messages(row: Row, field: str) -> str | list[dict[str, str]]:
 
 
 def _bool(row: Row, field: str) -> bool:
-    if field not in row.data:
-        raise DataError(f"{row.where()}: missing field {field!r} (row has {sorted(row.data)})")
-    value = row.data[field]
+    value = require_field(row, field)
     if not isinstance(value, bool):
         raise DataError(f"{row.where(field)}: expected true/false, got {value!r}")
     return value
 
 
 def _response_id(row: Row, field: str) -> int:
-    if field not in row.data:
-        raise DataError(f"{row.where()}: missing field {field!r} (row has {sorted(row.data)})")
-    value = row.data[field]
+    value = require_field(row, field)
     if isinstance(value, bool) or value not in (0, 1):
         raise DataError(f"{row.where(field)}: expected 0 or 1, got {value!r}")
     return int(value)
