@@ -15,7 +15,8 @@ from alignkit.config import ConfigError, load_config
 from alignkit.distributed import auto
 from alignkit.distributed.auto import DeviceMemory, frozen_model_specs, memory_inputs
 from alignkit.distributed.env import DistEnv
-from alignkit.distributed.plan import GB, PRESETS, estimate
+from alignkit.distributed.model_dims import PRESETS
+from alignkit.distributed.plan import GB, estimate
 from alignkit.distributed.strategy import build_strategy, resolve_strategy, resolve_strategy_name
 from tests.conftest import REPO, assert_ok, run_cli
 

@@ -15,16 +15,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from alignkit.distributed.model_dims import PRESETS, dims_from_hf_config, dims_from_pretrained
 from alignkit.distributed.plan import (
     GB,
     GIB,
-    PRESETS,
     MemoryInputs,
     activation_breakdown,
     choose_shard_frozen,
     choose_strategy,
-    dims_from_hf_config,
-    dims_from_pretrained,
     estimate,
     fits,
     format_table,

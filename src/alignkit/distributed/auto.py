@@ -34,14 +34,12 @@ from typing import Sequence
 from alignkit.config.loader import resolve_batch
 from alignkit.config.schema import DistributedConfig, RunConfig
 from alignkit.distributed.env import DistEnv
+from alignkit.distributed.model_dims import PRESETS, ModelDims, dims_from_pretrained
 from alignkit.distributed.plan import (
     GB,
-    PRESETS,
     MemoryInputs,
-    ModelDims,
     choose_shard_frozen,
     choose_strategy,
-    dims_from_pretrained,
     estimate,
 )
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from alignkit.config import load_config
 from alignkit.distributed.auto import describe, engine_for, memory_inputs, probe_device_memory
 from alignkit.distributed.env import read_env
+from alignkit.distributed.model_dims import PRESETS
 from alignkit.distributed.plan import (
     GB,
-    PRESETS,
     SHARDS_FROZEN,
     choose_strategy,
     estimate,
