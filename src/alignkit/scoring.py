@@ -44,7 +44,7 @@ def _sequences(tok: Any, row: Row, *, max_length: int, chat_template: bool) -> l
     for field in fields:
         response = text_or_messages(row, field)
         p, r = (as_chat(prompt, "user"), as_chat(response, "assistant")) if chat_template else (prompt, response)
-        ids, mask = truncate_prompt_response(*encode_prompt_response(tok, p, r, row), max_length)
+        ids, _ = truncate_prompt_response(*encode_prompt_response(tok, p, r, row), max_length)
         name = "score" if len(fields) == 1 else f"{field}_score"
         out.append((name, ids))
     return out
@@ -88,12 +88,12 @@ def trained_format(model_dir: str | Path) -> dict[str, Any]:
     """``{"chat_template": bool, "max_length": int}`` the model was trained with, read from the
     ``config.yaml`` alignkit writes beside every final model and checkpoint; ``{}`` when absent
     (a model trained elsewhere)."""
-    import yaml
+    from alignkit.config.loader import read_yaml
 
     path = Path(model_dir) / "config.yaml"
     if not path.is_file():
         return {}
-    data = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("data") or {}
+    data = read_yaml(path).get("data") or {}
     return {k: data[k] for k in ("chat_template", "max_length") if data.get(k) is not None}
 
 

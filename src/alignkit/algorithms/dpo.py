@@ -180,11 +180,10 @@ class DPO(PairBatches, OfflineAlgorithm):
             chosen_lengths=lengths[:b] if d.loss_type in ("simpo", "ipo") else None,
             rejected_lengths=lengths[b:] if d.loss_type in ("simpo", "ipo") else None,
         )
+        m = MetricSums()
         if d.rpo_alpha:  # RPO: L + alpha * (-log pi(y_w) / |y_w|), the chosen answer's per-token NLL
             nll = -logps[:b] / lengths[:b].clamp_min(1)
             losses = losses + d.rpo_alpha * nll
-        m = MetricSums()
-        if d.rpo_alpha:
             m.add_mean("nll/chosen", nll.detach())
         margin = met["rewards/margin"]
         m.add_mean("rewards/chosen", met["rewards/chosen"])

@@ -136,10 +136,12 @@ class Strategy(ABC):
         from alignkit.distributed import auto
 
         memory = auto.probe_device_memory(self.env)
-        # Rank 0 decides for the smallest device of all ranks; every rank takes its answer, so the
-        # sharded forwards stay in lock-step even if one rank could not read the model config.
+        # Rank 0 alone decides, for the smallest device of all ranks; every rank takes its answer, so
+        # the sharded forwards stay in lock-step even if another rank could not read the model config.
         smallest = -int(comm.all_reduce_max(torch.tensor(-memory.bytes_per_rank, dtype=torch.int64)).item())
-        decision = auto.frozen_sharding(run, plan, self.dp_size, dataclasses.replace(memory, bytes_per_rank=smallest))
+        decision = None
+        if self.is_main:
+            decision = auto.frozen_sharding(run, plan, self.dp_size, dataclasses.replace(memory, bytes_per_rank=smallest))
         return comm.broadcast_object(decision)
 
     def teardown(self) -> None:

@@ -108,8 +108,7 @@ class DeepSpeedStrategy(Strategy):
 
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         ds = import_deepspeed()
-        hidden = getattr(getattr(hf_model(model), "config", None), "hidden_size", None)
-        config = fill_model_sizes(self.ds_config, hidden)
+        config = self._sized(self.ds_config, model)
         if self.zero_stage == 3:
             self._register_lm_head(ds, model)
         optimizer = make_optimizer(model)
@@ -125,11 +124,15 @@ class DeepSpeedStrategy(Strategy):
         reference). Returns the engine; its ``eval()`` puts the wrapped module in eval mode."""
         ds = import_deepspeed()
         self._register_lm_head(ds, model)
-        hidden = getattr(getattr(hf_model(model), "config", None), "hidden_size", None)
-        config = fill_model_sizes(frozen_model_config(self.ds_config), hidden)
+        config = self._sized(frozen_model_config(self.ds_config), model)
         engine, _, _, _ = ds.initialize(model=model, config=config, dist_init_required=False)
         engine.eval()
         return engine
+
+    @staticmethod
+    def _sized(config: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+        """``config`` with its "auto" ZeRO bucket sizes filled from the model's hidden size."""
+        return fill_model_sizes(config, getattr(getattr(hf_model(model), "config", None), "hidden_size", None))
 
     @staticmethod
     def _register_lm_head(ds: Any, model: nn.Module) -> None:
