@@ -22,11 +22,13 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from alignkit.errors import UserError
+
 DEFAULT_PORT = 29500
 LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
 
 
-class LaunchError(ValueError):
+class LaunchError(UserError, ValueError):
     """Bad launch arguments (a user error: one line, exit status 2)."""
 
 

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from alignkit.errors import ConfigError
+
 log = logging.getLogger("alignkit")
 
 _SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password)", re.IGNORECASE)
@@ -83,7 +85,7 @@ class RunLogger:
             try:
                 import wandb
             except ImportError:
-                raise RuntimeError("logging.report_to has wandb but wandb is not installed: pip install wandb") from None
+                raise ConfigError("logging.report_to has wandb but wandb is not installed: pip install wandb") from None
             self._wandb = wandb.init(
                 project=wandb_project, name=name, dir=str(output_dir), config=scrub(config or {}), reinit=True
             )

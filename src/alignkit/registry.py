@@ -5,6 +5,8 @@ from __future__ import annotations
 import difflib
 from typing import Callable, Generic, Iterator, TypeVar
 
+from alignkit.errors import UnknownNameError
+
 T = TypeVar("T")
 
 
@@ -12,7 +14,7 @@ class Registry(Generic[T]):
     """Maps a config name (``"sigmoid"``, ``"ddp"``) to a function or class.
 
     Use as a decorator: ``@LOSSES.register("ipo")``. Looking up an unknown name raises a
-    ``KeyError`` whose message names the registry, the closest valid name and all choices.
+    ``UnknownNameError`` (a ``KeyError`` and a user error) whose message names the registry, the closest valid name and all choices.
     """
 
     def __init__(self, kind: str) -> None:
@@ -34,7 +36,7 @@ class Registry(Generic[T]):
         except KeyError:
             close = difflib.get_close_matches(name, self._items, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise KeyError(
+            raise UnknownNameError(
                 f"unknown {self.kind} {name!r}{hint}; choose one of {sorted(self._items)}"
             ) from None
 

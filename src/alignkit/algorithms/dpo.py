@@ -35,10 +35,10 @@ import torch
 from torch import nn
 
 from alignkit.algorithms.base import MetricSums, OfflineAlgorithm, PairBatches
-from alignkit.config.loader import ConfigError
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.preference import count_pairs
 from alignkit.distributed import comm
+from alignkit.errors import ConfigError
 from alignkit.losses.dpo import DPO_LOSSES, dpo_loss
 from alignkit.models.adapters import adapters_disabled, is_adapter_dir, load_lm
 from alignkit.models.policy import CausalLMLogps

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from alignkit.algorithms.base import MetricSums, OfflineAlgorithm, PairBatches
-from alignkit.config.loader import ConfigError
 from alignkit.data.preference import count_pairs
+from alignkit.errors import ConfigError
 from alignkit.losses.cost import cost_model_loss
 from alignkit.losses.reward import bradley_terry_loss
 from alignkit.models.scalar import ScalarHeadModel, load_scalar_model

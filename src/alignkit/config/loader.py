@@ -19,10 +19,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from alignkit.config.schema import RunConfig
-
-
-class ConfigError(ValueError):
-    """A bad config: the message is one line naming the key and what was expected."""
+from alignkit.errors import ConfigError
 
 
 # ---------------------------------------------------------------- reading + overrides

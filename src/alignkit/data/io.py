@@ -8,10 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from alignkit.constants import BUILTIN_PREFIX
-
-
-class DataError(ValueError):
-    """Bad input data: the message names the file, the line (row) and the field."""
+from alignkit.errors import DataError
 
 
 @dataclass

@@ -7,6 +7,8 @@ from typing import Iterator
 import torch
 from torch.utils.data import Sampler
 
+from alignkit.errors import DataError
+
 
 class ShardedSampler(Sampler[int]):
     """DistributedSampler semantics (one seeded permutation per epoch, rank r takes every
@@ -17,7 +19,7 @@ class ShardedSampler(Sampler[int]):
 
     def __init__(self, n: int, num_replicas: int, rank: int, *, shuffle: bool = True, seed: int = 0) -> None:
         if n < num_replicas:
-            raise ValueError(f"the data set has {n} examples, fewer than the {num_replicas} processes")
+            raise DataError(f"the data set has {n} examples, fewer than the {num_replicas} processes")
         self.n, self.num_replicas, self.rank = n, num_replicas, rank
         self.shuffle, self.seed = shuffle, seed
         self.epoch = 0

@@ -52,6 +52,8 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from alignkit.errors import ConfigError
+
 TASKS: tuple[str, ...] = ("add", "reverse", "upper")
 KINDS: tuple[str, ...] = ("sft", "sft-pc", "pref", "safety")
 SPLITS: tuple[str, ...] = ("train", "eval")
@@ -143,7 +145,7 @@ def _question(rng: random.Random, task: str) -> tuple[str, str]:
     if task == "upper":
         words = [rng.choice(WORDS) for _ in range(rng.randint(1, 3))]
         return f"Uppercase: {' '.join(words)}", " ".join(words).upper()
-    raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+    raise ConfigError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
 
 
 def _wrong_answer(rng: random.Random, task: str, question: str, answer: str) -> str:
@@ -177,7 +179,7 @@ def _in_split(key: str, split: str | None) -> bool:
     if split is None:
         return True
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)} or None")
+        raise ConfigError(f"unknown split {split!r}; choose from {', '.join(SPLITS)} or None")
     is_eval = zlib.crc32(key.encode("utf-8")) % _EVAL_BUCKETS == 0
     return is_eval == (split == "eval")
 
@@ -192,7 +194,7 @@ def _task_rows(n: int, seed: int, tasks: Sequence[str], split: str | None) -> li
     """``n`` draws of (task, prompt, answer, wrong answer); the shared core of the task generators."""
     for t in tasks:
         if t not in TASKS:
-            raise ValueError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
+            raise ConfigError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
     rng = random.Random(seed)
     out = []
     while len(out) < n:
@@ -407,7 +409,7 @@ def write_rows(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
 
         pq.write_table(pa.Table.from_pylist(list(rows)), path)
     else:
-        raise ValueError(f"unsupported suffix {path.suffix!r} for {path}; use .jsonl or .parquet")
+        raise ConfigError(f"unsupported suffix {path.suffix!r} for {path}; use .jsonl or .parquet")
     return path
 
 
@@ -421,7 +423,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
-    raise ValueError(f"unsupported suffix {path.suffix!r} for {path}; use .jsonl or .parquet")
+    raise ConfigError(f"unsupported suffix {path.suffix!r} for {path}; use .jsonl or .parquet")
 
 
 _GENERATORS: dict[str, Callable[..., list[dict[str, Any]]]] = {
@@ -435,7 +437,7 @@ _GENERATORS: dict[str, Callable[..., list[dict[str, Any]]]] = {
 def generate(kind: str, n: int, seed: int, out: str | Path, *, split: str | None = None) -> Path:
     """Write ``n`` rows of ``kind`` (``sft | sft-pc | pref | safety``) to ``out``; returns the path."""
     if kind not in _GENERATORS:
-        raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
+        raise ConfigError(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise ConfigError(f"n must be >= 0, got {n}")
     return write_rows(_GENERATORS[kind](n, seed, split=split), out)

@@ -42,6 +42,7 @@ from alignkit.distributed.plan import (
     choose_strategy,
     estimate,
 )
+from alignkit.errors import ModelError
 
 #: peft module names -> the estimator's projection names
 LORA_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
@@ -66,7 +67,7 @@ def resolve_dims(spec: str, trust_remote_code: bool = False) -> ModelDims:
         return dims_from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"cannot read the model dimensions of {spec!r} ({first}); give a local model "
+        raise ModelError(f"cannot read the model dimensions of {spec!r} ({first}); give a local model "
                          f"directory or a preset: {', '.join(PRESETS)}") from None
 
 

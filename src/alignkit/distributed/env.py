@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from alignkit.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -36,7 +38,7 @@ def _int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
 def read_env() -> DistEnv:
@@ -46,7 +48,7 @@ def read_env() -> DistEnv:
     local_rank = _int("LOCAL_RANK", rank if world > 1 else 0)
     local_world = _int("LOCAL_WORLD_SIZE", world)
     if not 0 <= rank < world:
-        raise ValueError(f"RANK={rank} is outside [0, WORLD_SIZE={world})")
+        raise ConfigError(f"RANK={rank} is outside [0, WORLD_SIZE={world})")
     return DistEnv(
         rank=rank,
         world_size=world,

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from alignkit.errors import ModelError
+
 
 @dataclass(frozen=True)
 class ModelDims:
@@ -81,7 +83,7 @@ def dims_from_hf_config(cfg: Any) -> ModelDims:
     """
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     if getattr(text, "num_local_experts", None) or getattr(text, "num_experts", None):
-        raise ValueError(f"mixture-of-experts config ({text.model_type}) is not supported by the "
+        raise ModelError(f"mixture-of-experts config ({text.model_type}) is not supported by the "
                          "estimator; build ModelDims by hand with the total n_params")
     mtype = getattr(text, "model_type", "")
     attention_bias = bool(getattr(text, "attention_bias", False))

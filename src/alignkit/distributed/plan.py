@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from alignkit.distributed.model_dims import ModelDims
+from alignkit.errors import ConfigError
 from alignkit.registry import Registry
 
 GB = 10**9
@@ -71,7 +72,7 @@ TRANSIENT = ("activations", "optimizer step temp")
 
 def _check(value: Any, allowed: Sequence[Any], what: str) -> None:  # noqa: D103
     if value not in allowed:
-        raise ValueError(f"{what} must be one of {list(allowed)}, got {value!r}")
+        raise ConfigError(f"{what} must be one of {list(allowed)}, got {value!r}")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -341,7 +342,7 @@ def choose_strategy(inputs: MemoryInputs, device_memory_bytes: int | None,
     order = [s for s in COMM_ORDER if s in available]
     unknown = [s for s in available if s not in STRATEGIES]
     if unknown or not order:
-        raise ValueError(f"unknown strategies {unknown}; choose from {list(STRATEGIES)}")
+        raise ConfigError(f"unknown strategies {unknown}; choose from {list(STRATEGIES)}")
     if device_memory_bytes is None:
         n = inputs.policy.n_params
         want, cls = (("ddp", "<1B"), ("zero2", "1B-7B class (<8B)"), ("zero3", ">=8B"))[
@@ -440,6 +441,6 @@ def parse_memory(text: str | int) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
-        raise ValueError(f"cannot parse memory size {text!r}: expected a number and a unit such as "
+        raise ConfigError(f"cannot parse memory size {text!r}: expected a number and a unit such as "
                          "'80GB', '80G', '64GiB' or '512MiB' (GB/G = 1e9 bytes, GiB/Gi = 2**30)")
     return int(float(m.group(1)) * _UNITS[unit])

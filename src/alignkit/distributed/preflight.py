@@ -19,11 +19,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from alignkit.errors import UserError
+
 #: report fields that must be equal on every rank (host is only shown)
 COMPARED = ("torch", "transformers", "alignkit", "backend", "strategy", "world_size")
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     """Ranks cannot train together; the message is one line naming the rank(s)."""
 
 

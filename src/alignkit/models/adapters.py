@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 from torch import nn
 
+from alignkit.errors import ConfigError, ModelError
+
 ADAPTER_CONFIG = "adapter_config.json"
 
 
@@ -31,7 +33,7 @@ def adapter_base(path: str | Path, base: str | None = None) -> str:
         return base
     recorded = adapter_config(path).get("base_model_name_or_path")
     if not recorded:
-        raise ValueError(f"{path}: {ADAPTER_CONFIG} names no base_model_name_or_path; pass the base model explicitly")
+        raise ModelError(f"{path}: {ADAPTER_CONFIG} names no base_model_name_or_path; pass the base model explicitly")
     return recorded
 
 
@@ -67,7 +69,7 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
     """
     peft = peft_model_of(model)
     if peft is None:
-        raise ValueError("the reference is the LoRA base (dpo.reference=lora_base) but the model has no LoRA adapters")
+        raise ConfigError("the reference is the LoRA base (dpo.reference=lora_base) but the model has no LoRA adapters")
     with peft.disable_adapter():
         yield
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from alignkit.config.schema import ModelConfig
+from alignkit.errors import ModelError
 from alignkit.models.adapters import adapter_base, attach_adapter, is_adapter_dir
 from alignkit.models.loading import apply_lora, attention_for, enable_checkpointing
 from alignkit.ops.segments import last_positions
@@ -115,7 +116,7 @@ def load_scorer(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) ->
         raise FileNotFoundError(f"{model_dir}: no config.json or adapter_config.json (not a saved model)")
     if not ok:
         # a causal LM would get a fresh random head here, and its "scores" would mean nothing
-        raise ValueError(f"{model_dir} is not a reward/cost model ({kind}); train one with algorithm reward_model or cost_model")
+        raise ModelError(f"{model_dir} is not a reward/cost model ({kind}); train one with algorithm reward_model or cost_model")
     cfg = ModelConfig(name_or_path=str(model_dir))
     if is_adapter_dir(model_dir) and not (Path(model_dir) / "tokenizer_config.json").is_file():
         cfg.tokenizer = adapter_base(model_dir)

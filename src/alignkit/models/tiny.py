@@ -14,6 +14,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from alignkit.errors import ConfigError
+
 PAD_TOKEN = "<|pad|>"
 BOS_TOKEN = "<|bos|>"
 IM_START = "<|im_start|>"
@@ -60,7 +62,7 @@ def train_tokenizer(vocab_size: int = 8192, corpus: str | Path | None = None) ->
     out of merges first, ``len(tokenizer) < vocab_size``.
     """
     if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)} (bytes + specials)")
+        raise ConfigError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)} (bytes + specials)")
     path = Path(corpus) if corpus is not None else default_corpus()
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer corpus not found: {path}")
@@ -99,7 +101,7 @@ def train_tokenizer(vocab_size: int = 8192, corpus: str | Path | None = None) ->
 def _check_choice(what: str, value: str, choices: Any) -> None:
     """Raise ``ValueError`` naming the valid choices when ``value`` is not one of them."""
     if value not in choices:
-        raise ValueError(f"unknown {what} {value!r}; choose from {', '.join(choices)}")
+        raise ConfigError(f"unknown {what} {value!r}; choose from {', '.join(choices)}")
 
 
 def tiny_config(tokenizer: PreTrainedTokenizerFast, size: str = "tiny", arch: str = "llama") -> LlamaConfig:

@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from alignkit.errors import ModelError
+
 
 def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
     """Every ``*.safetensors`` shard in a directory, merged."""
@@ -40,7 +42,7 @@ def load_weights_into(model: nn.Module, path: Path) -> None:
     params = dict(model.state_dict(keep_vars=True))
     unexpected = [k for k in weights if k not in params]
     if unexpected:
-        raise RuntimeError(f"{path}: checkpoint has weights the model lacks, e.g. {unexpected[:3]}")
+        raise ModelError(f"{path}: checkpoint has weights the model lacks, e.g. {unexpected[:3]}")
     with torch.no_grad():
         for k, v in weights.items():
             params[k].copy_(v.to(dtype=params[k].dtype, device=params[k].device))

@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from alignkit.errors import DataError
+
 
 def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
     """A prompt as the model sees it: chat template with the assistant turn opened, if there is one."""
@@ -14,7 +16,7 @@ def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
         msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     if isinstance(prompt, list):
-        raise ValueError("message-list prompts need a tokenizer with a chat template")
+        raise DataError("message-list prompts need a tokenizer with a chat template")
     return prompt
 
 

@@ -16,6 +16,7 @@ from alignkit.distributed.plan import (
     frozen_bytes,
     parse_memory,
 )
+from alignkit.errors import ConfigError
 
 TABLE_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero3_offload", "fsdp")
 HEADROOM = 0.9
@@ -30,12 +31,12 @@ def estimate_command(config: str, overrides: list[str], *, gpus: int | None = No
     memory is used when there is one.
     """
     if preset is not None and preset not in PRESETS:
-        raise ValueError(f"--preset: unknown {preset!r}; choose one of {', '.join(PRESETS)}")
+        raise ConfigError(f"--preset: unknown {preset!r}; choose one of {', '.join(PRESETS)}")
     cfg = load_config(config, overrides)
     env = read_env()
     n = gpus or env.world_size
     if n < 1:
-        raise ValueError(f"--gpus must be >= 1, got {n}")
+        raise ConfigError(f"--gpus must be >= 1, got {n}")
     inputs = memory_inputs(cfg, n_gpus=n, device="cuda", policy=PRESETS[preset] if preset else None,
                            frozen=frozen or [])
     memory = parse_memory(gpu_memory) if gpu_memory else None

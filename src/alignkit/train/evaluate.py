@@ -15,9 +15,9 @@ import torch
 
 from alignkit.algorithms import ALGORITHMS
 from alignkit.config import RunConfig
-from alignkit.config.loader import ConfigError
 from alignkit.distributed.env import read_env
 from alignkit.distributed.strategy import build_strategy
+from alignkit.errors import ConfigError
 from alignkit.logging import setup_console
 from alignkit.models.loading import load_tokenizer
 from alignkit.train.offline_loop import OfflineTrainer

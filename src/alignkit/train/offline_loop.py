@@ -22,6 +22,7 @@ from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
 from alignkit.config import RunConfig, dump_yaml, resolve_batch, scaled_learning_rate
 from alignkit.data.sampler import EvalSampler, ShardedSampler
 from alignkit.distributed import comm
+from alignkit.errors import DataError
 from alignkit.logging import RunLogger, peak_memory_mb
 from alignkit.models.loading import count_parameters, hf_model
 from alignkit.train import checkpoint as ckpt
@@ -48,7 +49,7 @@ def plan_steps(n_examples: int, per_device: int, accumulation: int, world: int, 
     """(micro-batches per epoch per rank, optimizer steps per epoch, total optimizer steps)."""
     per_rank = n_examples // world
     if per_rank == 0:
-        raise ValueError(f"the training set has {n_examples} examples, fewer than the {world} processes")
+        raise DataError(f"the training set has {n_examples} examples, fewer than the {world} processes")
     micro = math.ceil(per_rank / per_device)
     per_epoch = math.ceil(micro / accumulation)
     total = t.max_steps if t.max_steps is not None else max(1, math.ceil(per_epoch * t.epochs))

@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from alignkit.config.loader import ConfigError
 from alignkit.config.schema import DistributedConfig
 from alignkit.distributed import comm
 from alignkit.distributed.env import DistEnv
+from alignkit.errors import ConfigError
 from alignkit.models.loading import hf_model
 
 log = logging.getLogger("alignkit")

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from alignkit.config.loader import ConfigError, resolve_batch
+from alignkit.config.loader import resolve_batch
 from alignkit.distributed.strategy.base import OptimizerFactory, Strategy
 from alignkit.distributed.strategy.deepspeed_config import (
     build_deepspeed_config,
@@ -36,6 +36,7 @@ from alignkit.distributed.strategy.deepspeed_config import (
     offloads_params,
 )
 from alignkit.distributed.strategy.sharded import ensure_process_group, save_hf_state_dict
+from alignkit.errors import ConfigError
 from alignkit.models.loading import hf_model, split_lm
 
 DS_DIR = "deepspeed"  # engine.save_checkpoint output inside a checkpoint directory

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from alignkit.config.loader import ConfigError
 from alignkit.config.schema import DeepSpeedConfig
+from alignkit.errors import ConfigError
 
 AUTO = "auto"
 WHERE = "distributed.deepspeed"

@@ -21,6 +21,7 @@ from torch import nn
 
 from alignkit.distributed.strategy.base import OptimizerFactory, Strategy
 from alignkit.distributed.strategy.sharded import decoder_blocks, ensure_process_group, save_hf_state_dict
+from alignkit.errors import ModelError
 
 DCP_DIR = "dcp"  # sharded model + optimizer inside a checkpoint directory
 
@@ -156,6 +157,6 @@ class FSDPStrategy(Strategy):
         missing = [k for k in result.missing_keys if k not in frozen]
         if missing or result.unexpected_keys:
             unexpected = result.unexpected_keys[:3]
-            raise RuntimeError(f"{path}: model state mismatch (missing {missing[:3]}, unexpected {unexpected})")
+            raise ModelError(f"{path}: model state mismatch (missing {missing[:3]}, unexpected {unexpected})")
         if self.scaler is not None and (ckpt_dir / "scaler.pt").is_file():
             self.scaler.load_state_dict(torch.load(ckpt_dir / "scaler.pt", weights_only=True)["scaler"])

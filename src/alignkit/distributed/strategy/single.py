@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from alignkit.distributed.strategy.base import OptimizerFactory, Strategy
+from alignkit.errors import ConfigError
 
 
 class SingleStrategy(Strategy):
@@ -13,7 +14,7 @@ class SingleStrategy(Strategy):
 
     def setup(self) -> None:
         if self.env.world_size > 1:
-            raise ValueError(
+            raise ConfigError(
                 f"distributed.strategy=single but the launcher started {self.env.world_size} processes; "
                 "use distributed.strategy=ddp (or auto)"
             )

@@ -1,0 +1,86 @@
+"""The ``alignkit`` command: train | launch | validate | estimate | eval | score | merge-lora | demo | tiny-model | data synth.
+
+User errors (bad config, bad data, missing files) end with one line ``alignkit: error: ...`` and exit
+status 2; set ALIGNKIT_DEBUG=1 for the traceback. Anything else is a bug and keeps its traceback.
+Each command lives in a module of this package with a ``register(subparsers)`` function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable
+
+from alignkit.cli import run_commands, tool_commands
+from alignkit.errors import UserError
+
+#: what is reported as one line; everything else is a bug and shows its traceback
+USER_ERRORS = (UserError, FileNotFoundError)
+#: modules whose ``register(sub)`` adds their sub-commands, in the order ``--help`` lists them
+COMMAND_MODULES = (run_commands, tool_commands)
+
+
+def _strip_launcher_args(argv: list[str]) -> list[str]:
+    """The ``deepspeed`` launcher and ``torch.distributed.launch`` append ``--local_rank=N``;
+    export it as LOCAL_RANK instead."""
+    out = []
+    for a in argv:
+        if a.startswith("--local_rank=") or a.startswith("--local-rank="):
+            os.environ.setdefault("LOCAL_RANK", a.split("=", 1)[1])
+        else:
+            out.append(a)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="alignkit", description=__doc__.splitlines()[0].replace("``", ""))
+    sub = p.add_subparsers(dest="command", required=True)
+    for module in COMMAND_MODULES:
+        module.register(sub)
+    return p
+
+
+def _finish(code: int) -> int:
+    """Under several processes, end without Python finalization: gloo can abort at exit
+    ("terminate called without an active exception") after all work is done."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _quiet_deepspeed_on_cpu() -> None:
+    """Without a GPU, DeepSpeed (imported by transformers whenever it is installed) warns "Setting
+    accelerator to CPU ... we were unable to detect it" on every command; naming the CPU
+    accelerator, which it would pick anyway, says the same without the warning."""
+    if "DS_ACCELERATOR" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = _strip_launcher_args(list(sys.argv[1:] if argv is None else argv))
+    _quiet_deepspeed_on_cpu()
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse ends a "*" positional at the first option: `CONFIG --gpus 8 a=b` leaves a=b over
+    if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        code = func(args)
+    except USER_ERRORS as e:
+        if os.environ.get("ALIGNKIT_DEBUG"):
+            raise
+        print(f"alignkit: error: {e}", file=sys.stderr)
+        return _finish(2)
+    return _finish(code)

@@ -1,0 +1,92 @@
+"""Commands around runs: score, merge-lora, demo, tiny-model, data synth."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from alignkit.scoring import score_command
+
+    score_command(args.model_dir, args.file, args.out, batch_size=args.batch_size, max_length=args.max_length,
+                  chat_template=args.chat_template)
+    return 0
+
+
+def cmd_merge_lora(args: argparse.Namespace) -> int:
+    from alignkit.models.adapters import merge_lora
+
+    out = merge_lora(args.adapter_dir, args.out_dir, base=args.base)
+    print(f"wrote the merged model to {out}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from alignkit.demo import run_demo
+
+    run_demo(Path(args.output_dir), max_steps=args.max_steps, size=args.size)
+    return 0
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from alignkit.models.tiny import build_tiny_model
+
+    out = build_tiny_model(args.out_dir, arch=args.arch, size=args.size, vocab_size=args.vocab_size, seed=args.seed)
+    print(f"wrote a random {args.size} {args.arch} model and its tokenizer to {out}")
+    return 0
+
+
+def cmd_data_synth(args: argparse.Namespace) -> int:
+    from alignkit.data.synth import generate
+
+    generate(args.kind, args.n, args.seed, Path(args.out), split=args.split)
+    where = f" ({args.split} split)" if args.split else ""
+    print(f"wrote {args.n} {args.kind} rows{where} to {args.out}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    sp = sub.add_parser("score", help="score every response of a .jsonl/.parquet file with a reward or cost model")
+    sp.add_argument("model_dir", help="a trained reward/cost model (full or LoRA adapter directory)")
+    sp.add_argument("file", help="rows: prompt/chosen/rejected, PKU-SafeRLHF, prompt/response or messages")
+    sp.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
+    sp.add_argument("--batch-size", type=int, default=16)
+    sp.add_argument("--max-length", type=int, default=None,
+                    help="default: data.max_length of the run that trained MODEL_DIR (its config.yaml), else 512")
+    sp.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
+                    help="render string rows with the chat template (default: as MODEL_DIR was trained, else no)")
+    sp.set_defaults(func=cmd_score)
+
+    sp = sub.add_parser("merge-lora", help="merge a LoRA adapter into its base and save a plain HF model")
+    sp.add_argument("adapter_dir")
+    sp.add_argument("out_dir")
+    sp.add_argument("--base", default=None, help="base model (default: the one recorded in adapter_config.json)")
+    sp.set_defaults(func=cmd_merge_lora)
+
+    sp = sub.add_parser("demo", help="build a tiny model, run SFT on the shipped data, print before/after")
+    sp.add_argument("--output-dir", default="runs/demo")
+    sp.add_argument("--max-steps", type=int, default=None)
+    sp.add_argument("--size", default="micro", choices=["micro", "tiny", "small"],
+                    help="the random model trained (default micro: learns the tasks in about a minute)")
+    sp.set_defaults(func=cmd_demo)
+
+    sp = sub.add_parser("tiny-model", help="write a tiny random model + tokenizer in Hugging Face format")
+    sp.add_argument("out_dir")
+    sp.add_argument("--arch", default="llama")
+    sp.add_argument("--size", default="tiny", choices=["micro", "tiny", "small"])
+    sp.add_argument("--vocab-size", type=int, default=None)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(func=cmd_tiny_model)
+
+    sp = sub.add_parser("data", help="data utilities")
+    dsub = sp.add_subparsers(dest="data_command", required=True)
+    ss = dsub.add_parser("synth", help="generate synthetic data with programmatically checkable answers")
+    ss.add_argument("--kind", required=True, help="sft | sft-pc | pref | safety")
+    ss.add_argument("--n", type=int, default=1000)
+    ss.add_argument("--seed", type=int, default=0)
+    ss.add_argument("--out", required=True, help="output .jsonl or .parquet")
+    ss.add_argument("--split", choices=["train", "eval"], default=None,
+                    help="only task instances of this split (train and eval rows never share a question); default both")
+    ss.set_defaults(func=cmd_data_synth)
