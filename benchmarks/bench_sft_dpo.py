@@ -190,7 +190,7 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             algo = self.algo
-            tokens_in, on_step_end, before_training = algo.tokens_in, algo.on_step_end, algo.before_training
+            tokens_in, on_step_end, before_training = algo.data.tokens_in, algo.on_step_end, algo.before_training
 
             def counted_tokens_in(batch: Any) -> int:
                 n = tokens_in(batch)
@@ -203,16 +203,17 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
                 pending[0] = 0
                 return on_step_end(step, metrics)
 
-            def timed_before_training(model: Any, train_set: Any, eval_set: Any, strategy: Any) -> None:
+            def timed_before_training(models: Any, train_set: Any, eval_set: Any, strategy: Any) -> None:
                 t0 = time.perf_counter()
-                before_training(model, train_set, eval_set, strategy)
+                before_training(models, train_set, eval_set, strategy)
+                model = models.trainable
                 if spec.get("precompute"):
                     rec["precompute_s"] = time.perf_counter() - t0
                     rec["precompute_pairs"] = len(train_set) + len(eval_set)
                 rec["n_params"] = _non_embedding_params(model)
                 rec["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
-            algo.tokens_in, algo.on_step_end, algo.before_training = counted_tokens_in, stamped_on_step_end, timed_before_training
+            algo.data.tokens_in, algo.on_step_end, algo.before_training = counted_tokens_in, stamped_on_step_end, timed_before_training
 
     runner.OfflineTrainer = TimedTrainer
     runner.run_train(cfg)

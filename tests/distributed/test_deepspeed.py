@@ -73,7 +73,7 @@ def test_zero_stage_equals_ddp(runs: Path, stage: str) -> None:
 
 @pytest.mark.parametrize("stage", ["z2", "z3"])
 def test_zero_checkpoint_resume_is_exact(runs: Path, stage: str) -> None:
-    assert (runs / stage / "checkpoint-3" / "deepspeed" / "state").is_dir()
+    assert (runs / stage / "checkpoint-3" / "policy" / "deepspeed" / "state").is_dir()
     assert max_delta(final(runs / stage), final(runs / f"{stage}_resumed")) == 0.0
     assert metrics(runs / f"{stage}_resumed", "loss") == metrics(runs / stage, "loss")[3:]
 
@@ -82,7 +82,7 @@ def test_zero3_export_equals_fp32_master_weights(runs: Path) -> None:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM
 
-    ckpt = runs / "z3" / f"checkpoint-{STEPS}"
+    ckpt = runs / "z3" / f"checkpoint-{STEPS}" / "policy"
     master = get_fp32_state_dict_from_zero_checkpoint(str(ckpt / "deepspeed"), tag="state")
     master = {k.removeprefix("hf_model."): v for k, v in master.items()}
     assert max_delta(master, load_file(str(ckpt / "model.safetensors"))) == 0.0

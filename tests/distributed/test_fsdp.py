@@ -97,7 +97,7 @@ def test_fsdp_export_loads_and_equals_dcp_weights(runs: Path, tmp_path: Path) ->
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoModelForCausalLM
 
-    ckpt = runs / "raf1" / f"checkpoint-{STEPS}"
+    ckpt = runs / "raf1" / f"checkpoint-{STEPS}" / "policy"
     dcp_to_torch_save(str(ckpt / "dcp"), str(tmp_path / "full.pt"))
     sharded = torch.load(tmp_path / "full.pt", weights_only=False)["model"]
     trained = {k.removeprefix("hf_model."): v for k, v in sharded.items()}
@@ -116,9 +116,9 @@ def test_fsdp_lora_trains_saves_and_resumes_the_adapter(runs: Path) -> None:
     adapter = load_file(str(run / "final" / "adapter_model.safetensors"))
     assert adapter and all("lora_" in k for k in adapter)
     assert max(v.abs().max().item() for k, v in adapter.items() if "lora_B" in k) > 0  # B starts at 0
-    assert (run / "checkpoint-2" / "adapter_model.safetensors").is_file()
+    assert (run / "checkpoint-2" / "policy" / "adapter_model.safetensors").is_file()
     # DCP holds the adapter and its optimizer state, not the frozen base model
-    keys = FileSystemReader(str(run / "checkpoint-2" / "dcp")).read_metadata().state_dict_metadata
+    keys = FileSystemReader(str(run / "checkpoint-2" / "policy" / "dcp")).read_metadata().state_dict_metadata
     assert any("lora_A" in k for k in keys) and not any("base_layer" in k or "embed_tokens" in k for k in keys)
     resumed = load_file(str(runs / "lora_resumed" / "final" / "adapter_model.safetensors"))
     assert max_delta(adapter, resumed) == 0.0

@@ -86,12 +86,12 @@ def test_kill9_during_checkpoint_leaves_previous_loadable(cli_model: Path, tmp_p
         from alignkit.distributed.strategy import base
         real = base.Strategy.save_training_state
         calls = []
-        def crashing(self, model, optimizer, out_dir):
+        def crashing(self, handle, out_dir):
             calls.append(out_dir)
             if len(calls) == 2:  # the second checkpoint: model written, optimizer half written
                 (out_dir / "optimizer.pt").write_bytes(b"half")
                 os.kill(os.getpid(), signal.SIGKILL)
-            return real(self, model, optimizer, out_dir)
+            return real(self, handle, out_dir)
         base.Strategy.save_training_state = crashing
         from alignkit.cli import main
         sys.exit(main(["train", {str(cfg)!r}]))
@@ -104,10 +104,10 @@ def test_kill9_during_checkpoint_leaves_previous_loadable(cli_model: Path, tmp_p
     assert (out / ".tmp-checkpoint-2").is_dir() and not (out / "checkpoint-2").exists()
     from transformers import AutoModelForCausalLM
 
-    AutoModelForCausalLM.from_pretrained(out / "checkpoint-1")
+    AutoModelForCausalLM.from_pretrained(out / "checkpoint-1" / "policy")
     import torch
 
-    torch.load(out / "checkpoint-1" / "optimizer.pt", weights_only=True)
+    torch.load(out / "checkpoint-1" / "policy" / "optimizer.pt", weights_only=True)
     resumed = run_cli(["train", str(cfg), "checkpoint.resume_from=latest"])
     assert_ok(resumed)
     assert "Resumed from" in resumed.stderr and "checkpoint-1 at step 1" in resumed.stderr

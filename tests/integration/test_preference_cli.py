@@ -111,7 +111,7 @@ def test_lora_cost_model_merge(micro_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "cm"
     proc = run_cli(["train", *rm_args("rm_harmless.yaml", micro_model, out, LORA, "data.eval=[]")])
     assert_ok(proc)
-    assert "LoRA enabled for policy model:" in proc.stderr
+    assert "LoRA enabled for cost model:" in proc.stderr
     final = out / "final"
     assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
     proc = run_cli(["merge-lora", str(final), str(tmp_path / "merged")])
@@ -142,7 +142,7 @@ def test_dpo_lora_checkpoints_resume_eval_merge(micro_model: Path, tmp_path: Pat
     assert_ok(proc)
     assert "LoRA enabled for policy model:" in proc.stderr and "Precomputed reference log-probs (lora_base)" in proc.stderr
     ckpt = full / "checkpoint-2"
-    assert (ckpt / "adapter_model.safetensors").is_file() and not (ckpt / "model.safetensors").exists()
+    assert (ckpt / "policy" / "adapter_model.safetensors").is_file() and not (ckpt / "policy" / "model.safetensors").exists()
     size = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
     assert size < 3_000_000, f"a LoRA checkpoint should hold the adapter alone, got {size} bytes"
 

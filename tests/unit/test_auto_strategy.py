@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -13,14 +12,35 @@ from transformers import LlamaConfig
 
 from alignkit.config import ConfigError, load_config
 from alignkit.distributed import auto
-from alignkit.distributed.auto import DeviceMemory, frozen_model_specs, memory_inputs
+from alignkit.algorithms import workload_of
+from alignkit.distributed.auto import DeviceMemory
+from alignkit.distributed.auto import memory_inputs as _memory_inputs
 from alignkit.distributed.env import DistEnv
 from alignkit.distributed.model_dims import PRESETS
 from alignkit.distributed.plan import GB, estimate
-from alignkit.distributed.strategy import build_strategy, resolve_strategy, resolve_strategy_name
+from alignkit.distributed.strategy import resolve_strategy as _resolve_strategy
+from alignkit.models.roles import ModelSpec, Workload
+from alignkit.train.runner import strategy_for
 from tests.conftest import REPO, assert_ok, run_cli
 
 LLAMA7B = PRESETS["llama-7b"]
+
+
+def memory_inputs(cfg, **kw):
+    """The planner's inputs for ``cfg``'s algorithm, from the model specs it declares."""
+    return _memory_inputs(cfg, workload_of(cfg), **kw)
+
+
+def resolve_strategy(cfg, env, memory=None):
+    return _resolve_strategy(cfg, env, workload_of(cfg), memory)
+
+
+def resolve_strategy_name(cfg, env, memory=None):
+    return resolve_strategy(cfg, env, memory)[:2]
+
+
+def build_strategy(cfg, env):
+    return strategy_for(cfg, env)
 
 
 def _env(world: int, local: int | None = None) -> DistEnv:
@@ -119,19 +139,28 @@ def test_memory_inputs_follow_the_config(llama7b_dir: Path) -> None:
     assert inp.frozen_models == (LLAMA7B.as_score_model(),)
 
 
-def test_frozen_models_named_by_the_config() -> None:
-    @dataclasses.dataclass
-    class Safe:
-        reward_model: str = "runs/helpful_rm"
-        cost_name_or_path: str = "runs/harmless_rm"
-        beta: float = 0.1
-
-    @dataclasses.dataclass
-    class Cfg:
-        safe: Safe = dataclasses.field(default_factory=Safe)
-        algorithm: str = "safe_dpo"
-
-    assert frozen_model_specs(Cfg()) == ["runs/helpful_rm", "runs/harmless_rm"]
+def test_planner_sizes_a_four_model_run_from_specs_alone(llama7b_dir: Path) -> None:
+    """Safe-DPO's shape (policy + reference + reward + cost) planned from ModelSpecs, no algorithm named."""
+    cfg = _sft(llama7b_dir, "training.per_device_batch_size=4")
+    src = str(llama7b_dir)
+    four = Workload((ModelSpec("policy", src, "lm", trainable=True), ModelSpec("reference", src, "lm"),
+                     ModelSpec("reward", src, "scalar"), ModelSpec("cost", src, "scalar")), sequences_per_example=2)
+    inp = _memory_inputs(cfg, four, n_gpus=8)
+    assert inp.policy == LLAMA7B and inp.reference == "model" and inp.sequences_per_example == 2
+    assert inp.frozen_models == (LLAMA7B.as_score_model(), LLAMA7B.as_score_model())
+    assert inp.tokens == 4 * 2 * 512
+    full = estimate(inp, "ddp")
+    assert full.gpu["reference model"] == LLAMA7B.n_params * 2  # bf16
+    assert full.gpu["frozen models"] == 2 * LLAMA7B.as_score_model().n_params * 2
+    # the same planner sizes an actor + critic (two trainable roles) and a transient reference
+    ac = Workload((ModelSpec("policy", src, "lm", trainable=True), ModelSpec("value", src, "scalar", trainable=True),
+                   ModelSpec("reference", src, "lm", transient=True)))
+    inp2 = _memory_inputs(cfg, ac, n_gpus=8)
+    assert inp2.reference == "precomputed" and inp2.extra_trainable == (LLAMA7B.as_score_model(),)
+    critic = LLAMA7B.as_score_model().n_params
+    assert estimate(inp2, "ddp").gpu["other trainable models"] == critic * (2 + 4 + 2 + 8)
+    assert estimate(inp2, "zero3").gpu["other trainable models"] < critic * 16 / 7
+    assert auto.frozen_roles(four) == ["reference", "reward", "cost"]
 
 
 # --------------------------------------------------------------------------- the CLI, seed scenario
@@ -200,7 +229,8 @@ def _decide(cfg, monkeypatch: pytest.MonkeyPatch, gb: float | None, world: int =
 
     monkeypatch.setattr(auto, "probe_device_memory", probe)
     strategy = build_strategy(cfg, _env(world))
-    strategy.decide_frozen_sharding()
+    workload = workload_of(cfg)
+    strategy.decide_frozen_sharding(auto.frozen_roles(workload), lambda *a: auto.frozen_sharding(cfg, workload, *a))
     return strategy
 
 
@@ -232,11 +262,11 @@ def test_auto_shards_frozen_only_when_replicas_do_not_fit(
 
 def test_auto_counts_a_precomputing_reference(llama7b_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the reference is loaded (to precompute its log-probs) while the sharded policy is already placed
-    assert auto.frozen_names(_dpo(llama7b_dir, "dpo.precompute_ref_logps=true")) == ["reference"]
+    assert auto.frozen_roles(workload_of(_dpo(llama7b_dir, "dpo.precompute_ref_logps=true"))) == ["reference"]
     strategy = _decide(_dpo(llama7b_dir, "distributed.strategy=fsdp", "dpo.precompute_ref_logps=true"),
                        monkeypatch, 24)
     assert strategy.shard_frozen and strategy.frozen_note.startswith("Frozen models sharded (reference: ")
-    assert auto.frozen_names(_dpo(llama7b_dir, "dpo.loss_type=simpo", "dpo.reference=auto")) == []
+    assert auto.frozen_roles(workload_of(_dpo(llama7b_dir, "dpo.loss_type=simpo", "dpo.reference=auto"))) == []
 
 
 @pytest.mark.parametrize("setting,sharded", [("true", True), ("false", False)])

@@ -15,7 +15,19 @@ from alignkit.config.schema import RunConfig
 from alignkit.distributed.env import DistEnv
 from alignkit.distributed.strategy.base import pick_compute_dtype
 from alignkit.distributed.strategy.single import SingleStrategy
+from alignkit.distributed.strategy.base import Handle
 from alignkit.models.loading import load_tokenizer
+from alignkit.models.roles import Models, build_model
+
+
+def build_policy(algo: Any, dtype: torch.dtype) -> torch.nn.Module:
+    """The algorithm's first trainable role, built as the runner builds it."""
+    spec = algo.model_specs(algo.cfg)[0]
+    return build_model(spec, algo.cfg.model, dtype, algo.tokenizer)
+
+
+def bundle(model: torch.nn.Module, role: str = "policy") -> Models:
+    return Models({role: Handle(role, model, None)})  # type: ignore[arg-type]
 
 
 def make(sft_config: dict[str, Any], *overrides: str) -> tuple[RunConfig, SFT]:
@@ -25,12 +37,12 @@ def make(sft_config: dict[str, Any], *overrides: str) -> tuple[RunConfig, SFT]:
 
 def loss_and_grads(algo: SFT, strategy: SingleStrategy | None = None) -> tuple[float, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
-    model = algo.build_policy(torch.float32)
+    model = build_policy(algo, torch.float32)
     model.train()
-    batch = algo.collate(algo.build_dataset(algo.cfg.data.train, "train")[:4])
+    batch = algo.data.collate(algo.data.build_dataset(algo.cfg.data.train, "train")[:4])
     ctx = strategy.autocast() if strategy else torch.autocast("cpu", enabled=False)
     with ctx:
-        loss, _ = algo.loss(model, batch, normalizer=float(algo.loss_units(batch)))
+        loss, _ = algo.loss(bundle(model), batch, normalizer=float(algo.data.loss_units(batch)))
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -38,7 +50,7 @@ def loss_and_grads(algo: SFT, strategy: SingleStrategy | None = None) -> tuple[f
 def test_gradient_checkpointing_same_loss_and_grads(sft_config: dict[str, Any]) -> None:
     _, plain = make(sft_config)
     cfg, ckpt = make(sft_config, "model.gradient_checkpointing=true")
-    model = ckpt.build_policy(torch.float32)
+    model = build_policy(ckpt, torch.float32)
     assert any(getattr(m, "gradient_checkpointing", False) for m in model.hf_model.modules())
     assert model.hf_model.config.use_cache is False
     l1, g1 = loss_and_grads(plain)
@@ -77,13 +89,13 @@ def test_lora_base_held_in_compute_dtype_adapters_fp32(sft_config: dict[str, Any
     env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr=None, master_port=None)
     strategy = SingleStrategy(cfg.distributed, env, cfg.model.dtype)
     assert strategy.policy_dtype(lora=True) == torch.bfloat16 and strategy.policy_dtype(lora=False) == torch.float32
-    model = algo.build_policy(strategy.policy_dtype(lora=True))
+    model = build_policy(algo, strategy.policy_dtype(lora=True))
     frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
     trainable = {p.dtype for p in model.parameters() if p.requires_grad}
     assert frozen == {torch.bfloat16} and trainable == {torch.float32}
-    batch = algo.collate(algo.build_dataset(cfg.data.train, "train")[:4])
+    batch = algo.data.collate(algo.data.build_dataset(cfg.data.train, "train")[:4])
     with strategy.autocast():
-        loss, _ = algo.loss(model, batch, normalizer=float(algo.loss_units(batch)))
+        loss, _ = algo.loss(bundle(model), batch, normalizer=float(algo.data.loss_units(batch)))
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
@@ -91,7 +103,7 @@ def test_lora_base_held_in_compute_dtype_adapters_fp32(sft_config: dict[str, Any
 
     rm_cfg = build_dataclass(RunConfig, apply_overrides(copy.deepcopy(sft_config), [
         "algorithm=reward_model", "model.dtype=bf16", "model.lora={r: 4, alpha: 8, dropout: 0.0}"]))
-    rm = RewardModel(rm_cfg, load_tokenizer(rm_cfg.model)).build_policy(torch.bfloat16)
+    rm = build_policy(RewardModel(rm_cfg, load_tokenizer(rm_cfg.model)), torch.bfloat16)
     head = [p for n, p in rm.named_parameters() if "score" in n and p.requires_grad]
     assert head and all(p.dtype == torch.float32 for p in head)
     assert {p.dtype for p in rm.parameters() if not p.requires_grad} == {torch.bfloat16}

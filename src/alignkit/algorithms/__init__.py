@@ -4,6 +4,8 @@ from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
 from alignkit.algorithms.dpo import DPO
 from alignkit.algorithms.reward import CostModel, RewardModel
 from alignkit.algorithms.sft import SFT
+from alignkit.config.schema import RunConfig
+from alignkit.models.roles import Workload
 from alignkit.registry import Registry
 
 ALGORITHMS: Registry[type[OfflineAlgorithm]] = Registry("algorithm")
@@ -12,4 +14,12 @@ ALGORITHMS.register("reward_model")(RewardModel)
 ALGORITHMS.register("cost_model")(CostModel)
 ALGORITHMS.register("dpo")(DPO)
 
-__all__ = ["ALGORITHMS", "MetricSums", "OfflineAlgorithm"]
+
+
+def workload_of(cfg: RunConfig) -> Workload:
+    """The models ``cfg``'s algorithm declares, as the memory planner reads them."""
+    algo = ALGORITHMS.get(cfg.algorithm)
+    return Workload(tuple(algo.model_specs(cfg)), algo.sequences_per_example)
+
+
+__all__ = ["ALGORITHMS", "MetricSums", "OfflineAlgorithm", "workload_of"]

@@ -1,21 +1,34 @@
-"""What an offline algorithm supplies to the shared loop: data, models and per-batch math."""
+"""What an offline algorithm supplies to the shared loop: the models it needs, its data pipeline and
+the per-batch math.
+
+An algorithm declares its models as roles (:meth:`OfflineAlgorithm.model_specs`), gets them back
+as a :class:`~alignkit.models.roles.Models` bundle, and has a data pipeline (``self.data``: rows ->
+examples -> micro-batches, and how many loss units a micro-batch holds) by composition. Its
+``loss`` returns the loss of the trainable role (or a dict role -> loss when several roles train);
+accumulation, normalisation, stepping, logging and checkpoints are the loop's.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from torch import nn
 
 from alignkit.config.schema import RunConfig
-from alignkit.data.preference import PairCollator, count_pairs, load_pairs
+from alignkit.models.roles import ModelSpec, Models
+
+if TYPE_CHECKING:
+    from alignkit.distributed.strategy.base import Strategy
+
+Batch = dict[str, torch.Tensor]
+Example = dict[str, Any]
 
 
 @dataclass
 class MetricSums:
-    """Metric sums and counts of one micro-batch, reduced across ranks only at logging time."""
+    """Metric sums and counts of one micro-batch, reduced across ranks once per optimizer step."""
 
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
     counts: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -35,58 +48,61 @@ class MetricSums:
             self.add(k, other.sums[k], other.counts[k])
 
 
+class DataPipeline(Protocol):
+    """Rows -> examples -> micro-batches for one algorithm (``data/`` supplies the implementations)."""
+
+    #: rows skipped per split ("train" / "eval") by ``data.skip_invalid``
+    skipped: dict[str, int]
+
+    def build_dataset(self, specs: list[str], split: str) -> list[Example]:
+        """Tokenized examples of the files in ``specs`` (``split`` is 'train' or 'eval')."""
+
+    def collate(self, examples: list[Example]) -> Batch:
+        """A micro-batch of tensors from a list of examples."""
+
+    def loss_units(self, batch: Batch) -> int:
+        """How many loss units (tokens or sequences) this micro-batch holds."""
+
+    def tokens_in(self, batch: Batch) -> int:
+        """Non-pad tokens processed (for tokens/s)."""
+
+
 class OfflineAlgorithm(ABC):
     """One algorithm of the offline loop (SFT, reward/cost models, the DPO family, ...)."""
 
     name: str = "base"
     #: "tokens" for token-level losses, "sequences" for per-example losses (ALGORITHMS 6.1).
     loss_unit: str = "tokens"
+    #: sequences one example puts through the trainable model (2 for a chosen/rejected pair)
+    sequences_per_example: int = 1
 
-    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
+    def __init__(self, cfg: RunConfig, tokenizer: Any, data: DataPipeline) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.skipped: dict[str, int] = {}
+        self.data = data
+
+    @classmethod
+    @abstractmethod
+    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
+        """The models this run needs, trainable ones first (the first is the run's ``final/``)."""
 
     @abstractmethod
-    def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
-        """Tokenized examples of the files in ``specs`` (``split`` is 'train' or 'eval')."""
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor | dict[str, torch.Tensor], MetricSums]:
+        """Loss of one micro-batch, already divided by ``normalizer`` (global units / dp_size): one
+        tensor for the trainable role, or ``{role: loss}`` when several roles train."""
 
     @abstractmethod
-    def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """A micro-batch of tensors from a list of examples."""
-
-    @abstractmethod
-    def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
-        """How many loss units (tokens or sequences) this micro-batch holds."""
-
-    @abstractmethod
-    def build_policy(self, dtype: torch.dtype) -> nn.Module:
-        """The trainable module (its forward is what the Strategy wraps)."""
-
-    def build_frozen(self, strategy: Any) -> dict[str, nn.Module]:
-        """Frozen helper models (reference, reward, cost), already placed by the strategy."""
-        return {}
-
-    @abstractmethod
-    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor], *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        """Loss of one micro-batch, already divided by ``normalizer`` (global units / dp_size)."""
-
-    @abstractmethod
-    def eval_step(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> MetricSums:
+    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
         """Evaluation metric sums of one micro-batch (no grad)."""
 
-    def tokens_in(self, batch: dict[str, torch.Tensor]) -> int:
-        """Non-pad tokens processed (for tokens/s)."""
-        if "attention_mask" in batch:
-            return int(batch["attention_mask"].sum())
-        return int(batch["input_ids"].numel())
-
-    def before_training(self, model: nn.Module, train_set: list[dict[str, Any]], eval_set: list[dict[str, Any]], strategy: Any) -> None:
-        """Called once, after the model is prepared and ``build_frozen`` ran, before the first step
-        (and before a resume restores weights). E.g. DPO caches reference log-probs in the examples."""
+    def before_training(self, models: Models, train_set: list[Example], eval_set: list[Example],
+                        strategy: Strategy) -> None:
+        """Called once, after the models are built and placed, before the first step (and before a
+        resume restores weights). E.g. DPO caches reference log-probs in the examples."""
 
     def on_step_end(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
-        """Hook after each optimizer step with the globally reduced metrics (e.g. a dual update)."""
+        """Hook after each optimizer step with that step's metrics reduced over every rank and
+        micro-batch (e.g. a dual update); returns extra metrics to log."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -95,40 +111,3 @@ class OfflineAlgorithm(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
-
-
-class PairBatches:
-    """Mixin for algorithms over (chosen, rejected) pairs: one packed row, the pair as loss unit.
-
-    The algorithm sets ``pair`` (which pair of a row: ``helpful`` / ``safety``) and, when every row
-    must carry per-response safety labels, ``needs_safety_labels``."""
-
-    tokenizer: Any
-    cfg: Any
-    skipped: dict[str, int]
-    pair: str = "helpful"
-    needs_safety_labels: bool = False
-
-    def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
-        d = self.cfg.data
-        examples, skipped = load_pairs(
-            self.tokenizer,
-            specs,
-            max_length=d.max_length,
-            pair=self.pair,
-            chat_template=d.chat_template,
-            skip_invalid=d.skip_invalid,
-            limit=d.max_train_examples if split == "train" else d.max_eval_examples,
-            need_safety_labels=self.needs_safety_labels,
-        )
-        self.skipped[split] = skipped
-        return examples
-
-    def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return PairCollator(self.tokenizer.pad_token_id, packed=True)(examples)
-
-    def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
-        return count_pairs(batch)
-
-    def tokens_in(self, batch: dict[str, torch.Tensor]) -> int:
-        return int((batch["seq_index"] >= 0).sum())

@@ -6,8 +6,8 @@ masked) via ``seq_index``; then the pure ``losses.dpo_loss``. Loss unit: one pai
 
 Reference log-probs (``dpo.reference``):
 
-* ``model``: a frozen copy (``model.ref_name_or_path`` or the policy's start), placed by
-  ``strategy.prepare_frozen``;
+* ``model``: a frozen copy (``model.ref_name_or_path`` or the policy's start), the ``reference``
+  role the runner builds and places;
 * ``lora_base``: the policy itself with its LoRA adapters disabled (peft ``disable_adapter()``),
   so no second copy is held in memory;
 * ``none``: reference-free (simpo).
@@ -16,7 +16,7 @@ With ``dpo.precompute_ref_logps`` they are computed ONCE, in ``before_training``
 the examples: every rank computes an interleaved share of the train and eval sets
 (``rank, rank + W, ...``), then all ranks exchange their shares (``comm.all_gather_object``), so each
 rank holds the values of every example; this keeps working when the sampler reshuffles the shards
-every epoch. A frozen reference model is loaded only for this and freed afterwards.
+every epoch. The reference role is then ``transient``: loaded only for this and freed afterwards.
 
 KL metric ``kl``: the k1 estimate  mean over chosen response tokens of (log pi - log pi_ref). The
 token mean of k1 needs only per-sequence sums and lengths:
@@ -29,25 +29,60 @@ import difflib
 import logging
 import math
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from torch import nn
 
-from alignkit.algorithms.base import MetricSums, OfflineAlgorithm, PairBatches
-from alignkit.constants import IGNORE_INDEX
+from alignkit.algorithms.base import Batch, Example, MetricSums, OfflineAlgorithm
+from alignkit.config.schema import RunConfig, f
+from alignkit.config.sections import register_section
+from alignkit.data.pipelines import PairData
 from alignkit.data.preference import count_pairs
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError
 from alignkit.losses.dpo import DPO_LOSSES, dpo_loss
-from alignkit.models.adapters import adapters_disabled, is_adapter_dir, load_lm
-from alignkit.models.policy import CausalLMLogps
-from alignkit.ops.segments import segment_sum
+from alignkit.models.adapters import adapters_disabled, is_adapter_dir
+from alignkit.models.policy import sequence_logps
+from alignkit.models.roles import ModelSpec, Models
+
+if TYPE_CHECKING:
+    from alignkit.distributed.strategy.base import Strategy
 
 log = logging.getLogger("alignkit")
 
 #: losses whose value does not use reference log-probs
 REFERENCE_FREE = ("simpo",)
+
+
+@register_section("dpo")
+@dataclass
+class DPOConfig:
+    loss_type: str = f("sigmoid", "Preference loss by name: sigmoid (DPO; cDPO with label_smoothing), ipo, simpo.")
+    beta: float = f(0.1, "DPO/cDPO beta (0.01-0.5); IPO tau; SimPO beta (paper: 2-2.5).", gt=0)
+    label_smoothing: float = f(0.0, "cDPO: assumed fraction of flipped labels (sigmoid, simpo).", ge=0, le=0.5)
+    simpo_gamma: float = f(0.5, "SimPO target reward margin gamma.", ge=0)
+    rpo_alpha: float = f(0.0, "RPO: + rpo_alpha * per-token NLL of the chosen response, which keeps its likelihood "
+                         "from falling (Pang et al. 2024; TRL rpo_alpha). 0 = plain preference loss.", ge=0)
+    reference: Literal["auto", "model", "lora_base", "none"] = f(
+        "auto", "Reference log-probs: model = frozen copy of model.ref_name_or_path (or the policy start); "
+        "lora_base = the policy with LoRA adapters disabled (no second copy); none = reference-free (simpo); "
+        "auto = none for simpo, lora_base with model.lora, else model."
+    )
+    precompute_ref_logps: bool = f(
+        False, "Compute reference log-probs once before training and cache them per example (the reference "
+        "model is then freed)."
+    )
+    pair: Literal["helpful", "safety"] = f("helpful", "Pair of a PKU-SafeRLHF row to train on.")
+    logps_chunk_size: int = f(1024, "Rows of hidden states per LM-head chunk in the log-prob op.", gt=0)
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in DPO_LOSSES:
+            close = difflib.get_close_matches(self.loss_type, DPO_LOSSES.names(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"dpo.loss_type: unknown {self.loss_type!r}{hint}; choose one of {DPO_LOSSES.names()}")
+        if self.label_smoothing and self.loss_type == "ipo":
+            raise ConfigError("dpo.label_smoothing: applies to sigmoid and simpo, not ipo")
 
 
 def resolve_reference(cfg: Any) -> str:
@@ -65,77 +100,53 @@ def resolve_reference(cfg: Any) -> str:
     return d.reference
 
 
-class DPO(PairBatches, OfflineAlgorithm):
+class DPO(OfflineAlgorithm):
     name = "dpo"
     loss_unit = "sequences"
+    sequences_per_example = 2
 
-    def __init__(self, cfg: Any, tokenizer: Any) -> None:
-        super().__init__(cfg, tokenizer)
-        d = cfg.dpo
-        if d.loss_type not in DPO_LOSSES:
-            close = difflib.get_close_matches(d.loss_type, DPO_LOSSES.names(), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"dpo.loss_type: unknown {d.loss_type!r}{hint}; choose one of {DPO_LOSSES.names()}")
-        if d.label_smoothing and d.loss_type == "ipo":
-            raise ConfigError("dpo.label_smoothing: applies to sigmoid and simpo, not ipo")
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
+        super().__init__(cfg, tokenizer, PairData(tokenizer, cfg.data, pair=cfg.dpo.pair))
         self.reference = resolve_reference(cfg)
-        self.ref_model: nn.Module | None = None
-        self.pair = cfg.dpo.pair
 
-    # ------------------------------------------------------------------ models
-    def build_policy(self, dtype: torch.dtype) -> nn.Module:
-        return CausalLMLogps(load_lm(self.cfg.model, dtype=dtype), chunk_size=self.cfg.dpo.logps_chunk_size)
-
-    def _load_reference(self, strategy: Any) -> nn.Module:
-        m = self.cfg.model
-        lm = load_lm(m, name_or_path=m.ref_name_or_path or m.name_or_path, dtype=strategy.compute_dtype, trainable=False)
-        return strategy.prepare_frozen(CausalLMLogps(lm, chunk_size=self.cfg.dpo.logps_chunk_size))
-
-    def build_frozen(self, strategy: Any) -> dict[str, nn.Module]:
-        if self.reference != "model" or self.cfg.dpo.precompute_ref_logps:
-            return {}
-        self.ref_model = self._load_reference(strategy)
-        return {"reference": self.ref_model}
+    @classmethod
+    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
+        m, d = cfg.model, cfg.dpo
+        lora = m.lora is not None or is_adapter_dir(m.name_or_path)
+        specs = [ModelSpec("policy", m.name_or_path, "lm", trainable=True, lora=lora, chunk_size=d.logps_chunk_size)]
+        reference = resolve_reference(cfg)
+        if reference == "model":
+            specs.append(ModelSpec("reference", m.ref_name_or_path or m.name_or_path, "lm",
+                                   transient=d.precompute_ref_logps, chunk_size=d.logps_chunk_size))
+        elif reference == "lora_base":
+            specs.append(ModelSpec("reference", m.name_or_path, "lm", shares="policy", transient=d.precompute_ref_logps))
+        return specs
 
     # ------------------------------------------------------------------ log-probs
-    @staticmethod
-    def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``(2B,)`` sums of response-token log-probs, one per sequence (chosen, then rejected)."""
-        token_logps = model(
-            input_ids=batch["input_ids"],
-            targets=batch["targets"],
-            attention_mask=batch.get("attention_mask"),
-            position_ids=batch.get("position_ids"),
-        )  # (N,) in row-major order of the non-ignored targets
-        seq = batch["seq_index"][batch["targets"] != IGNORE_INDEX]
-        return segment_sum(token_logps, seq, int(batch["response_lengths"].shape[0]))
-
     @torch.no_grad()
-    def reference_logps(self, model: nn.Module, batch: dict[str, torch.Tensor], ref_model: nn.Module | None = None) -> torch.Tensor | None:
+    def reference_logps(self, models: Models, batch: Batch) -> torch.Tensor | None:
         """``(2B,)`` reference sums: cached, from the frozen model, or from the LoRA base; None if reference-free."""
         if "ref_logps" in batch:
             return batch["ref_logps"].float()
         if self.reference == "none":
             return None
         if self.reference == "model":
-            ref = ref_model or self.ref_model
-            if ref is None:
-                raise RuntimeError("DPO: the reference model is not loaded (build_frozen / before_training not called)")
-            return self.sequence_logps(ref, batch)
-        was_training = model.training
-        model.eval()  # the reference runs without dropout, like a frozen copy would
+            return sequence_logps(models["reference"], batch)
+        policy = models["policy"]
+        was_training = policy.training
+        policy.eval()  # the reference runs without dropout, like a frozen copy would
         try:
-            with adapters_disabled(model):
-                return self.sequence_logps(model, batch)
+            with adapters_disabled(policy):
+                return sequence_logps(policy, batch)
         finally:
-            model.train(was_training)
+            policy.train(was_training)
 
-    def before_training(self, model: nn.Module, train_set: list[dict[str, Any]], eval_set: list[dict[str, Any]], strategy: Any) -> None:
+    def before_training(self, models: Models, train_set: list[Example], eval_set: list[Example],
+                        strategy: Strategy) -> None:
         """``dpo.precompute_ref_logps``: cache reference log-probs in every example (module docstring)."""
         if not self.cfg.dpo.precompute_ref_logps or self.reference == "none":
             return
         start = time.perf_counter()
-        ref = self._load_reference(strategy) if self.reference == "model" else None
         t = self.cfg.training
         bs = t.eval_batch_size or t.per_device_batch_size or 8
         for data in (train_set, eval_set):
@@ -145,28 +156,28 @@ class DPO(PairBatches, OfflineAlgorithm):
             local: list[tuple[int, float, float]] = []
             for k in range(n_batches):
                 idx = mine[k * bs : (k + 1) * bs]
-                batch = self.collate([data[i] for i in idx] if idx else data[:1])
+                batch = self.data.collate([data[i] for i in idx] if idx else data[:1])
                 batch = {key: v.to(strategy.device) for key, v in batch.items()}
                 with strategy.autocast():
-                    logps = self.reference_logps(model, batch, ref)
+                    logps = self.reference_logps(models, batch)
                 assert logps is not None
                 values = logps.double().cpu().tolist()
                 local += [(i, values[j], values[len(idx) + j]) for j, i in enumerate(idx)]
             for part in comm.all_gather_object(local):
                 for i, c, r in part:
                     data[i]["ref_chosen_logps"], data[i]["ref_rejected_logps"] = c, r
-        del ref
+        models.free("reference")
         log.info(
             f"Precomputed reference log-probs ({self.reference}) for {len(train_set)} train and {len(eval_set)} eval "
             f"pairs in {time.perf_counter() - start:.1f}s"
         )
 
     # ------------------------------------------------------------------ math
-    def _pair_losses(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, MetricSums]:
+    def _pair_losses(self, models: Models, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
         d = self.cfg.dpo
         b = count_pairs(batch)
-        ref = self.reference_logps(model, batch)
-        logps = self.sequence_logps(model, batch)
+        ref = self.reference_logps(models, batch)
+        logps = sequence_logps(models["policy"], batch)
         lengths = batch["response_lengths"].to(logps.dtype)
         losses, met = dpo_loss(
             logps[:b],
@@ -197,12 +208,12 @@ class DPO(PairBatches, OfflineAlgorithm):
             m.add("kl", (logps[:b].detach() - ref[:b]).sum(), lengths[:b].sum())
         return losses, m
 
-    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor], *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        losses, m = self._pair_losses(model, batch)
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        losses, m = self._pair_losses(models, batch)
         return losses.sum() / normalizer, m
 
     @torch.no_grad()
-    def eval_step(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> MetricSums:
-        losses, m = self._pair_losses(model, batch)
+    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
+        losses, m = self._pair_losses(models, batch)
         m.add_mean("loss", losses)
         return m

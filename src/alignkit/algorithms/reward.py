@@ -14,46 +14,72 @@ Metrics: ``accuracy`` (pairwise; for the cost model, the unsafer response costs 
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
 
 import torch
-from torch import nn
 
-from alignkit.algorithms.base import MetricSums, OfflineAlgorithm, PairBatches
+from alignkit.algorithms.base import Batch, MetricSums, OfflineAlgorithm
+from alignkit.config.schema import RunConfig, f
+from alignkit.config.sections import register_section
+from alignkit.data.pipelines import PairData
 from alignkit.data.preference import count_pairs
 from alignkit.errors import ConfigError
 from alignkit.losses.cost import cost_model_loss
 from alignkit.losses.reward import bradley_terry_loss
-from alignkit.models.scalar import ScalarHeadModel, load_scalar_model
+from alignkit.models.policy import forward_scores
+from alignkit.models.roles import ModelSpec, Models
 
 
-class RewardModel(PairBatches, OfflineAlgorithm):
+@register_section("reward")
+@dataclass
+class RewardConfig:
+    pair: Literal["auto", "helpful", "safety"] = f(
+        "auto", "Pair of a PKU-SafeRLHF row: helpful (by better_response_id) or safety (by safer_response_id); "
+        "auto = helpful for reward_model, safety for cost_model."
+    )
+    margin: float = f(0.0, "reward_model: Bradley-Terry margin m in -log sigma(r_c - r_r - m); a row's own "
+                      "numeric 'margin' field takes precedence.", ge=0)
+    center_coeff: float = f(0.0, "reward_model: centring term center_coeff * (r_c + r_r)^2 per pair "
+                            "(TRL center_rewards_coefficient).", ge=0)
+    reg_coeff: float = f(0.0, "L2 regulariser reg_coeff * mean(score^2) over both responses (Safe RLHF).", ge=0)
+
+
+def scalar_spec(cfg: RunConfig, role: str) -> ModelSpec:
+    """The trainable scalar-head model of a reward (``reward``) or cost (``cost``) model run."""
+    return ModelSpec(role, cfg.model.name_or_path, "scalar", trainable=True, lora=cfg.model.lora is not None)
+
+
+PairLoss = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, MetricSums]]
+
+
+def scored_loss(pair_loss: PairLoss, models: Models, batch: Batch, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+    """The trainable model scores the 2B responses; ``pair_loss`` turns them into per-pair losses."""
+    losses, m = pair_loss(forward_scores(models.trainable, batch), batch)
+    return losses.sum() / normalizer, m
+
+
+def scored_eval(pair_loss: PairLoss, models: Models, batch: Batch) -> MetricSums:
+    losses, m = pair_loss(forward_scores(models.trainable, batch), batch)
+    m.add_mean("loss", losses)
+    return m
+
+
+class RewardModel(OfflineAlgorithm):
     name = "reward_model"
     loss_unit = "sequences"
-    default_pair = "helpful"
+    sequences_per_example = 2
 
-    def __init__(self, cfg: Any, tokenizer: Any) -> None:
-        super().__init__(cfg, tokenizer)
-        r = cfg.reward
-        self.pair = self.default_pair if r.pair == "auto" else r.pair
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
+        pair = "helpful" if cfg.reward.pair == "auto" else cfg.reward.pair
+        super().__init__(cfg, tokenizer, PairData(tokenizer, cfg.data, pair=pair))
 
-    # ------------------------------------------------------------------ model
-    def build_policy(self, dtype: torch.dtype) -> nn.Module:
-        return ScalarHeadModel(load_scalar_model(self.cfg.model, dtype=dtype, pad_token_id=self.tokenizer.pad_token_id))
+    @classmethod
+    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
+        return [scalar_spec(cfg, "reward")]
 
-    @staticmethod
-    def scores(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``(2B,)`` scores: chosen 0..B-1 then rejected 0..B-1."""
-        return model(
-            input_ids=batch["input_ids"],
-            seq_index=batch["seq_index"],
-            num_seqs=int(batch["response_lengths"].shape[0]),
-            attention_mask=batch.get("attention_mask"),
-            position_ids=batch.get("position_ids"),
-        )
-
-    def pair_loss(self, scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, MetricSums]:
-        """Per-pair losses ``(B,)`` and metric sums from the 2B scores."""
+    def pair_loss(self, scores: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
+        """Per-pair losses ``(B,)`` and metric sums from the 2B scores (chosen 0..B-1, then rejected)."""
         r = self.cfg.reward
         b = count_pairs(batch)
         margin = batch["margin"].to(scores.dtype)
@@ -68,33 +94,33 @@ class RewardModel(PairBatches, OfflineAlgorithm):
         m.add_mean("score/rejected", met["rejected"])
         return losses, m
 
-    # ------------------------------------------------------------------ math
-    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor], *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        losses, m = self.pair_loss(self.scores(model, batch), batch)
-        return losses.sum() / normalizer, m
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        return scored_loss(self.pair_loss, models, batch, normalizer)
 
     @torch.no_grad()
-    def eval_step(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> MetricSums:
-        losses, m = self.pair_loss(self.scores(model, batch), batch)
-        m.add_mean("loss", losses)
-        return m
+    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
+        return scored_eval(self.pair_loss, models, batch)
 
 
-class CostModel(RewardModel):
+class CostModel(OfflineAlgorithm):
     name = "cost_model"
-    default_pair = "safety"
-    needs_safety_labels = True
+    loss_unit = "sequences"
+    sequences_per_example = 2
 
-    def __init__(self, cfg: Any, tokenizer: Any) -> None:
-        super().__init__(cfg, tokenizer)
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         r = cfg.reward
-        if self.pair != "safety":
+        if r.pair not in ("auto", "safety"):
             raise ConfigError("reward.pair: the cost model ranks responses by safety; use auto or safety")
         if r.margin or r.center_coeff:
             raise ConfigError("reward.margin / reward.center_coeff: reward_model options; the cost model's "
                               "sign terms already pin C = 0 as the safe/unsafe boundary")
+        super().__init__(cfg, tokenizer, PairData(tokenizer, cfg.data, pair="safety", needs_safety_labels=True))
 
-    def pair_loss(self, scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, MetricSums]:
+    @classmethod
+    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
+        return [scalar_spec(cfg, "cost")]
+
+    def pair_loss(self, scores: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
         # chosen = the safer response, rejected = the unsafer one (PairText ordering for pair=safety)
         b = count_pairs(batch)
         losses, met = cost_model_loss(
@@ -107,3 +133,10 @@ class CostModel(RewardModel):
         m.add_mean("cost/unsafer", met["unsafer"])
         m.add_mean("cost/safer", met["safer"])
         return losses, m
+
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        return scored_loss(self.pair_loss, models, batch, normalizer)
+
+    @torch.no_grad()
+    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
+        return scored_eval(self.pair_loss, models, batch)

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
-from torch import nn
 
-from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import Batch, MetricSums, OfflineAlgorithm
+from alignkit.config.schema import RunConfig, f
+from alignkit.config.sections import register_section
 from alignkit.constants import IGNORE_INDEX
-from alignkit.data.collate import TokenCollator, count_loss_tokens
-from alignkit.data.io import DataError, Row, convert_rows, require_messages, require_str
+from alignkit.data.io import DataError, Row, require_messages, require_str
+from alignkit.data.pipelines import TokenData
 from alignkit.data.tokenize import encode_chat, encode_prompt_response
 from alignkit.losses.sft import sft_loss
-from alignkit.models.loading import load_causal_lm
-from alignkit.models.policy import CausalLMLogps
+from alignkit.models.policy import forward_logps
+from alignkit.models.roles import ModelSpec, Models
+
+
+@register_section("sft")
+@dataclass
+class SFTConfig:
+    loss_on: Literal["assistant", "all"] = f("assistant", "Train on assistant/completion tokens or all.")
+    logps_chunk_size: int = f(1024, "Rows of hidden states per LM-head chunk in the loss.", gt=0)
+
 
 
 def sft_example(tokenizer: Any, row: Row, *, max_length: int, loss_on: str = "assistant") -> dict[str, Any] | None:
@@ -48,44 +58,25 @@ class SFT(OfflineAlgorithm):
     name = "sft"
     loss_unit = "tokens"
 
-    def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
-        d = self.cfg.data
-        limit = d.max_train_examples if split == "train" else d.max_eval_examples
-        examples, skipped = convert_rows(
-            specs,
-            lambda row: sft_example(self.tokenizer, row, max_length=d.max_length, loss_on=self.cfg.sft.loss_on),
-            skip_invalid=d.skip_invalid,
-            limit=limit,
-        )
-        self.skipped[split] = skipped
-        return examples
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
+        d, opts = cfg.data, cfg.sft
+        super().__init__(cfg, tokenizer, TokenData(
+            tokenizer, d, lambda row: sft_example(tokenizer, row, max_length=d.max_length, loss_on=opts.loss_on)))
 
-    def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return TokenCollator(self.tokenizer.pad_token_id, packed=self.cfg.data.packing)(examples)
+    @classmethod
+    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
+        return [ModelSpec("policy", cfg.model.name_or_path, "lm", trainable=True, lora=cfg.model.lora is not None,
+                          chunk_size=cfg.sft.logps_chunk_size)]
 
-    def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
-        return count_loss_tokens(batch)
-
-    def build_policy(self, dtype: torch.dtype) -> nn.Module:
-        return CausalLMLogps(load_causal_lm(self.cfg.model, dtype=dtype), chunk_size=self.cfg.sft.logps_chunk_size)
-
-    def _logps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return model(
-            input_ids=batch["input_ids"],
-            targets=batch["targets"],
-            attention_mask=batch.get("attention_mask"),
-            position_ids=batch.get("position_ids"),
-        )
-
-    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor], *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        logps = self._logps(model, batch)  # (N,) over loss tokens
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        logps = forward_logps(models["policy"], batch)  # (N,) over loss tokens
         m = MetricSums()
         m.add("nll", -logps.detach().sum(), logps.numel())
         return sft_loss(logps, normalizer=normalizer), m
 
     @torch.no_grad()
-    def eval_step(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> MetricSums:
-        logps = self._logps(model, batch)
+    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
+        logps = forward_logps(models["policy"], batch)
         m = MetricSums()
         m.add("loss", -logps.sum(), logps.numel())
         return m

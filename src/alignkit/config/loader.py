@@ -18,6 +18,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from alignkit.config.sections import SECTIONS, load_sections
 from alignkit.config.schema import RunConfig
 from alignkit.errors import ConfigError
 
@@ -160,14 +161,21 @@ def _check_range(value: Any, meta: dict[str, Any], key: str) -> None:
 
 def build_dataclass(cls: type, raw: dict[str, Any], prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    sections: dict[str, type] = {}
+    if cls is RunConfig:  # the registered per-algorithm sections read like core ones
+        load_sections()
+        sections = {name: SECTIONS.get(name) for name in SECTIONS.names()}
+    valid = [*fields, *sections]
     for name in raw:
-        if name not in fields:
+        if name not in valid:
             full = f"{prefix}.{name}" if prefix else str(name)
-            close = difflib.get_close_matches(str(name), list(fields), n=1, cutoff=0.5)
+            close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
             hint = f"; did you mean {((prefix + '.') if prefix else '') + close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown config key {full!r}{hint} (valid here: {', '.join(fields)})")
-    kwargs = {}
+            raise ConfigError(f"unknown config key {full!r}{hint} (valid here: {', '.join(valid)})")
+    kwargs: dict[str, Any] = {}
+    if sections:
+        kwargs["sections"] = {name: _convert(raw.get(name), sec, name) for name, sec in sections.items()}
     for name, fld in fields.items():
         if name not in raw:
             continue
@@ -179,7 +187,13 @@ def build_dataclass(cls: type, raw: dict[str, Any], prefix: str = "") -> Any:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """Plain nested dicts; a RunConfig's algorithm sections appear at the top level, as in YAML."""
+    out = dataclasses.asdict(cfg)
+    if isinstance(cfg, RunConfig):
+        out.pop("sections", None)
+        for name in SECTIONS.names():
+            out[name] = dataclasses.asdict(getattr(cfg, name))
+    return out
 
 
 # ---------------------------------------------------------------- cross-field checks

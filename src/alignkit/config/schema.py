@@ -2,7 +2,9 @@
 
 Every field has a docstring-like ``help`` in its metadata and, where it matters, a range
 (``ge`` / ``gt`` / ``le``). Choices are ``Literal`` types. Cross-field rules (batch arithmetic,
-algorithm needs) live in :mod:`alignkit.config.loader` and run once at load time.
+algorithm needs) live in :mod:`alignkit.config.loader` and run once at load time. The sections of
+single algorithms (``dpo``, ``reward``, ``sft``, ...) live next to their algorithm files and are
+registered in :mod:`alignkit.config.sections`.
 """
 
 from __future__ import annotations
@@ -177,46 +179,6 @@ class LoggingConfig:
 
 
 @dataclass
-class SFTConfig:
-    loss_on: Literal["assistant", "all"] = f("assistant", "Train on assistant/completion tokens or all.")
-    logps_chunk_size: int = f(1024, "Rows of hidden states per LM-head chunk in the loss.", gt=0)
-
-
-@dataclass
-class RewardConfig:
-    pair: Literal["auto", "helpful", "safety"] = f(
-        "auto", "Pair of a PKU-SafeRLHF row: helpful (by better_response_id) or safety (by safer_response_id); "
-        "auto = helpful for reward_model, safety for cost_model."
-    )
-    margin: float = f(0.0, "reward_model: Bradley-Terry margin m in -log sigma(r_c - r_r - m); a row's own "
-                      "numeric 'margin' field takes precedence.", ge=0)
-    center_coeff: float = f(0.0, "reward_model: centring term center_coeff * (r_c + r_r)^2 per pair "
-                            "(TRL center_rewards_coefficient).", ge=0)
-    reg_coeff: float = f(0.0, "L2 regulariser reg_coeff * mean(score^2) over both responses (Safe RLHF).", ge=0)
-
-
-@dataclass
-class DPOConfig:
-    loss_type: str = f("sigmoid", "Preference loss by name: sigmoid (DPO; cDPO with label_smoothing), ipo, simpo.")
-    beta: float = f(0.1, "DPO/cDPO beta (0.01-0.5); IPO tau; SimPO beta (paper: 2-2.5).", gt=0)
-    label_smoothing: float = f(0.0, "cDPO: assumed fraction of flipped labels (sigmoid, simpo).", ge=0, le=0.5)
-    simpo_gamma: float = f(0.5, "SimPO target reward margin gamma.", ge=0)
-    rpo_alpha: float = f(0.0, "RPO: + rpo_alpha * per-token NLL of the chosen response, which keeps its likelihood "
-                         "from falling (Pang et al. 2024; TRL rpo_alpha). 0 = plain preference loss.", ge=0)
-    reference: Literal["auto", "model", "lora_base", "none"] = f(
-        "auto", "Reference log-probs: model = frozen copy of model.ref_name_or_path (or the policy start); "
-        "lora_base = the policy with LoRA adapters disabled (no second copy); none = reference-free (simpo); "
-        "auto = none for simpo, lora_base with model.lora, else model."
-    )
-    precompute_ref_logps: bool = f(
-        False, "Compute reference log-probs once before training and cache them per example (the reference "
-        "model is then freed)."
-    )
-    pair: Literal["helpful", "safety"] = f("helpful", "Pair of a PKU-SafeRLHF row to train on.")
-    logps_chunk_size: int = f(1024, "Rows of hidden states per LM-head chunk in the log-prob op.", gt=0)
-
-
-@dataclass
 class RunConfig:
     algorithm: str = f("sft", "Which algorithm to run (sft, ...).")
     output_dir: str = f("runs/alignkit", "Where checkpoints, logs and the final model go.")
@@ -226,6 +188,19 @@ class RunConfig:
     distributed: DistributedConfig = section(DistributedConfig, "Strategy and process group.")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "Saving and resuming.")
     logging: LoggingConfig = section(LoggingConfig, "Metrics sinks.")
-    sft: SFTConfig = section(SFTConfig, "SFT options.")
-    reward: RewardConfig = section(RewardConfig, "Reward / cost model options.")
-    dpo: DPOConfig = section(DPOConfig, "DPO family options.")
+    #: per-algorithm sections (``dpo``, ``reward``, ``sft``, ...) by YAML key; see config/sections.py
+    sections: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
+
+    def __getattr__(self, name: str) -> Any:
+        """``cfg.dpo`` etc.: a registered algorithm section (its defaults when the YAML has none)."""
+        if name.startswith("__") or name == "sections":
+            raise AttributeError(name)
+        from alignkit.config.sections import SECTIONS, load_sections
+
+        load_sections()
+        if name not in SECTIONS:
+            raise AttributeError(f"RunConfig has no section {name!r}")
+        sections = self.__dict__.setdefault("sections", {})
+        if name not in sections:
+            sections[name] = SECTIONS.get(name)()
+        return sections[name]

@@ -11,11 +11,14 @@ How alignkit's runs map onto the estimator:
   estimator counts as compute-dtype weights + an fp32 master copy (the same 16 bytes/param with AdamW).
 * optimizer: torch AdamW with ``foreach=True`` (train/optim.py): fp32 states and a state-sized
   temporary at step time.
-* log-probs are computed in chunks (no ``(B, T, V)`` logits); DPO and reward/cost models run chosen
-  and rejected in one forward (2 sequences per example).
-* reference: DPO's resolved ``dpo.reference`` (a frozen copy, the LoRA base, precomputed or none).
-* frozen models: reward/cost models named by the config (any ``*.reward_model`` / ``*.cost_model`` /
-  ``*_name_or_path`` field of those names) plus ``alignkit estimate --frozen``; held in the compute dtype.
+* log-probs are computed in chunks (no ``(B, T, V)`` logits); the workload says how many sequences
+  an example puts through the trainable model (2 for chosen + rejected in one forward).
+* the models are the algorithm's :class:`~alignkit.models.roles.ModelSpec` s: the first trainable one
+  is the policy (a ``scalar`` kind gets a score head), further trainable ones (a critic) count their
+  weights, gradients and optimizer states; the ``reference`` role is a held copy, ``transient``
+  (precomputed), the LoRA base (``shares``) or absent; every other frozen role (reward, cost, ...)
+  plus ``alignkit estimate --frozen`` is a frozen model held in the compute dtype. No algorithm is
+  named here.
 * frozen models are counted sharded under the strategies that can shard them (plan.SHARDS_FROZEN)
   unless ``distributed.shard_frozen: false``: ``auto`` shards them exactly when replicated copies
   would not fit, so "fits" is judged with them sharded. The run itself decides with
@@ -27,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -43,16 +45,13 @@ from alignkit.distributed.plan import (
     estimate,
 )
 from alignkit.errors import ModelError
+from alignkit.models.roles import ModelSpec, Workload
 
 #: peft module names -> the estimator's projection names
 LORA_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
                 "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
-#: algorithms whose one example is a chosen + rejected pair, forwarded together
-PAIRED = ("dpo", "reward_model", "cost_model")
-SCORE_HEAD = ("reward_model", "cost_model")
 #: RSS of python + torch + transformers + alignkit before any model exists (measured ~0.3 GB)
 CPU_PROCESS_BASELINE_BYTES = int(0.5e9)
-_FROZEN_FIELD = re.compile(r"^(reward|cost)_(model|model_path|name_or_path)$")
 
 
 # --------------------------------------------------------------------------- config -> inputs
@@ -69,20 +68,6 @@ def resolve_dims(spec: str, trust_remote_code: bool = False) -> ModelDims:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot read the model dimensions of {spec!r} ({first}); give a local model "
                          f"directory or a preset: {', '.join(PRESETS)}") from None
-
-
-def frozen_model_specs(cfg: RunConfig) -> list[str]:
-    """Reward / cost models the config names (fields ``reward_model``, ``cost_name_or_path``, ...)."""
-    out = []
-    for sec in dataclasses.fields(cfg):
-        section = getattr(cfg, sec.name)
-        if not dataclasses.is_dataclass(section):
-            continue
-        for fld in dataclasses.fields(section):
-            value = getattr(section, fld.name)
-            if _FROZEN_FIELD.match(fld.name) and isinstance(value, str) and value:
-                out.append(value)
-    return out
 
 
 def _lora(cfg: RunConfig) -> tuple[int, tuple[str, ...], float] | None:
@@ -104,16 +89,19 @@ def _lora(cfg: RunConfig) -> tuple[int, tuple[str, ...], float] | None:
     return (r, targets, dropout) if targets else None
 
 
-def reference_kind(cfg: RunConfig) -> str:
+def reference_kind(workload: Workload) -> str:
     """The estimator's reference kind: ``model`` | ``lora_base`` | ``precomputed`` | ``none``."""
-    if cfg.algorithm != "dpo":
+    ref = next((s for s in workload.specs if s.role == "reference"), None)
+    if ref is None:
         return "none"
-    from alignkit.algorithms.dpo import resolve_reference  # the one rule; a late import keeps layers apart
-
-    ref = resolve_reference(cfg)
-    if ref in ("model", "lora_base") and cfg.dpo.precompute_ref_logps:
+    if ref.transient:
         return "precomputed"
-    return ref
+    return "lora_base" if ref.shares is not None else "model"
+
+
+def _dims_of(spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
+    d = resolve_dims(spec.source, trust_remote_code)
+    return d.as_score_model() if spec.kind == "scalar" and d.head == "lm" else d
 
 
 def compute_dtype(cfg: RunConfig, device: str) -> str:
@@ -122,24 +110,26 @@ def compute_dtype(cfg: RunConfig, device: str) -> str:
     return "bf16" if device == "cuda" else "fp32"
 
 
-def memory_inputs(cfg: RunConfig, *, n_gpus: int, device: str = "cuda", policy: ModelDims | None = None,
-                  frozen: Sequence[str] = (), process_baseline_bytes: int = 0) -> MemoryInputs:
-    """MemoryInputs for ``cfg`` on ``n_gpus`` ranks (see the module docstring for the mapping).
+def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: str = "cuda",
+                  policy: ModelDims | None = None, frozen: Sequence[str] = (),
+                  process_baseline_bytes: int = 0) -> MemoryInputs:
+    """MemoryInputs for ``cfg``'s models (``workload``) on ``n_gpus`` ranks (module docstring).
 
-    ``policy`` replaces the dimensions read from ``model.name_or_path`` (e.g. a preset);
-    ``frozen`` adds reward/cost models (presets or local dirs) to those the config names.
+    ``policy`` replaces the dimensions read from the first trainable spec (e.g. a preset);
+    ``frozen`` adds reward/cost models (presets or local dirs) to the workload's.
     """
-    m = cfg.model
-    dims = policy or resolve_dims(m.name_or_path, m.trust_remote_code)
-    if cfg.algorithm in SCORE_HEAD and dims.head == "lm":
+    trust = cfg.model.trust_remote_code
+    first, *others = workload.trainable
+    dims = policy or resolve_dims(first.source, trust)
+    if first.kind == "scalar" and dims.head == "lm":
         dims = dims.as_score_model()
-    frozen_dims = []
-    for spec in [*frozen_model_specs(cfg), *frozen]:
-        d = resolve_dims(spec, m.trust_remote_code)
+    frozen_dims = [_dims_of(s, trust) for s in workload.frozen if s.role != "reference"]
+    for spec in frozen:
+        d = resolve_dims(spec, trust)
         frozen_dims.append(d.as_score_model() if d.head == "lm" else d)
     dtype = compute_dtype(cfg, device)
-    lora = _lora(cfg)
-    reference = reference_kind(cfg)
+    lora = _lora(cfg) if first.lora else None
+    reference = reference_kind(workload)
     if reference == "lora_base" and lora is None:
         reference = "none"  # an adapter dir we could not read: the base costs nothing extra anyway
     return MemoryInputs(
@@ -152,13 +142,14 @@ def memory_inputs(cfg: RunConfig, *, n_gpus: int, device: str = "cuda", policy: 
         lora_r=lora[0] if lora else None,
         lora_targets=lora[1] if lora else ("q", "k", "v", "o"),
         lora_dropout=lora[2] if lora else 0.0,
-        gradient_checkpointing=m.gradient_checkpointing,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
         per_device_batch=resolve_batch(cfg, n_gpus).per_device,
         seq_len=cfg.data.max_length,
-        sequences_per_example=2 if cfg.algorithm in PAIRED else 1,
+        sequences_per_example=workload.sequences_per_example,
         chunked_logits=True,
         reference=reference,
         frozen_models=frozen_dims,
+        extra_trainable=[_dims_of(s, trust) for s in others],
         shard_frozen=cfg.distributed.shard_frozen is not False,
         n_gpus=n_gpus,
         device=device,
@@ -228,7 +219,7 @@ def engine_for(plan_name: str, device: str, dist: DistributedConfig) -> tuple[st
         f"fsdp reshard_after_forward={'true' if stage == 3 else 'false'}" + (" + cpu_offload" if offload else ""))
 
 
-def auto_strategy(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = None,
+def auto_strategy(cfg: RunConfig, env: DistEnv, workload: Workload, memory: DeviceMemory | None = None,
                   ) -> tuple[str, str, DistributedConfig]:
     """``distributed.strategy: auto`` under several processes: (strategy, why, distributed settings).
 
@@ -239,7 +230,8 @@ def auto_strategy(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = No
     memory = memory or probe_device_memory(env)
     try:
         baseline = CPU_PROCESS_BASELINE_BYTES if memory.device == "cpu" else 0
-        inputs = memory_inputs(cfg, n_gpus=env.world_size, device=memory.device, process_baseline_bytes=baseline)
+        inputs = memory_inputs(cfg, workload, n_gpus=env.world_size, device=memory.device,
+                               process_baseline_bytes=baseline)
     except ValueError as e:
         return "ddp", f"auto: {env.world_size} processes; no memory estimate ({e}) -> ddp", cfg.distributed
     choices = ("ddp", "zero2", "zero3") + (("zero3_offload",) if memory.device == "cuda" else ())
@@ -251,29 +243,23 @@ def auto_strategy(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = No
 
 
 # --------------------------------------------------------------------------- frozen models
-def frozen_names(cfg: RunConfig) -> list[str]:
-    """What ``strategy.prepare_frozen`` will hold in this run: ``reference`` (DPO's frozen copy, also
-    when it is loaded only to precompute log-probs) and each reward / cost model the config names."""
-    names = []
-    if cfg.algorithm == "dpo":
-        from alignkit.algorithms.dpo import resolve_reference  # a late import keeps layers apart
-
-        if resolve_reference(cfg) == "model":
-            names.append("reference")
-    return names + frozen_model_specs(cfg)
+def frozen_roles(workload: Workload) -> list[str]:
+    """The roles ``strategy.prepare_frozen`` will hold in this run (a transient reference included:
+    it is loaded while the policy is already placed)."""
+    return [s.role for s in workload.frozen]
 
 
-def frozen_sharding(cfg: RunConfig, plan_name: str, n_ranks: int, memory: DeviceMemory) -> tuple[bool, str]:
+def frozen_sharding(cfg: RunConfig, workload: Workload, plan_name: str, n_ranks: int,
+                    memory: DeviceMemory) -> tuple[bool, str]:
     """``distributed.shard_frozen: auto`` for an engine whose memory the estimator calls ``plan_name``
     (fsdp, zero3, ...): :func:`~alignkit.distributed.plan.choose_shard_frozen` on the run's estimate
-    with the frozen models replicated vs sharded. A precomputing reference is counted as held: it is
-    loaded while the policy is already placed."""
+    with the frozen models replicated vs sharded. A precomputing reference is counted as held."""
     try:
         baseline = CPU_PROCESS_BASELINE_BYTES if memory.device == "cpu" else 0
-        inputs = memory_inputs(cfg, n_gpus=n_ranks, device=memory.device, process_baseline_bytes=baseline)
+        inputs = memory_inputs(cfg, workload, n_gpus=n_ranks, device=memory.device, process_baseline_bytes=baseline)
     except ValueError as e:
         return False, f"no memory estimate ({e})"
-    if "reference" in frozen_names(cfg):
+    if inputs.reference == "precomputed":
         inputs = dataclasses.replace(inputs, reference="model")
     replicated, sharded = (estimate(dataclasses.replace(inputs, shard_frozen=s), plan_name) for s in (False, True))
     return choose_shard_frozen(replicated, sharded, memory.bytes_per_rank)
@@ -284,6 +270,9 @@ def describe(inputs: MemoryInputs) -> str:
     d = inputs.policy
     parts = [f"policy {d.n_params / 1e9:.2f}B ({'score head' if d.head == 'score' else 'LM'})",
              f"reference: {inputs.reference}"]
+    if inputs.extra_trainable:
+        parts.append(f"{len(inputs.extra_trainable)} more trainable model(s) of "
+                     + ", ".join(f"{f.n_params / 1e9:.2f}B" for f in inputs.extra_trainable))
     if inputs.frozen_models:
         parts.append(f"{len(inputs.frozen_models)} frozen model(s) of "
                      + ", ".join(f"{f.n_params / 1e9:.2f}B" for f in inputs.frozen_models))

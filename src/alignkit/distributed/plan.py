@@ -97,6 +97,7 @@ class MemoryInputs:
     chunked_logits: bool = True  # alignkit's ops compute log-probs in chunks: no (B, T, V) tensors
     reference: str = "none"  # "model" holds a copy; "lora_base"/"precomputed" cost nothing
     frozen_models: Sequence[ModelDims] = ()  # reward / cost models, held in param_dtype
+    extra_trainable: Sequence[ModelDims] = ()  # further fully trained models (a critic), sharded like the policy
     shard_frozen: bool = False  # shard reference + frozen models under SHARDS_FROZEN strategies
     n_gpus: int = 1
     activation: str = "llama"  # method in ACTIVATION_METHODS
@@ -115,6 +116,7 @@ class MemoryInputs:
         _check(self.activation, ACTIVATION_METHODS.names(), "activation")
         self.lora_targets = tuple(self.lora_targets)
         self.frozen_models = tuple(self.frozen_models)
+        self.extra_trainable = tuple(self.extra_trainable)
         for t in self.lora_targets:
             _check(t, LORA_TARGETS, "each lora_targets entry")
         if self.lora_r is not None and (self.lora_r < 1 or not self.lora_targets):
@@ -298,6 +300,12 @@ def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
         "gradients": split(grads, shard_grads),
         "optimizer states": split(states, shard_opt),
     }
+    extra = sum(m.n_params for m in inputs.extra_trainable)
+    if extra:  # weights + fp32 master + grads + optimizer states of the other trainable models
+        extra_master = extra * 4 if inputs.master_weights_fp32 and p != 4 else 0
+        extra_states = extra * OPTIMIZER_STATES[inputs.optimizer] * DTYPE_BYTES[inputs.optimizer_state_dtype]
+        host["other trainable models"] = (split(extra * p, shard_params) + split(extra_master + extra_states, shard_opt)
+                                          + split(extra * p, shard_grads))
     gpu: dict[str, int] = {} if offload else dict(host)
     if shard_params:  # gathered params (current + prefetched unit) + one unsharded gradient unit
         unit = max(d.layer_params, d.vocab * d.hidden)

@@ -1,11 +1,19 @@
-"""The trainable policy module: an HF causal LM whose forward returns per-token log-probs.
+"""The trainable policy module, and the one way every algorithm runs a model on a batch.
 
-Log-probs are computed inside ``forward`` (so DDP / FSDP see every parameter use) from the
-final hidden states at the positions that have a target, through the chunked LM-head op: the
-(batch, seq, vocab) logits tensor is never built.
+``CausalLMLogps``: an HF causal LM (or VLM) whose forward returns per-token log-probs. Log-probs
+are computed inside ``forward`` (so DDP / FSDP see every parameter use) from the final hidden
+states at the positions that have a target, through the chunked LM-head op: the (batch, seq,
+vocab) logits tensor is never built.
+
+``forward_logps`` / ``sequence_logps`` / ``forward_scores`` pass every model-input field of a batch
+through (``pixel_values``, ``image_sizes``, ... included): a batch field is a model input unless it
+is one of :data:`NOT_MODEL_INPUTS`, the targets, indices and labels our collators add. So a VLM
+batch needs no new path.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,6 +21,18 @@ from torch import nn
 from alignkit.constants import IGNORE_INDEX
 from alignkit.models.loading import split_lm
 from alignkit.ops.logprobs import chunked_token_logps
+from alignkit.ops.segments import segment_sum
+
+#: batch fields our collators and algorithms add that are not inputs of the model
+NOT_MODEL_INPUTS = frozenset({
+    "targets", "labels", "seq_index", "response_lengths", "margin", "chosen_unsafe", "rejected_unsafe",
+    "ref_logps", "old_logps", "advantages", "returns", "values", "rewards", "response_mask", "example_index",
+})
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The fields of ``batch`` that go into the model's forward (everything but :data:`NOT_MODEL_INPUTS`)."""
+    return {k: v for k, v in batch.items() if k not in NOT_MODEL_INPUTS and v is not None}
 
 
 class CausalLMLogps(nn.Module):
@@ -21,23 +41,33 @@ class CausalLMLogps(nn.Module):
         self.hf_model = hf_model
         self.chunk_size = chunk_size
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        targets: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, **inputs: Any) -> torch.Tensor:
         """log p(targets) at every position whose target is not IGNORE_INDEX.
 
-        input_ids, targets: (B, T); returns (N,) float32 in row-major order of those positions.
+        input_ids, targets: (B, T); ``inputs``: any other model inputs (attention_mask,
+        position_ids, pixel_values, ...). Returns (N,) float32 in row-major order of those positions.
         """
         backbone, head = split_lm(self.hf_model)
-        out = backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        )
+        out = backbone(input_ids=input_ids, use_cache=False, **inputs)
         hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state  # (B, T, H)
         keep = targets != IGNORE_INDEX
         return chunked_token_logps(
             hidden[keep], head.weight, targets[keep], bias=getattr(head, "bias", None), chunk_size=self.chunk_size
         )
+
+
+def forward_logps(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(N,)`` log-probs of the batch's targets (row-major over non-ignored positions)."""
+    return model(targets=batch["targets"], **model_inputs(batch))
+
+
+def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(S,)`` sums of target log-probs per sequence (``seq_index``; S = ``len(response_lengths)``)."""
+    token_logps = forward_logps(model, batch)
+    seq = batch["seq_index"][batch["targets"] != IGNORE_INDEX]
+    return segment_sum(token_logps, seq, int(batch["response_lengths"].shape[0]))
+
+
+def forward_scores(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(S,)`` scalar-head scores, one per sequence of ``seq_index`` (reward / cost / value models)."""
+    return model(seq_index=batch["seq_index"], num_seqs=int(batch["response_lengths"].shape[0]), **model_inputs(batch))

@@ -42,20 +42,14 @@ class ScalarHeadModel(nn.Module):
         super().__init__()
         self.hf_model = hf_model
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        seq_index: torch.Tensor,
-        num_seqs: int,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Scores ``(S,)`` float32 of the S sequences in ``seq_index`` (``(B, T)``, -1 = pad).
+    def forward(self, input_ids: torch.Tensor, seq_index: torch.Tensor, num_seqs: int, **inputs: Any) -> torch.Tensor:
+        """Scores ``(S,)`` float32 of the S sequences in ``seq_index`` (``(B, T)``, -1 = pad);
+        ``inputs``: any other model inputs (attention_mask, position_ids, pixel_values, ...).
 
         Only the S hidden states that are scored go through the head.
         """
         backbone, head = split_scalar(self.hf_model)
-        out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        out = backbone(input_ids=input_ids, use_cache=False, **inputs)
         hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state  # (B, T, H)
         last = last_positions(seq_index, num_seqs)  # (S,)
         picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, last)  # (S, H)

@@ -3,6 +3,12 @@
 A crash (even kill -9) mid-write leaves at most a ``.tmp-checkpoint-*`` directory, which the
 next run deletes; ``latest`` is replaced atomically only after the rename, so it always names a
 complete checkpoint. Only rank 0 writes; RNG states of every rank are gathered to it first.
+
+Layout of ``checkpoint-STEP/``: one folder per trainable role (``policy/``, ``value/``, ...) holding
+its Hugging Face weights (or LoRA adapter) and the engine's training state; ``scheduler_rng.pt``
+(every role's LR schedule, every rank's RNG), ``trainer_state.json`` (step, epoch, sampler position,
+the algorithm's state such as a Lagrange multiplier) and the resolved ``config.yaml``. A checkpoint
+written before roles existed (weights at the top level) still loads as the first role.
 """
 
 from __future__ import annotations
@@ -12,12 +18,15 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from alignkit.distributed import comm
+
+if TYPE_CHECKING:
+    from alignkit.distributed.strategy.base import Handle, Strategy
 
 PREFIX = "checkpoint-"
 TMP_PREFIX = ".tmp-checkpoint-"
@@ -130,26 +139,29 @@ def save_checkpoint(
     output_dir: Path,
     step: int,
     *,
-    strategy: Any,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    strategy: Strategy,
+    handles: dict[str, Handle],
     trainer_state: dict[str, Any],
     config_yaml: str,
     tokenizer: Any = None,
     save_total_limit: int | None = None,
 ) -> Path:
+    """Write ``checkpoint-STEP`` atomically (module docstring); every rank calls."""
     final = output_dir / f"{PREFIX}{step}"
     tmp = output_dir / f"{TMP_PREFIX}{step}"
     if strategy.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        for role in handles:
+            (tmp / role).mkdir()
     strategy.barrier()
-    strategy.save_model(model, tmp, tokenizer)
-    strategy.save_training_state(model, optimizer, tmp)
+    for role, handle in handles.items():
+        strategy.save_model(handle, tmp / role, tokenizer)
+        strategy.save_training_state(handle, tmp / role)
     rngs = comm.all_gather_object(rng_state())
     if strategy.is_main:
-        torch.save({"scheduler": scheduler.state_dict(), "rng": rngs}, tmp / "scheduler_rng.pt")
+        schedulers = {role: h.scheduler.state_dict() for role, h in handles.items() if h.scheduler is not None}
+        torch.save({"schedulers": schedulers, "rng": rngs}, tmp / "scheduler_rng.pt")
         (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
         (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
         _fsync_tree(tmp)
@@ -165,13 +177,25 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(
-    ckpt: Path, *, strategy: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> dict[str, Any]:
-    """Restore model, optimizer, scheduler and this rank's RNG; returns the trainer state."""
-    strategy.load_training_state(model, optimizer, ckpt)
+def role_dir(ckpt: Path, role: str, first: bool) -> Path:
+    """Where ``role`` lives in ``ckpt``; a checkpoint from before roles holds the first role at its top level."""
+    inner = ckpt / role
+    if inner.is_dir() or not first:
+        if not inner.is_dir():
+            raise FileNotFoundError(f"{ckpt}: no {role}/ folder; the checkpoint was written by a run without that role")
+        return inner
+    return ckpt
+
+
+def load_checkpoint(ckpt: Path, *, strategy: Strategy, handles: dict[str, Handle]) -> dict[str, Any]:
+    """Restore every role's weights, optimizer and LR schedule and this rank's RNG; returns the trainer state."""
+    for i, (role, handle) in enumerate(handles.items()):
+        strategy.load_training_state(handle, role_dir(ckpt, role, first=i == 0))
     extra = torch.load(ckpt / "scheduler_rng.pt", map_location="cpu", weights_only=True)
-    scheduler.load_state_dict(extra["scheduler"])
+    schedulers = extra.get("schedulers") or {next(iter(handles)): extra["scheduler"]}
+    for role, handle in handles.items():
+        if handle.scheduler is not None and role in schedulers:
+            handle.scheduler.load_state_dict(schedulers[role])
     rngs = extra["rng"]
     if len(rngs) == strategy.dp_size:
         set_rng_state(rngs[strategy.dp_rank])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alignkit.config import load_config
+from alignkit.algorithms import workload_of
 from alignkit.distributed.auto import describe, engine_for, memory_inputs, probe_device_memory
 from alignkit.distributed.env import read_env
 from alignkit.distributed.model_dims import PRESETS
@@ -37,7 +38,7 @@ def estimate_command(config: str, overrides: list[str], *, gpus: int | None = No
     n = gpus or env.world_size
     if n < 1:
         raise ConfigError(f"--gpus must be >= 1, got {n}")
-    inputs = memory_inputs(cfg, n_gpus=n, device="cuda", policy=PRESETS[preset] if preset else None,
+    inputs = memory_inputs(cfg, workload_of(cfg), n_gpus=n, device="cuda", policy=PRESETS[preset] if preset else None,
                            frozen=frozen or [])
     memory = parse_memory(gpu_memory) if gpu_memory else None
     if memory is None:

@@ -1,8 +1,9 @@
-"""``alignkit eval CONFIG``: the algorithm's evaluation metrics of a model on ``data.eval``.
+"""Evaluation: the algorithm's metrics over a data set, and ``alignkit eval CONFIG``.
 
-Runs alone or under a launcher; every example is evaluated exactly once across ranks (the loop's
-``EvalSampler``) and sums/counts are reduced before dividing. For a reward/cost model that is
-pairwise accuracy and mean margin; for DPO the implicit-reward accuracy, margins and KL.
+:func:`evaluate` runs over (algorithm, models, examples, strategy): every example is evaluated exactly
+once across ranks (``EvalSampler``) and sums/counts are reduced before dividing. For a reward/cost
+model that is pairwise accuracy and mean margin; for DPO the implicit-reward accuracy, margins and KL.
+The training loop and ``alignkit eval`` both call it.
 """
 
 from __future__ import annotations
@@ -12,15 +13,41 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
-from alignkit.algorithms import ALGORITHMS
+from alignkit.algorithms.base import Example, MetricSums, OfflineAlgorithm
 from alignkit.config import RunConfig
-from alignkit.distributed.env import read_env
-from alignkit.distributed.strategy import build_strategy
+from alignkit.data.sampler import EvalSampler
+from alignkit.distributed import comm
+from alignkit.distributed.strategy.base import Strategy
 from alignkit.errors import ConfigError
-from alignkit.logging import setup_console
-from alignkit.models.loading import load_tokenizer
-from alignkit.train.offline_loop import OfflineTrainer
+from alignkit.models.roles import Models
+
+
+@torch.no_grad()
+def evaluate(algo: OfflineAlgorithm, models: Models, eval_set: list[Example], strategy: Strategy, *,
+             batch_size: int) -> dict[str, float]:
+    """Global means of ``algo.eval_step``'s metrics over ``eval_set``."""
+    loader = DataLoader(eval_set, batch_size=batch_size, collate_fn=algo.data.collate,
+                        sampler=EvalSampler(len(eval_set), strategy.dp_size, strategy.dp_rank))
+    was_training = {role: h.module.training for role, h in models.handles.items()}
+    models.train(False)
+    sums = MetricSums()
+    # Sharded engines (FSDP2, ZeRO-3) gather weights inside forward, so every rank must run
+    # as many forwards as the busiest one: ranks with fewer eval batches run discarded extras.
+    most = int(comm.all_reduce_max(torch.tensor(float(len(loader)), device=strategy.device)).item())
+    for batch in loader:
+        batch = {k: v.to(strategy.device) for k, v in batch.items()}
+        with strategy.autocast():
+            sums.merge(algo.eval_step(models, batch))
+    if most > len(loader):
+        filler = {k: v.to(strategy.device) for k, v in algo.data.collate([eval_set[0]]).items()}
+        for _ in range(most - len(loader)):
+            with strategy.autocast():
+                algo.eval_step(models, filler)
+    for role, mode in was_training.items():
+        models.handles[role].module.train(mode)
+    return comm.reduce_metrics(sums.sums, sums.counts)
 
 
 def pick_model(cfg: RunConfig, model_dir: str | None) -> str:
@@ -42,27 +69,24 @@ def pick_model(cfg: RunConfig, model_dir: str | None) -> str:
 
 
 def run_eval(cfg: RunConfig, model_dir: str | None = None, out: str | None = None) -> dict[str, float]:
-    env = read_env()
-    setup_console(env.is_main)
+    from alignkit.train.runner import Session
+
     if not cfg.data.eval:
         raise ConfigError("data.eval: alignkit eval needs one or more evaluation files")
     evaluated = pick_model(cfg, model_dir)
-    strategy = build_strategy(cfg, env)
-    strategy.setup()
-    algo = ALGORITHMS.get(cfg.algorithm)(cfg, load_tokenizer(cfg.model))
-    eval_set = algo.build_dataset(cfg.data.eval, "eval")
+    session = Session.start(cfg, announce=False)
+    algo, strategy = session.algo, session.strategy
+    eval_set = algo.data.build_dataset(cfg.data.eval, "eval")
     if not eval_set:
         raise ConfigError(f"data.eval: no usable examples in {cfg.data.eval}")
-    # evaluation only: no optimizer and no gradient-sync wrapper, just the replicated model
-    model = strategy.prepare_frozen(algo.build_policy(torch.float32))
-    algo.build_frozen(strategy)
-    algo.before_training(model, [], eval_set, strategy)
-    trainer = OfflineTrainer(cfg, algo, strategy, logger=None)  # type: ignore[arg-type]
-    trainer.eval_set = eval_set
-    metrics = trainer.evaluate(model)
+    # evaluation only: no optimizer and no gradient-sync wrapper, just the replicated models
+    models = session.build_models(train=False)
+    algo.before_training(models, [], eval_set, strategy)
+    t = cfg.training
+    metrics = evaluate(algo, models, eval_set, strategy, batch_size=t.eval_batch_size or t.per_device_batch_size or 8)
     metrics["examples"] = float(len(eval_set))
     if strategy.is_main:
-        skipped = algo.skipped.get("eval", 0)
+        skipped = algo.data.skipped.get("eval", 0)
         lines = [f"eval of {evaluated} ({cfg.algorithm}) on {', '.join(cfg.data.eval)}: {len(eval_set)} examples"
                  + (f" ({skipped} invalid rows skipped)" if skipped else "")]
         lines += [f"  {k:<20} {v:.4f}" for k, v in sorted(metrics.items()) if k != "examples"]

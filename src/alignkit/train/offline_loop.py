@@ -1,40 +1,38 @@
-"""The offline training loop shared by every offline algorithm.
+"""The offline training loop shared by every offline algorithm (SFT, reward/cost models, the DPO family).
 
-Per optimizer step: take the step's micro-batches (``gradient_accumulation_steps`` of them,
-fewer only at an epoch's end), count their loss units (tokens or sequences) and all-reduce the
-count, so each micro-batch loss is ``sum / (global units / dp_size)`` and DDP's gradient
-averaging yields exactly the global mean (ALGORITHMS 6.1). Gradients sync only on the last
-micro-batch (``no_sync``). The LR schedule counts optimizer steps.
+It walks the sampler's micro-batches in groups of ``gradient_accumulation_steps`` (fewer only at an
+epoch's end) and hands each group to the shared step code (:mod:`alignkit.train.step`): accumulation
+with the global normaliser, one optimizer step per trainable role, one reduction of the step's
+metrics, the log window, evaluation and checkpoints. The LR schedule counts optimizer steps.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
-import torch
 from torch.utils.data import DataLoader
 
-from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
-from alignkit.config import RunConfig, dump_yaml, resolve_batch, scaled_learning_rate
-from alignkit.data.sampler import EvalSampler, ShardedSampler
-from alignkit.distributed import comm
-from alignkit.errors import DataError
-from alignkit.logging import RunLogger, peak_memory_mb
-from alignkit.models.loading import count_parameters, hf_model
-from alignkit.train import checkpoint as ckpt
-from alignkit.train.optim import build_optimizer, build_scheduler
-
-
-@dataclass
-class TrainState:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0
-    micro_in_epoch: int = 0  # micro-batches of this epoch already consumed
-    algo: dict[str, Any] = field(default_factory=dict)
+from alignkit.algorithms.base import Batch, Example, OfflineAlgorithm
+from alignkit.config import RunConfig, dump_yaml
+from alignkit.data.sampler import ShardedSampler
+from alignkit.distributed.strategy.base import Strategy
+from alignkit.logging import RunLogger
+from alignkit.models.roles import Models
+from alignkit.train.evaluate import evaluate
+from alignkit.train.optim import build_scheduler
+from alignkit.train.run_plan import RunPlan
+from alignkit.train.step import (
+    Checkpointer,
+    StepResult,
+    TrainState,
+    Window,
+    accumulate,
+    log_window,
+    optimizer_step,
+    reduce_step,
+)
 
 
 @dataclass
@@ -45,262 +43,112 @@ class TrainResult:
     losses: list[float]
 
 
-def plan_steps(n_examples: int, per_device: int, accumulation: int, world: int, t: Any) -> tuple[int, int, int]:
-    """(micro-batches per epoch per rank, optimizer steps per epoch, total optimizer steps)."""
-    per_rank = n_examples // world
-    if per_rank == 0:
-        raise DataError(f"the training set has {n_examples} examples, fewer than the {world} processes")
-    micro = math.ceil(per_rank / per_device)
-    per_epoch = math.ceil(micro / accumulation)
-    total = t.max_steps if t.max_steps is not None else max(1, math.ceil(per_epoch * t.epochs))
-    return micro, per_epoch, total
-
-
 class OfflineTrainer:
-    def __init__(self, cfg: RunConfig, algo: OfflineAlgorithm, strategy: Any, logger: RunLogger) -> None:
-        self.cfg, self.algo, self.strategy, self.log = cfg, algo, strategy, logger
+    def __init__(self, cfg: RunConfig, algo: OfflineAlgorithm, strategy: Strategy, models: Models, plan: RunPlan,
+                 train_set: list[Example], eval_set: list[Example], logger: RunLogger) -> None:
+        assert plan.steps is not None, "the run plan needs its step counts (RunPlan.with_steps)"
+        self.cfg, self.algo, self.strategy, self.models, self.plan = cfg, algo, strategy, models, plan
+        self.train_set, self.eval_set, self.log = train_set, eval_set, logger
+        self.steps = plan.steps
         self.out = Path(cfg.output_dir)
-        self.plan = resolve_batch(cfg, strategy.dp_size)
+        self.sampler = ShardedSampler(len(train_set), strategy.dp_size, strategy.dp_rank, seed=cfg.training.seed)
+        self.checkpointer = Checkpointer(self.out, strategy, models, config_yaml=dump_yaml(cfg), tokenizer=algo.tokenizer,
+                                         save_total_limit=cfg.checkpoint.save_total_limit, log=logger)
+
+    # ------------------------------------------------------------------ main
+    def fit(self) -> TrainResult:
+        cfg, algo, log, steps = self.cfg, self.algo, self.log, self.steps
+        algo.before_training(self.models, self.train_set, self.eval_set, self.strategy)
+        for handle in self.models.handles.values():
+            handle.scheduler = build_scheduler(handle.optimizer, cfg.training, steps.total)
+        self._startup_lines()
+        state = self.checkpointer.resume(cfg.checkpoint.resume_from)
+        algo.load_state_dict(state.algo)
+        window, losses = Window(), []
+        metrics: dict[str, float] = {}
+        eval_metrics: dict[str, float] = {}
+        log.start_progress(steps.total, initial=state.step)
+        batches = self._micro_batches(state)
+        self.models.train()
+        while state.step < steps.total:
+            lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
+            result = self._step(next(batches))
+            state.step += 1
+            losses.append(result.loss)
+            window.add(result)
+            extra = algo.on_step_end(state.step, result.metrics)
+            log.advance({"loss": result.loss})
+            if state.step % cfg.logging.logging_steps == 0 or state.step == steps.total:
+                metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra)
+            if self._due(cfg.training.eval_steps, state.step):
+                eval_metrics = self._evaluate(state.step)
+            if self._due(cfg.checkpoint.save_steps, state.step):
+                self._save(state)
+        if self.eval_set:
+            eval_metrics = self._evaluate(state.step)
+        if cfg.checkpoint.save_steps:
+            self._save(state)
+        final_dir = self.out / "final" if cfg.checkpoint.save_final else None
+        if final_dir is not None:
+            self.checkpointer.save_final(final_dir, dump_yaml(cfg))
+        log.close()
+        return TrainResult(final_dir, metrics, eval_metrics, losses)
+
+    def _step(self, group: list[Batch]) -> StepResult:
+        data, strategy, models = self.algo.data, self.strategy, self.models
+        losses, sums, tokens = accumulate(strategy, models, group, self.algo.loss, data.loss_units, data.tokens_in)
+        norms = optimizer_step(strategy, models, self.cfg.training.max_grad_norm)
+        return reduce_step(strategy, models, losses, sums, tokens, norms)
 
     # ------------------------------------------------------------------ data
-    def _train_loader(self, sampler: ShardedSampler) -> DataLoader:
-        return DataLoader(
-            self.train_set,
-            batch_size=self.plan.per_device,
-            sampler=sampler,
-            collate_fn=self.algo.collate,
-            num_workers=self.cfg.data.num_workers,
-            drop_last=False,
-        )
-
-    def _micro_batches(self, state: TrainState) -> Iterator[tuple[list[dict[str, torch.Tensor]], bool]]:
-        """Yields (the micro-batches of one optimizer step, whether the epoch ended with it)."""
-        ga = self.plan.accumulation
+    def _micro_batches(self, state: TrainState) -> Iterator[list[Batch]]:
+        """Yields the micro-batches of one optimizer step at a time, resuming mid-epoch from ``state``."""
+        ga, per_device = self.plan.batch.accumulation, self.plan.batch.per_device
         while True:
-            self.sampler.set_epoch(state.epoch, start=state.micro_in_epoch * self.plan.per_device)
-            it = iter(self._train_loader(self.sampler))
-            group: list[dict[str, torch.Tensor]] = []
-            for batch in it:
+            self.sampler.set_epoch(state.epoch, start=state.micro_in_epoch * per_device)
+            loader = DataLoader(self.train_set, batch_size=per_device, sampler=self.sampler,
+                                collate_fn=self.algo.data.collate, num_workers=self.cfg.data.num_workers)
+            group: list[Batch] = []
+            for batch in loader:
                 group.append(batch)
                 state.micro_in_epoch += 1
                 if len(group) == ga:
-                    ended = state.micro_in_epoch >= self.micro_per_epoch
-                    yield group, ended
+                    ended = state.micro_in_epoch >= self.steps.micro_per_epoch
+                    yield group
                     group = []
                     if ended:
                         break
             if group:
-                yield group, True
+                yield group
             state.epoch += 1
             state.micro_in_epoch = 0
 
-    # ------------------------------------------------------------------ main
-    def fit(self) -> TrainResult:
-        cfg, algo, strategy, log = self.cfg, self.algo, self.strategy, self.log
-        t = cfg.training
-        self.train_set = algo.build_dataset(cfg.data.train, "train")
-        self.eval_set = algo.build_dataset(cfg.data.eval, "eval") if cfg.data.eval else []
-        if algo.skipped.get("train"):
-            log.info(f"Skipped {algo.skipped['train']} invalid or empty training rows (data.skip_invalid)")
-        self.micro_per_epoch, per_epoch, total = plan_steps(
-            len(self.train_set), self.plan.per_device, self.plan.accumulation, strategy.dp_size, t
-        )
-        self.sampler = ShardedSampler(len(self.train_set), strategy.dp_size, strategy.dp_rank, seed=t.seed)
-        lr = scaled_learning_rate(cfg, self.plan)
+    # ------------------------------------------------------------------ helpers
+    def _startup_lines(self) -> None:
+        b, t, steps = self.plan.batch, self.cfg.training, self.steps
+        self.log.info(f"Effective batch size: {b.global_batch} (per_device={b.per_device} x "
+                      f"accumulation={b.accumulation} x {self.strategy.dp_size} processes)")
+        self.log.info(
+            f"Training: {len(self.train_set)} examples, {steps.per_epoch} optimizer steps per epoch, {steps.total} "
+            f"steps in all, lr={self.plan.lr:.3g} ({t.lr_scheduler}), "
+            f"dtype={str(self.strategy.compute_dtype).replace('torch.', '')}")
 
-        policy = algo.build_policy(strategy.policy_dtype(lora=cfg.model.lora is not None))
-        trainable, n_total = count_parameters(policy)
-        if cfg.model.lora is not None:
-            log.info(
-                f"LoRA enabled for policy model: {trainable:,} trainable / {n_total:,} total parameters "
-                f"({100 * trainable / n_total:.2f}%)"
-            )
-        else:
-            log.info(f"Policy model: {n_total:,} parameters ({trainable:,} trainable)")
-        model, optimizer = strategy.prepare(policy, lambda m: build_optimizer(m, t, lr))
-        self.frozen = algo.build_frozen(strategy)
-        algo.before_training(model, self.train_set, self.eval_set, strategy)
-        scheduler = build_scheduler(optimizer, t, total)
-        log.info(
-            f"Effective batch size: {self.plan.global_batch} (per_device={self.plan.per_device} x "
-            f"accumulation={self.plan.accumulation} x {strategy.dp_size} processes)"
-        )
-        log.info(
-            f"Training: {len(self.train_set)} examples, {per_epoch} optimizer steps per epoch, {total} steps in all, "
-            f"lr={lr:.3g} ({t.lr_scheduler}), dtype={str(strategy.compute_dtype).replace('torch.', '')}"
-        )
+    def _epoch(self, state: TrainState) -> float:
+        return state.epoch + state.micro_in_epoch / max(1, self.steps.micro_per_epoch)
 
-        state = TrainState()
-        if strategy.is_main:
-            ckpt.clean_stale(self.out)
-        resume = ckpt.resolve_resume(self.out, cfg.checkpoint.resume_from)
-        if resume is not None:
-            saved = ckpt.load_checkpoint(resume, strategy=strategy, model=model, optimizer=optimizer, scheduler=scheduler)
-            state = TrainState(saved["step"], saved["epoch"], saved["micro_in_epoch"], saved.get("algo", {}))
-            algo.load_state_dict(state.algo)
-            log.info(f"Resumed from {resume} at step {state.step} (epoch {state.epoch})")
-        elif cfg.checkpoint.resume_from == "latest":
-            log.info(f"No checkpoint in {self.out} yet; starting from scratch")
+    def _due(self, every: int | None, step: int) -> bool:
+        """Whether a periodic action (eval, save) falls on ``step``; the last step has its own."""
+        return bool(every) and step % every == 0 and step < self.steps.total
 
-        losses: list[float] = []
-        last_metrics: dict[str, float] = {}
-        eval_metrics: dict[str, float] = {}
-        window = _Window()
-        log.start_progress(total, initial=state.step)
-        batches = self._micro_batches(state)
-        model.train()
-        while state.step < total:
-            group, _ = next(batches)
-            step_loss, sums, tokens = self._optimizer_step(model, group)
-            grad_norm = strategy.step(model, optimizer, t.max_grad_norm)
-            current_lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            state.step += 1
-            loss_value = comm.all_reduce_sum(torch.tensor(step_loss, dtype=torch.float64)).item() / strategy.dp_size
-            losses.append(loss_value)
-            window.add(loss_value, sums, tokens)
-            extra = algo.on_step_end(state.step, {"loss": loss_value})
-            log.advance({"loss": loss_value})
-            if state.step % cfg.logging.logging_steps == 0 or state.step == total:
-                last_metrics = self._log_window(window, state, per_epoch, current_lr, grad_norm, extra)
-            if self.eval_set and t.eval_steps and state.step % t.eval_steps == 0 and state.step < total:
-                eval_metrics = self.evaluate(model)
-                log.log_metrics(state.step, eval_metrics, prefix="eval/")
-            if cfg.checkpoint.save_steps and state.step % cfg.checkpoint.save_steps == 0 and state.step < total:
-                self._save(model, optimizer, scheduler, state)
-        final_dir = None
-        if self.eval_set:
-            eval_metrics = self.evaluate(model)
-            log.log_metrics(state.step, eval_metrics, prefix="eval/")
-        if cfg.checkpoint.save_steps:
-            self._save(model, optimizer, scheduler, state)
-        if cfg.checkpoint.save_final:
-            final_dir = self.out / "final"
-            strategy.save_model(model, final_dir, self.algo.tokenizer)
-            if strategy.is_main:  # how it was trained (e.g. `alignkit score` reads the data format), as in checkpoints
-                (final_dir / "config.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
-            log.info(f"Saved final model to {final_dir}")
-        log.close()
-        return TrainResult(final_dir, last_metrics, eval_metrics, losses)
-
-    def _optimizer_step(self, model: torch.nn.Module, group: list[dict[str, torch.Tensor]]) -> tuple[float, MetricSums, int]:
-        strategy, algo = self.strategy, self.algo
-        units = torch.tensor(float(sum(algo.loss_units(b) for b in group)), dtype=torch.float64)
-        global_units = comm.all_reduce_sum(units.to(strategy.device)).item()
-        normalizer = max(global_units, 1.0) / strategy.dp_size
-        total_loss = 0.0
-        sums = MetricSums()
-        tokens = 0
-        for i, batch in enumerate(group):
-            batch = {k: v.to(strategy.device, non_blocking=True) for k, v in batch.items()}
-            last = i == len(group) - 1
-            with (strategy.no_sync(model) if not last else _null()):
-                with strategy.autocast():
-                    loss, m = algo.loss(model, batch, normalizer=normalizer)
-                strategy.backward(loss, model)
-            total_loss += float(loss.detach())
-            sums.merge(m)
-            tokens += algo.tokens_in(batch)
-        return total_loss, sums, tokens
-
-    def _log_window(
-        self, window: "_Window", state: TrainState, per_epoch: int, lr: float, grad_norm: float, extra: dict[str, float]
-    ) -> dict[str, float]:
-        strategy = self.strategy
-        reduced = comm.reduce_metrics(window.sums.sums, window.sums.counts)
-        tokens = comm.all_reduce_sum(torch.tensor(float(window.tokens), dtype=torch.float64).to(strategy.device)).item()
-        elapsed = max(time.perf_counter() - window.start, 1e-9)
-        mem = comm.all_reduce_max(torch.tensor(peak_memory_mb(strategy.device.type)).to(strategy.device)).item()
-        metrics = {
-            "epoch": state.epoch + state.micro_in_epoch / max(1, self.micro_per_epoch),
-            "loss": sum(window.losses) / len(window.losses),
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "tokens_per_s": tokens / elapsed,
-            "peak_mem_mb": mem,
-            **reduced,
-            **extra,
-        }
-        self.log.log_metrics(state.step, metrics)
-        window.reset()
+    def _evaluate(self, step: int) -> dict[str, float]:
+        if not self.eval_set:
+            return {}
+        t = self.cfg.training
+        metrics = evaluate(self.algo, self.models, self.eval_set, self.strategy,
+                           batch_size=t.eval_batch_size or self.plan.batch.per_device)
+        self.log.log_metrics(step, metrics, prefix="eval/")
         return metrics
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
-        strategy, algo = self.strategy, self.algo
-        sampler = EvalSampler(len(self.eval_set), strategy.dp_size, strategy.dp_rank)
-        loader = DataLoader(
-            self.eval_set,
-            batch_size=self.cfg.training.eval_batch_size or self.plan.per_device,
-            sampler=sampler,
-            collate_fn=algo.collate,
-        )
-        was_training = model.training
-        model.eval()
-        sums = MetricSums()
-        # Sharded engines (FSDP2, ZeRO-3) gather weights inside forward, so every rank must run
-        # as many forwards as the busiest one: ranks with fewer eval batches run discarded extras.
-        most = int(comm.all_reduce_max(torch.tensor(float(len(loader)), device=strategy.device)).item())
-        for batch in loader:
-            batch = {k: v.to(strategy.device) for k, v in batch.items()}
-            with strategy.autocast():
-                sums.merge(algo.eval_step(model, batch))
-        if most > len(loader):
-            filler = {k: v.to(strategy.device) for k, v in algo.collate([self.eval_set[0]]).items()}
-            for _ in range(most - len(loader)):
-                with strategy.autocast():
-                    algo.eval_step(model, filler)
-        model.train(was_training)
-        return comm.reduce_metrics(sums.sums, sums.counts)
-
-    def _save(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, state: TrainState) -> None:
+    def _save(self, state: TrainState) -> None:
         state.algo = self.algo.state_dict()
-        trainer_state = {
-            "step": state.step,
-            "epoch": state.epoch,
-            "micro_in_epoch": state.micro_in_epoch,
-            "algo": state.algo,
-            "world_size": self.strategy.dp_size,
-        }
-        path = ckpt.save_checkpoint(
-            self.out,
-            state.step,
-            strategy=self.strategy,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            trainer_state=trainer_state,
-            config_yaml=dump_yaml(self.cfg),
-            tokenizer=self.algo.tokenizer,
-            save_total_limit=self.cfg.checkpoint.save_total_limit,
-        )
-        self.log.info(f"Saved checkpoint {path}")
-
-
-class _Window:
-    """Metrics accumulated between two log lines."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.losses: list[float] = []
-        self.sums = MetricSums()
-        self.tokens = 0
-        self.start = time.perf_counter()
-
-    def add(self, loss: float, sums: MetricSums, tokens: int) -> None:
-        self.losses.append(loss)
-        self.sums.merge(sums)
-        self.tokens += tokens
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-__all__ = ["OfflineTrainer", "TrainResult", "TrainState", "plan_steps", "hf_model"]
+        self.checkpointer.save(state)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from alignkit.algorithms import ALGORITHMS
-from alignkit.config import dump_yaml, load_config, resolve_batch, scaled_learning_rate
+from alignkit.algorithms import ALGORITHMS, workload_of
+from alignkit.config import dump_yaml, load_config
 from alignkit.distributed.env import read_env
-from alignkit.distributed.strategy import resolve_strategy_name
 from alignkit.distributed.strategy.base import pick_backend, pick_compute_dtype, pick_device
 from alignkit.models.loading import load_tokenizer
-from alignkit.train.offline_loop import plan_steps
+from alignkit.train.run_plan import plan_run
 
 
 def print_plan(config: str, overrides: list[str], *, world_size: int | None = None) -> None:
@@ -18,20 +17,21 @@ def print_plan(config: str, overrides: list[str], *, world_size: int | None = No
     env = read_env()
     if world_size is not None:
         env = dataclasses.replace(env, world_size=world_size, rank=0)
-    plan = resolve_batch(cfg, env.world_size)
-    name, why = resolve_strategy_name(cfg, env)
+    run = plan_run(cfg, env, workload_of(cfg))
+    plan = run.batch
     device = pick_device(env)
     dtype = pick_compute_dtype(cfg.model.dtype, device)
     backend = pick_backend(cfg.distributed.backend, device) if env.world_size > 1 else "none"
     algo = ALGORITHMS.get(cfg.algorithm)(cfg, load_tokenizer(cfg.model))
-    n_train = len(algo.build_dataset(cfg.data.train, "train"))
-    micro, per_epoch, total = plan_steps(n_train, plan.per_device, plan.accumulation, env.world_size, cfg.training)
+    n_train = len(algo.data.build_dataset(cfg.data.train, "train"))
+    steps = run.with_steps(n_train, cfg.training).steps
+    assert steps is not None
     print("# resolved config")
     print(dump_yaml(cfg).rstrip())
     print("# plan")
     rows = [
         ("algorithm", cfg.algorithm),
-        ("strategy", f"{name} ({why})"),
+        ("strategy", f"{run.strategy} ({run.reason})"),
         ("processes", f"{env.world_size} (backend {backend})"),
         ("device", f"{device.type}, compute dtype {str(dtype).replace('torch.', '')}"),
         ("per-device batch", plan.per_device),
@@ -42,11 +42,11 @@ def print_plan(config: str, overrides: list[str], *, world_size: int | None = No
             f"{plan.global_batch} (per_device={plan.per_device} x accumulation={plan.accumulation} "
             f"x {env.world_size} processes)",
         ),
-        ("learning rate", f"{scaled_learning_rate(cfg, plan):.4g} (scaling {cfg.training.lr_scaling})"),
-        ("training examples", f"{n_train} ({algo.skipped.get('train', 0)} skipped)"),
-        ("micro-batches per epoch per process", micro),
-        ("optimizer steps per epoch", per_epoch),
-        ("optimizer steps", total),
+        ("learning rate", f"{run.lr:.4g} (scaling {cfg.training.lr_scaling})"),
+        ("training examples", f"{n_train} ({algo.data.skipped.get('train', 0)} skipped)"),
+        ("micro-batches per epoch per process", steps.micro_per_epoch),
+        ("optimizer steps per epoch", steps.per_epoch),
+        ("optimizer steps", steps.total),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

@@ -1,21 +1,41 @@
-"""From a validated config to a finished run: environment, strategy, logger, loop."""
+"""From a validated config to a finished run: environment, plan, strategy, models, loop.
+
+:class:`Session` is one process's view of a run, built once: the launcher environment, the
+algorithm and the models it declares (:class:`~alignkit.models.roles.Workload`), the
+:class:`~alignkit.train.run_plan.RunPlan` (strategy and why, batch arithmetic, learning rate), the
+Strategy (set up, pre-flight checked, frozen-model sharding decided) and the tokenizer. ``run_train``
+and ``alignkit eval`` start one; the loop gets everything from it as arguments.
+"""
 
 from __future__ import annotations
 
+import functools
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from alignkit.algorithms import ALGORITHMS
-from alignkit.config import RunConfig, to_dict
-from alignkit.distributed.env import read_env
+from alignkit.algorithms import ALGORITHMS, workload_of
+from alignkit.algorithms.base import OfflineAlgorithm
+from alignkit.config import RunConfig, resolve_batch, to_dict
+from alignkit.config.schema import ModelConfig
+from alignkit.distributed.auto import frozen_roles, frozen_sharding
+from alignkit.distributed.env import DistEnv, read_env
 from alignkit.distributed.preflight import preflight
-from alignkit.distributed.strategy import build_strategy, resolve_strategy_name
+from alignkit.distributed.strategy import build_strategy
+from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.logging import RunLogger, scrub, setup_console
-from alignkit.models.loading import load_tokenizer
+from alignkit.models.loading import count_parameters, load_tokenizer
+from alignkit.models.roles import ModelSpec, Models, Workload, build_model
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
+from alignkit.train.optim import build_optimizer
+from alignkit.train.run_plan import RunPlan, plan_run
+
+if TYPE_CHECKING:
+    from alignkit.distributed.auto import DeviceMemory
 
 
 def set_seed(seed: int) -> None:
@@ -24,43 +44,118 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+@dataclass
+class Session:
+    cfg: RunConfig
+    env: DistEnv
+    algo: OfflineAlgorithm
+    workload: Workload
+    plan: RunPlan
+    strategy: Strategy
+    preflight: dict[str, str]
+
+    @classmethod
+    def start(cls, cfg: RunConfig, *, announce: bool = True) -> Session:
+        """Plan once, build and set up the strategy, check the ranks, seed, load the tokenizer."""
+        env = read_env()
+        setup_console(env.is_main)
+        algo_cls = ALGORITHMS.get(cfg.algorithm)
+        workload = workload_of(cfg)
+        plan = plan_run(cfg, env, workload)
+        strategy = build_strategy(plan.strategy, plan.distributed, env, cfg.model.dtype, auto_picked=plan.auto_picked)
+        strategy.configure(plan.batch, cfg.training.max_grad_norm)
+        strategy.setup()
+        if strategy.device.type == "cpu":
+            # Adam's second moments and tiny gradients drift into subnormal floats, which x86 CPUs
+            # process ~100x slower: measured 2 s -> 6 s per step on the tiny model. Flush them to 0.
+            torch.set_flush_denormal(True)
+        checked = {}
+        if env.is_distributed:  # every rank reachable, same versions and decision, before any model is built
+            checked = preflight(strategy.backend, plan.strategy, cfg.distributed.preflight_timeout_s)
+        strategy.decide_frozen_sharding(frozen_roles(workload), functools.partial(frozen_sharding, cfg, workload))
+        set_seed(cfg.training.seed)
+        algo = algo_cls(cfg, load_tokenizer(cfg.model))
+        return cls(cfg, env, algo, workload, plan, strategy, checked)
+
+    def announce(self, logger: RunLogger) -> None:
+        env, plan, checked = self.env, self.plan, self.preflight
+        if env.is_distributed:
+            logger.info(f"Distributed training initialized: world_size={env.world_size} backend={self.strategy.backend}")
+        if checked:
+            logger.info(f"Pre-flight OK: {env.world_size} ranks reachable; torch {checked['torch']}, transformers "
+                        f"{checked['transformers']}, alignkit {checked['alignkit']} and strategy match")
+        logger.info(f"Strategy: {plan.strategy} ({plan.reason}); device={self.strategy.device.type}; "
+                    f"algorithm={self.cfg.algorithm}")
+
+    def build_models(self, *, train: bool = True, logger: RunLogger | None = None) -> Models:
+        t = self.cfg.training
+        make_optimizer = (lambda m: build_optimizer(m, t, self.plan.lr)) if train else None
+        return build_models(self.workload, self.cfg.model, self.strategy, self.algo.tokenizer,
+                            make_optimizer=make_optimizer, logger=logger)
+
+
+def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy, tokenizer: Any, *,
+                 make_optimizer: OptimizerFactory | None = None, logger: RunLogger | None = None) -> Models:
+    """Every loaded role of ``workload``: trainable ones prepared by the strategy with an optimizer
+    from ``make_optimizer`` (None: evaluation only, placed like a frozen model in fp32), frozen ones
+    in the compute dtype through ``strategy.prepare_frozen``."""
+    models = Models()
+    for spec in workload.specs:
+        if not spec.loaded:
+            continue
+        if not spec.trainable:
+            module = build_model(spec, model_cfg, strategy.compute_dtype, tokenizer)
+            models.frozen[spec.role] = strategy.prepare_frozen(module)
+            continue
+        dtype = strategy.policy_dtype(lora=spec.lora) if make_optimizer else torch.float32
+        module = build_model(spec, model_cfg, dtype, tokenizer)
+        if logger is not None:
+            _log_parameters(logger, spec, module)
+        if make_optimizer is None:
+            models.handles[spec.role] = Handle(spec.role, strategy.prepare_frozen(module), optimizer=None)  # type: ignore[arg-type]
+        else:
+            models.handles[spec.role] = strategy.prepare(module, make_optimizer, role=spec.role)
+    return models
+
+
+def _log_parameters(logger: RunLogger, spec: ModelSpec, module: torch.nn.Module) -> None:
+    trainable, total = count_parameters(module)
+    if spec.lora:
+        logger.info(f"LoRA enabled for {spec.role} model: {trainable:,} trainable / {total:,} total "
+                    f"parameters ({100 * trainable / total:.2f}%)")
+    else:
+        logger.info(f"{spec.role.capitalize()} model: {total:,} parameters ({trainable:,} trainable)")
+
+
+def strategy_for(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = None) -> Strategy:
+    """The configured (not yet set up) Strategy ``cfg`` gets under ``env``: for tools and tests."""
+    from alignkit.distributed.strategy import resolve_strategy
+
+    workload = workload_of(cfg)
+    name, why, dist = resolve_strategy(cfg, env, workload, memory)
+    strategy = build_strategy(name, dist, env, cfg.model.dtype, auto_picked=why.startswith("auto"))
+    strategy.configure(resolve_batch(cfg, env.world_size), cfg.training.max_grad_norm)
+    return strategy
+
+
 def run_train(cfg: RunConfig) -> TrainResult:
-    env = read_env()
-    setup_console(env.is_main)
-    strategy = build_strategy(cfg, env)
-    strategy.setup()
-    if strategy.device.type == "cpu":
-        # Adam's second moments and tiny gradients drift into subnormal floats, which x86 CPUs
-        # process ~100x slower: measured 2 s -> 6 s per step on the tiny model. Flush them to 0.
-        torch.set_flush_denormal(True)
-    name, why = resolve_strategy_name(cfg, env)
-    checked = {}
-    if env.is_distributed:  # every rank reachable, same versions and decision, before any model is built
-        checked = preflight(strategy.backend, name, cfg.distributed.preflight_timeout_s)
+    session = Session.start(cfg)
+    strategy, algo = session.strategy, session.algo
     out = Path(cfg.output_dir)
-    logger = RunLogger(
-        is_main=strategy.is_main,
-        output_dir=out,
-        report_to=cfg.logging.report_to,
-        run_name=cfg.logging.run_name,
-        wandb_project=cfg.logging.wandb_project,
-        progress_bar=cfg.logging.progress_bar,
-        config=to_dict(cfg),
-    )
-    if env.is_distributed:
-        logger.info(f"Distributed training initialized: world_size={env.world_size} backend={strategy.backend}")
-    if checked:
-        logger.info(f"Pre-flight OK: {env.world_size} ranks reachable; torch {checked['torch']}, transformers "
-                    f"{checked['transformers']}, alignkit {checked['alignkit']} and strategy match")
-    logger.info(f"Strategy: {name} ({why}); device={strategy.device.type}; algorithm={cfg.algorithm}")
+    logger = RunLogger(is_main=strategy.is_main, output_dir=out, report_to=cfg.logging.report_to,
+                       run_name=cfg.logging.run_name, wandb_project=cfg.logging.wandb_project,
+                       progress_bar=cfg.logging.progress_bar, config=to_dict(cfg))
+    session.announce(logger)
     if strategy.is_main:
-        out.mkdir(parents=True, exist_ok=True)
         import yaml
 
         (out / "config.yaml").write_text(yaml.safe_dump(scrub(to_dict(cfg)), sort_keys=False), encoding="utf-8")
-    set_seed(cfg.training.seed)
-    tokenizer = load_tokenizer(cfg.model)
-    algo = ALGORITHMS.get(cfg.algorithm)(cfg, tokenizer)
-    result = OfflineTrainer(cfg, algo, strategy, logger).fit()
+    train_set = algo.data.build_dataset(cfg.data.train, "train")
+    eval_set = algo.data.build_dataset(cfg.data.eval, "eval") if cfg.data.eval else []
+    if algo.data.skipped.get("train"):
+        logger.info(f"Skipped {algo.data.skipped['train']} invalid or empty training rows (data.skip_invalid)")
+    plan = session.plan.with_steps(len(train_set), cfg.training)
+    models = session.build_models(logger=logger)
+    result = OfflineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
     logger.info(f"Run finished: outputs in {out}")
     return result

@@ -20,13 +20,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from alignkit.algorithms import ALGORITHMS
+from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.config.loader import apply_overrides, build_dataclass
 from alignkit.config.schema import RunConfig
 from alignkit.distributed.env import DistEnv, read_env
-from alignkit.distributed.strategy import build_strategy
 from alignkit.models.loading import load_tokenizer
-from alignkit.train.offline_loop import OfflineTrainer
+from alignkit.train.evaluate import evaluate
+from alignkit.train.runner import build_models, strategy_for
+from alignkit.train.step import accumulate
 
 CASES: dict[str, tuple[str, list[str]]] = {
     "dpo_sigmoid": ("dpo", []),
@@ -72,22 +73,22 @@ def one_step(model_dir: str, case: str, env: DistEnv, per_device: int, ga: int) 
                                                   f"training.gradient_accumulation_steps={ga}"])
     tok = load_tokenizer(cfg.model)
     algo = ALGORITHMS.get(algorithm)(cfg, tok)
-    pairs = pick_pairs(algo.build_dataset(cfg.data.train, "train")[:200])
-    strategy = build_strategy(cfg, env)
+    pairs = pick_pairs(algo.data.build_dataset(cfg.data.train, "train")[:200])
+    strategy = strategy_for(cfg, env)
     torch.manual_seed(0)  # the same fresh score head everywhere
-    model, _ = strategy.prepare(algo.build_policy(torch.float32), lambda m: torch.optim.SGD(m.parameters(), lr=0.0))
-    algo.build_frozen(strategy)
+    models = build_models(workload_of(cfg), cfg.model, strategy, tok,
+                          make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.0))
+    model = models.trainable
     with torch.no_grad():  # move the trainable weights off the reference, identically on every rank
         g = torch.Generator().manual_seed(1)
         for p in strategy.unwrap(model).parameters():
             if p.requires_grad:
                 p.add_(0.02 * torch.randn(p.shape, generator=g))
     mine = pairs[env.rank :: env.world_size]  # ShardedSampler's interleaving, unshuffled
-    group = [algo.collate(mine[i : i + per_device]) for i in range(0, len(mine), per_device)]
+    group = [algo.data.collate(mine[i : i + per_device]) for i in range(0, len(mine), per_device)]
     assert len(group) == ga
-    trainer = OfflineTrainer(cfg, algo, strategy, logger=None)  # type: ignore[arg-type]
-    local_loss, _, _ = trainer._optimizer_step(model, group)
-    loss = torch.tensor(local_loss, dtype=torch.float64)
+    local, _, _ = accumulate(strategy, models, group, algo.loss, algo.data.loss_units, algo.data.tokens_in)
+    loss = torch.tensor(local[models.primary], dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(loss)
         loss /= env.world_size  # what the loop logs
@@ -100,21 +101,20 @@ def precompute_and_eval(model_dir: str, env: DistEnv) -> tuple[list[float], dict
     """Cached reference log-probs of 7 pairs and eval metrics over 5 (odd: exact-once matters)."""
     cfg = make_cfg(model_dir, "dpo", ["dpo.precompute_ref_logps=true", "training.eval_batch_size=2"])
     algo = ALGORITHMS.get("dpo")(cfg, load_tokenizer(cfg.model))
-    data = algo.build_dataset(cfg.data.train, "train")[:12]
+    data = algo.data.build_dataset(cfg.data.train, "train")[:12]
     train_set, eval_set = data[:7], data[7:12]
-    strategy = build_strategy(cfg, env)
+    strategy = strategy_for(cfg, env)
     torch.manual_seed(0)
-    model, _ = strategy.prepare(algo.build_policy(torch.float32), lambda m: torch.optim.SGD(m.parameters(), lr=0.0))
+    models = build_models(workload_of(cfg), cfg.model, strategy, algo.tokenizer,
+                          make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.0))
+    model = models.trainable
     with torch.no_grad():  # a policy that differs from its reference, identically on every rank
         g = torch.Generator().manual_seed(1)
         for p in strategy.unwrap(model).parameters():
             p.add_(0.02 * torch.randn(p.shape, generator=g))
-    algo.build_frozen(strategy)
-    algo.before_training(model, train_set, eval_set, strategy)
+    algo.before_training(models, train_set, eval_set, strategy)
     cached = [e[k] for e in train_set + eval_set for k in ("ref_chosen_logps", "ref_rejected_logps")]
-    trainer = OfflineTrainer(cfg, algo, strategy, logger=None)  # type: ignore[arg-type]
-    trainer.eval_set = eval_set
-    return cached, trainer.evaluate(model)
+    return cached, evaluate(algo, models, eval_set, strategy, batch_size=2)
 
 
 def main(model_dir: str, report: str) -> None:
@@ -126,7 +126,7 @@ def main(model_dir: str, report: str) -> None:
             results[case][name] = one_step(model_dir, case, alone, pd, ga)
     cached_1, eval_1 = precompute_and_eval(model_dir, alone)
 
-    build_strategy(make_cfg(model_dir, "dpo", []), env).setup()  # the process group (gloo)
+    strategy_for(make_cfg(model_dir, "dpo", []), env).setup()  # the process group (gloo)
     for case in CASES:
         for name, (pd, ga) in DDP_LAYOUTS.items():
             results[case][name] = one_step(model_dir, case, env, pd, ga)

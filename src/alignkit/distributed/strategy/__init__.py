@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from alignkit.config.schema import DistributedConfig, RunConfig
 from alignkit.distributed.env import DistEnv
-from alignkit.distributed.strategy.base import Strategy
+from alignkit.distributed.strategy.base import Handle, Strategy
 from alignkit.distributed.strategy.ddp import DDPStrategy
 from alignkit.distributed.strategy.deepspeed import DeepSpeedStrategy
 from alignkit.distributed.strategy.fsdp import FSDPStrategy
@@ -15,6 +15,7 @@ from alignkit.registry import Registry
 
 if TYPE_CHECKING:
     from alignkit.distributed.auto import DeviceMemory
+    from alignkit.models.roles import Workload
 
 STRATEGIES: Registry[type[Strategy]] = Registry("distributed.strategy")
 STRATEGIES.register("single")(SingleStrategy)
@@ -23,11 +24,12 @@ STRATEGIES.register("fsdp")(FSDPStrategy)
 STRATEGIES.register("deepspeed")(DeepSpeedStrategy)  # imports deepspeed only in setup()
 
 
-def resolve_strategy(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = None,
+def resolve_strategy(cfg: RunConfig, env: DistEnv, workload: Workload, memory: DeviceMemory | None = None,
                      ) -> tuple[str, str, DistributedConfig]:
     """The one place that decides: (strategy name, one-line reason, the ``distributed`` settings to use).
 
-    ``auto`` in one process is ``single``; under several it compares the run's memory estimate with
+    ``auto`` in one process is ``single``; under several it compares the memory estimate of the
+    run's models (``workload``: the algorithm's model specs) with
     the device memory (``memory``, probed when None): ddp if it fits, else ZeRO-2-like, else
     ZeRO-3-like (DeepSpeed stage 2/3 where importable on GPUs, else FSDP2 without/with resharding).
     """
@@ -37,21 +39,14 @@ def resolve_strategy(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None =
     if env.world_size > 1:
         from alignkit.distributed.auto import auto_strategy
 
-        return auto_strategy(cfg, env, memory)
+        return auto_strategy(cfg, env, workload, memory)
     return "single", "auto: one process", cfg.distributed
 
 
-def resolve_strategy_name(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = None) -> tuple[str, str]:
-    """The concrete strategy for ``cfg`` and a one-line reason (printed at start-up)."""
-    name, why, _ = resolve_strategy(cfg, env, memory)
-    return name, why
+def build_strategy(name: str, dist: DistributedConfig, env: DistEnv, dtype: str = "auto", *,
+                   auto_picked: bool = False) -> Strategy:
+    """The registered engine ``name`` with its resolved ``distributed`` settings (from :func:`resolve_strategy`)."""
+    return STRATEGIES.get(name)(dist, env, dtype, auto_picked=auto_picked)
 
 
-def build_strategy(cfg: RunConfig, env: DistEnv) -> Strategy:
-    name, _, dist = resolve_strategy(cfg, env)
-    strategy = STRATEGIES.get(name)(dist, env, cfg.model.dtype)
-    strategy.configure(cfg)
-    return strategy
-
-
-__all__ = ["STRATEGIES", "Strategy", "build_strategy", "resolve_strategy", "resolve_strategy_name"]
+__all__ = ["STRATEGIES", "Handle", "Strategy", "build_strategy", "resolve_strategy"]

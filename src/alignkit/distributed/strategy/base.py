@@ -1,7 +1,11 @@
-"""The one Strategy protocol every engine implements (single device, DDP; FSDP2/DeepSpeed later).
+"""The one Strategy every engine implements (single device, DDP, FSDP2, DeepSpeed).
 
-The training loops talk to the engine only through these methods, so no algorithm ever
-branches on the engine. Engine quirks stay in each engine's own file.
+The training loops talk to the engine only through these methods, so no algorithm ever branches
+on the engine. ``prepare`` returns a :class:`Handle` per trainable model; ``backward`` / ``step`` /
+``no_sync`` / saving take a handle, so a run can train several models (actor and critic).
+``full_params`` gathers a sharded model's parameters for generation. A Strategy receives its
+settings as arguments (``distributed.*``, the batch plan, clipping), never the whole run config.
+Engine quirks stay in each engine's own file.
 """
 
 from __future__ import annotations
@@ -10,9 +14,10 @@ import contextlib
 import dataclasses
 import logging
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,9 +29,32 @@ from alignkit.distributed.env import DistEnv
 from alignkit.errors import ConfigError
 from alignkit.models.loading import hf_model
 
+if TYPE_CHECKING:
+    from alignkit.config.loader import BatchPlan
+    from alignkit.distributed.auto import DeviceMemory
+
 log = logging.getLogger("alignkit")
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+#: (estimator strategy of this engine, ranks, device memory) -> (shard the frozen models?, why)
+FrozenSharding = Callable[[str, int, "DeviceMemory"], tuple[bool, str]]
+
+
+@dataclass
+class Handle:
+    """One trainable model as the engine holds it.
+
+    ``module`` is what forward calls (the DDP / FSDP module or the DeepSpeed engine); ``engine`` is
+    the DeepSpeed engine (None elsewhere); ``scheduler`` is set by the loop; ``sync`` is False while
+    an accumulation micro-batch that is not the last of the step runs (``Strategy.no_sync``).
+    """
+
+    role: str
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    engine: Any = None
+    scheduler: Any = None
+    sync: bool = True
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -60,22 +88,24 @@ class Strategy(ABC):
 
     name: str = "base"
 
-    def __init__(self, cfg: DistributedConfig, env: DistEnv, dtype: str = "auto") -> None:
+    def __init__(self, cfg: DistributedConfig, env: DistEnv, dtype: str = "auto", *, auto_picked: bool = False) -> None:
+        """``cfg``: the resolved ``distributed`` settings; ``auto_picked``: ``strategy: auto`` chose
+        this engine (then ``shard_frozen: true`` on an engine that cannot shard is a note, not an error)."""
         self.cfg = cfg
         self.env = env
+        self.auto_picked = auto_picked
         self.device = pick_device(env)
         self.compute_dtype = pick_compute_dtype(dtype, self.device)
         self.backend = pick_backend(cfg.backend, self.device)
         # fp16 needs loss scaling; bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler(self.device.type) if self.compute_dtype == torch.float16 else None
-        self.shard_frozen = False  # whether prepare_frozen shards; decided in setup (decide_frozen_sharding)
+        self.shard_frozen = False  # whether prepare_frozen shards; decided by decide_frozen_sharding
         self.frozen_note = ""  # that decision in words, logged by rank 0 with the first frozen model
 
-    def configure(self, run: Any) -> None:
-        """Run-wide settings an engine may need beyond ``distributed.*`` (DeepSpeed: batch sizes,
-        clipping). Called once by ``build_strategy``; raise ConfigError here for conflicts."""
-        self.run = run
-        if self.cfg.shard_frozen is True and self.frozen_plan() is None and run.distributed.strategy != "auto":
+    def configure(self, batch: BatchPlan, max_grad_norm: float) -> None:
+        """Run-wide numbers an engine may need beyond ``distributed.*`` (DeepSpeed: batch sizes and
+        clipping). Called once before ``setup``; raise ConfigError here for conflicts."""
+        if self.cfg.shard_frozen is True and self.frozen_plan() is None and not self.auto_picked:
             raise ConfigError(f"distributed.shard_frozen=true: {self.label} does not shard parameters; use fsdp or "
                               "deepspeed zero_stage 3, or set distributed.shard_frozen to auto or false")
 
@@ -109,39 +139,35 @@ class Strategy(ABC):
             if self.device.type == "cuda":
                 kwargs["device_id"] = self.device
             dist.init_process_group(**kwargs)
-        self.decide_frozen_sharding()
 
-    def decide_frozen_sharding(self) -> None:
+    def decide_frozen_sharding(self, frozen_roles: list[str], estimate: FrozenSharding | None = None) -> None:
         """Set ``self.shard_frozen`` once per run (``distributed.shard_frozen``), the same on every rank,
-        and ``self.frozen_note`` (what was decided and why) when the run holds frozen models."""
-        from alignkit.distributed import auto
-
-        setting, plan, run = self.cfg.shard_frozen, self.frozen_plan(), getattr(self, "run", None)
-        names = auto.frozen_names(run) if run is not None else []
+        and ``self.frozen_note`` (what was decided and why) when the run holds frozen models.
+        ``estimate`` answers ``auto`` from the memory planner (the runner builds it from the specs)."""
+        setting, plan = self.cfg.shard_frozen, self.frozen_plan()
         if plan is None:
             why = f"{self.label} does not shard parameters" + (
                 "; distributed.shard_frozen=true is ignored" if setting is True else "")
             self.shard_frozen = False
         elif setting == "auto":
-            self.shard_frozen, why = self._auto_shard_frozen(run, plan) if names else (False, "")
+            self.shard_frozen, why = (self._auto_shard_frozen(plan, estimate)
+                                      if frozen_roles and estimate is not None else (False, ""))
         else:
             self.shard_frozen, why = bool(setting), f"distributed.shard_frozen={str(setting).lower()}"
-        if names:
-            k = len(names) - ("reference" in names)
-            held = " + ".join((["reference"] if "reference" in names else [])
-                              + ([f"{k} reward/cost model{'s' if k > 1 else ''}"] if k else []))
-            self.frozen_note = f"Frozen models {'sharded' if self.shard_frozen else 'replicated'} ({held}: {why})"
+        if frozen_roles:
+            self.frozen_note = f"Frozen models {'sharded' if self.shard_frozen else 'replicated'} " \
+                               f"({' + '.join(frozen_roles)}: {why})"
 
-    def _auto_shard_frozen(self, run: Any, plan: str) -> tuple[bool, str]:
-        from alignkit.distributed import auto
+    def _auto_shard_frozen(self, plan: str, estimate: FrozenSharding) -> tuple[bool, str]:
+        from alignkit.distributed.auto import probe_device_memory
 
-        memory = auto.probe_device_memory(self.env)
+        memory = probe_device_memory(self.env)
         # Rank 0 alone decides, for the smallest device of all ranks; every rank takes its answer, so
         # the sharded forwards stay in lock-step even if another rank could not read the model config.
         smallest = -int(comm.all_reduce_max(torch.tensor(-memory.bytes_per_rank, dtype=torch.int64)).item())
         decision = None
         if self.is_main:
-            decision = auto.frozen_sharding(run, plan, self.dp_size, dataclasses.replace(memory, bytes_per_rank=smallest))
+            decision = estimate(plan, self.dp_size, dataclasses.replace(memory, bytes_per_rank=smallest))
         return comm.broadcast_object(decision)
 
     def teardown(self) -> None:
@@ -154,11 +180,11 @@ class Strategy(ABC):
 
     # ------------------------------------------------------------------ models
     @abstractmethod
-    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Place/wrap the trainable model and build its optimizer; returns (wrapped, optimizer)."""
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str = "policy") -> Handle:
+        """Place/wrap a trainable model and build its optimizer."""
 
     def policy_dtype(self, *, lora: bool) -> torch.dtype:
-        """The dtype the trainable model is loaded in: fp32 master weights, except that a LoRA
+        """The dtype a trainable model is loaded in: fp32 master weights, except that a LoRA
         policy's frozen base is held in the compute dtype (bf16 on GPUs) with fp32 adapters;
         autocast computes in the compute dtype either way."""
         return self.compute_dtype if lora else torch.float32
@@ -181,27 +207,41 @@ class Strategy(ABC):
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if hasattr(model, "module") and isinstance(model, nn.Module) else model
 
+    @contextlib.contextmanager
+    def full_params(self, module: nn.Module) -> Iterator[nn.Module]:
+        """Full parameters of ``module`` (a handle's module or a frozen model) for the duration, e.g.
+        for generation: gathered ONCE on entry and released on exit (never per token or layer) by the
+        sharding engines; a no-op where every rank holds the whole model. Yields the plain module
+        to call (``generate``, forward), on every rank at the same time."""
+        yield self.unwrap(module)
+
     # ------------------------------------------------------------------ step
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Skip the gradient all-reduce on accumulation micro-batches (no-op without DDP)."""
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def no_sync(self, handle: Handle) -> Iterator[None]:
+        """Skip the gradient sync on accumulation micro-batches (engines override the mechanism)."""
+        handle.sync = False
+        try:
+            yield
+        finally:
+            handle.sync = True
 
-    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
+    def backward(self, loss: torch.Tensor, handle: Handle) -> None:
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:
             loss.backward()
 
-    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
-        """Clip, step and zero the grads; returns the global gradient norm before clipping."""
+    def step(self, handle: Handle, max_grad_norm: float) -> float:
+        """Clip, step and zero the grads of one handle; returns its global gradient norm before clipping."""
+        optimizer = handle.optimizer
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
-        params = [p for p in model.parameters() if p.grad is not None]
+        params = [p for p in handle.module.parameters() if p.grad is not None]
         norm = self.clip_grads(params, max_grad_norm) if params else torch.tensor(0.0)
         if self.scaler is not None:
             self.scaler.step(optimizer)
@@ -217,30 +257,30 @@ class Strategy(ABC):
         return torch.nn.utils.clip_grad_norm_(params, limit)
 
     # ------------------------------------------------------------------ saving
-    def save_model(self, model: nn.Module, out_dir: Path, tokenizer: Any = None) -> None:
-        """Hugging Face format (safetensors), written by rank 0 only."""
+    def save_model(self, handle: Handle, out_dir: Path, tokenizer: Any = None) -> None:
+        """Hugging Face format (safetensors), written by rank 0 only; every rank calls."""
         if self.is_main:
-            inner = hf_model(self.unwrap(model))
+            inner = hf_model(self.unwrap(handle.module))
             inner.save_pretrained(str(out_dir), safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(out_dir))
         self.barrier()
 
-    def save_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: Path) -> None:
+    def save_training_state(self, handle: Handle, out_dir: Path) -> None:
         """Optimizer (and scaler) state; rank 0 only, since DDP replicas are identical."""
         if self.is_main:
-            state = {"optimizer": optimizer.state_dict()}
+            state = {"optimizer": handle.optimizer.state_dict()}
             if self.scaler is not None:
                 state["scaler"] = self.scaler.state_dict()
             torch.save(state, out_dir / "optimizer.pt")
         self.barrier()
 
-    def load_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt_dir: Path) -> None:
+    def load_training_state(self, handle: Handle, ckpt_dir: Path) -> None:
         """Model weights and optimizer state from a checkpoint directory (every rank reads)."""
         from alignkit.models.weights import load_weights_into
 
-        load_weights_into(hf_model(self.unwrap(model)), ckpt_dir)
+        load_weights_into(hf_model(self.unwrap(handle.module)), ckpt_dir)
         state = torch.load(ckpt_dir / "optimizer.pt", map_location=self.device, weights_only=True)
-        optimizer.load_state_dict(state["optimizer"])
+        handle.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])

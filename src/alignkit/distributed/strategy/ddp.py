@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Iterator
 
-import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from alignkit.distributed.strategy.base import OptimizerFactory, Strategy
+from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 
 
 class DDPStrategy(Strategy):
     name = "ddp"
 
-    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str = "policy") -> Handle:
         model = model.to(self.device)
         if self.env.world_size > 1:
             o = self.cfg.ddp
@@ -28,12 +27,16 @@ class DDPStrategy(Strategy):
                 broadcast_buffers=o.broadcast_buffers,
                 static_graph=o.static_graph,
             )
-        return model, make_optimizer(model)
+        return Handle(role, model, make_optimizer(model))
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
 
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        if isinstance(model, DistributedDataParallel):
-            return model.no_sync()
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def no_sync(self, handle: Handle) -> Iterator[None]:
+        with super().no_sync(handle):
+            if isinstance(handle.module, DistributedDataParallel):
+                with handle.module.no_sync():
+                    yield
+            else:
+                yield

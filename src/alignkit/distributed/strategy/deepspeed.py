@@ -27,8 +27,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from alignkit.config.loader import resolve_batch
-from alignkit.distributed.strategy.base import OptimizerFactory, Strategy
+from alignkit.config.loader import BatchPlan
+from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.distributed.strategy.deepspeed_config import (
     build_deepspeed_config,
     fill_model_sizes,
@@ -59,22 +59,19 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.scaler = None  # DeepSpeed scales fp16 losses itself
-        self.engine: Any = None
         self.ds_config: dict[str, Any] = {}
-        self._boundary = True
 
-    def configure(self, run: Any) -> None:
+    def configure(self, batch: BatchPlan, max_grad_norm: float) -> None:
         import_deepspeed()  # a missing install fails here, before any process group exists
-        plan = resolve_batch(run, self.env.world_size)
         self.ds_config = build_deepspeed_config(
             self.cfg.deepspeed,
-            per_device=plan.per_device,
-            accumulation=plan.accumulation,
+            per_device=batch.per_device,
+            accumulation=batch.accumulation,
             world_size=self.env.world_size,
-            max_grad_norm=run.training.max_grad_norm,
+            max_grad_norm=max_grad_norm,
             dtype=self.compute_dtype,
         )
-        super().configure(run)  # its checks need the ZeRO stage
+        super().configure(batch, max_grad_norm)  # its checks need the ZeRO stage
 
     @property
     def zero_stage(self) -> int:
@@ -107,17 +104,16 @@ class DeepSpeedStrategy(Strategy):
     def policy_dtype(self, *, lora: bool) -> torch.dtype:
         return torch.float32  # the engine casts the module to its bf16/fp16 itself and keeps fp32 master weights
 
-    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str = "policy") -> Handle:
         ds = import_deepspeed()
         config = self._sized(self.ds_config, model)
         if self.zero_stage == 3:
             self._register_lm_head(ds, model)
         optimizer = make_optimizer(model)
         engine, _, _, _ = ds.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
-        self.engine = engine
         # The client optimizer's param groups are the ones DeepSpeed steps (pointed at its fp32
         # partitions), so the loop's LR scheduler works on it unchanged.
-        return engine, optimizer
+        return Handle(role, engine, optimizer, engine=engine)
 
     def shard_frozen_model(self, model: nn.Module) -> nn.Module:
         """An inference-only ZeRO-3 engine of its own (no optimizer; parameters partitioned over the
@@ -150,24 +146,29 @@ class DeepSpeedStrategy(Strategy):
     def unwrap(self, model: nn.Module) -> nn.Module:
         return getattr(model, "module", model)
 
+    @contextlib.contextmanager
+    def full_params(self, module: nn.Module) -> Iterator[nn.Module]:
+        """ZeRO-3: every parameter gathered once, and the engine's per-module fetch/release hooks
+        lifted for the duration (DeepSpeed's ``unwrap_model_for_generation``), so ``generate`` runs
+        on full weights without a collective per layer and token. Other stages hold full weights."""
+        if getattr(module, "zero_optimization_partition_weights", lambda: False)():
+            from deepspeed.runtime.zero.stage3 import unwrap_model_for_generation
+
+            with unwrap_model_for_generation(module) as engine:
+                yield self.unwrap(engine)
+        else:
+            yield self.unwrap(module)
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()  # the engine holds the module in the compute dtype
 
-    @contextlib.contextmanager
-    def no_sync(self, model: nn.Module) -> Iterator[None]:
-        """Marks a micro-batch that is not the last of the optimizer step."""
-        self._boundary = False
-        try:
-            yield
-        finally:
-            self._boundary = True
+    def backward(self, loss: torch.Tensor, handle: Handle) -> None:
+        # ``handle.sync`` is False inside no_sync: not the last micro-batch of the optimizer step
+        handle.engine.set_gradient_accumulation_boundary(handle.sync)
+        handle.engine.backward(loss, scale_wrt_gas=False)
 
-    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
-        self.engine.set_gradient_accumulation_boundary(self._boundary)
-        self.engine.backward(loss, scale_wrt_gas=False)
-
-    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
-        engine = self.engine
+    def step(self, handle: Handle, max_grad_norm: float) -> float:
+        engine = handle.engine
         own_norm = None
         if self.zero_stage == 0 and not (engine.bfloat16_enabled() or engine.fp16_enabled()):
             # Plain fp32 data parallel: the engine does not report a norm; grads are reduced by now.
@@ -181,9 +182,9 @@ class DeepSpeedStrategy(Strategy):
         return float(norm)
 
     # ------------------------------------------------------------------ saving
-    def save_model(self, model: nn.Module, out_dir: Path, tokenizer: Any = None) -> None:
+    def save_model(self, handle: Handle, out_dir: Path, tokenizer: Any = None) -> None:
         """Full weights in the engine's module dtype; under ZeRO-3 gathered to rank 0 (all ranks call)."""
-        engine = self.engine
+        engine = handle.engine
         if self.zero_stage == 3:
             sd = engine._zero3_consolidated_16bit_state_dict()  # collective; None off rank 0
         else:
@@ -192,19 +193,19 @@ class DeepSpeedStrategy(Strategy):
             save_hf_state_dict(engine.module, sd, out_dir, tokenizer)
         self.barrier()
 
-    def save_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: Path) -> None:
+    def save_training_state(self, handle: Handle, out_dir: Path) -> None:
         """Model + every rank's optimizer partition through the engine; all ranks call."""
-        self.engine.save_checkpoint(str(out_dir / DS_DIR), tag=DS_TAG, save_latest=False)
+        handle.engine.save_checkpoint(str(out_dir / DS_DIR), tag=DS_TAG, save_latest=False)
         self.barrier()
 
-    def load_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt_dir: Path) -> None:
+    def load_training_state(self, handle: Handle, ckpt_dir: Path) -> None:
         path = ckpt_dir / DS_DIR
         if not (path / DS_TAG).is_dir():
             raise FileNotFoundError(
                 f"{ckpt_dir}: no DeepSpeed training state ({DS_DIR}/{DS_TAG}/); "
                 "it was not written with distributed.strategy=deepspeed"
             )
-        loaded, _ = self.engine.load_checkpoint(
+        loaded, _ = handle.engine.load_checkpoint(
             str(path), tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
         )
         if loaded is None:

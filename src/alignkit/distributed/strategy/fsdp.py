@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
-from alignkit.distributed.strategy.base import OptimizerFactory, Strategy
+from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.distributed.strategy.sharded import decoder_blocks, ensure_process_group, save_hf_state_dict
 from alignkit.errors import ModelError
 
@@ -81,10 +81,10 @@ class FSDPStrategy(Strategy):
         # MixedPrecisionPolicy already gathers the (sharded) base in the compute dtype.
         return torch.float32
 
-    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str = "policy") -> Handle:
         model = self._shard(model, trainable=True)
         # The optimizer is built over the DTensor shards, so its state is sharded too.
-        return model, make_optimizer(model)
+        return Handle(role, model, make_optimizer(model))
 
     def frozen_plan(self) -> str | None:
         o = self.cfg.fsdp
@@ -96,6 +96,32 @@ class FSDPStrategy(Strategy):
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model  # fully_shard keeps the module (its class becomes an FSDP subclass)
+
+    @contextlib.contextmanager
+    def full_params(self, module: nn.Module) -> Iterator[nn.Module]:
+        """All-gather every FSDP unit of ``module`` once and keep it gathered until exit: forwards
+        inside (e.g. ``generate`` step after step) then run on full weights without collectives.
+        Resharding after forward is switched off for the duration and restored after."""
+        from torch.distributed.fsdp import FSDPModule
+
+        units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        if not units:
+            yield module
+            return
+        # FSDP2 keeps the per-unit setting on each unit's param group; off for the duration
+        saved = [_reshard_setting(u) for u in units]
+        for u in units:
+            u.set_reshard_after_forward(False, recurse=False)
+        handles = [u.unshard(async_op=True) for u in units]
+        for h in handles:
+            if h is not None:
+                h.wait()
+        try:
+            yield module
+        finally:
+            for u, before in zip(units, saved):
+                u.reshard()
+                u.set_reshard_after_forward(before, recurse=False)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self._mp_policy().param_dtype is not None:
@@ -116,29 +142,32 @@ class FSDPStrategy(Strategy):
         return norm
 
     # ------------------------------------------------------------------ saving
-    def save_model(self, model: nn.Module, out_dir: Path, tokenizer: Any = None) -> None:
+    def save_model(self, handle: Handle, out_dir: Path, tokenizer: Any = None) -> None:
         """Full weights gathered to rank 0 (CPU), written with ``save_pretrained``; all ranks call."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        model = handle.module
         sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.is_main:
             save_hf_state_dict(model, sd, out_dir, tokenizer)
         self.barrier()
 
-    def save_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: Path) -> None:
+    def save_training_state(self, handle: Handle, out_dir: Path) -> None:
         """Each rank writes its own shards of the model and optimizer (DCP); all ranks call."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        msd, osd = get_state_dict(model, optimizer, options=_options())
+        msd, osd = get_state_dict(handle.module, handle.optimizer, options=_options())
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(out_dir / DCP_DIR))
         if self.scaler is not None and self.is_main:
             torch.save({"scaler": self.scaler.state_dict()}, out_dir / "scaler.pt")
         self.barrier()
 
-    def load_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt_dir: Path) -> None:
+    def load_training_state(self, handle: Handle, ckpt_dir: Path) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model, optimizer = handle.module, handle.optimizer
 
         path = ckpt_dir / DCP_DIR
         if not path.is_dir():
@@ -160,3 +189,10 @@ class FSDPStrategy(Strategy):
             raise ModelError(f"{path}: model state mismatch (missing {missing[:3]}, unexpected {unexpected})")
         if self.scaler is not None and (ckpt_dir / "scaler.pt").is_file():
             self.scaler.load_state_dict(torch.load(ckpt_dir / "scaler.pt", weights_only=True)["scaler"])
+
+
+def _reshard_setting(unit: Any) -> bool:
+    """The unit's current reshard-after-forward setting (FSDP2 keeps it on the unit's param group)."""
+    state = unit._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+    return any(g is not None and g.post_forward_mesh_info is not None for g in groups)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from alignkit.distributed.strategy.base import OptimizerFactory, Strategy
+from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.errors import ConfigError
 
 
@@ -19,6 +18,6 @@ class SingleStrategy(Strategy):
                 "use distributed.strategy=ddp (or auto)"
             )
 
-    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str = "policy") -> Handle:
         model = model.to(self.device)
-        return model, make_optimizer(model)
+        return Handle(role, model, make_optimizer(model))

@@ -1,0 +1,203 @@
+"""Step code shared by the offline loop and the online loop.
+
+One optimizer step (ALGORITHMS 6.1): count the loss units (tokens or sequences) of the step's
+micro-batches and all-reduce the count, so each micro-batch loss is ``sum / (global units / dp_size)``
+and the engines' gradient averaging over ranks yields exactly the global mean; gradients sync only on
+the last micro-batch (``no_sync``). After the step, the loss, token count and metric sums of every
+rank are reduced in ONE all-reduce, so hooks (a dual update) and logs see global values. The log
+window, the start-up lines and checkpoint save/resume live here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from alignkit.algorithms.base import Batch, MetricSums
+from alignkit.distributed import comm
+from alignkit.distributed.strategy.base import Strategy
+from alignkit.logging import RunLogger, peak_memory_mb
+from alignkit.models.roles import Models
+from alignkit.train import checkpoint as ckpt
+
+LossFn = Callable[..., tuple["torch.Tensor | dict[str, torch.Tensor]", MetricSums]]
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    micro_in_epoch: int = 0  # micro-batches of this epoch already consumed
+    algo: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    """One optimizer step, reduced over every rank and micro-batch."""
+
+    loss: float
+    sums: MetricSums  # global sums and counts
+    tokens: float
+    grad_norms: dict[str, float]
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        out = {"loss": self.loss}
+        for k, total in self.sums.sums.items():
+            n = float(self.sums.counts[k])
+            out[k] = float(total) / n if n > 0 else float("nan")
+        return out
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def global_normalizer(local_units: float, strategy: Strategy) -> float:
+    """``global units / dp_size``: what each micro-batch's summed loss is divided by."""
+    units = comm.all_reduce_sum(torch.tensor(float(local_units), dtype=torch.float64, device=strategy.device)).item()
+    return max(units, 1.0) / strategy.dp_size
+
+
+def _role_losses(loss: torch.Tensor | dict[str, torch.Tensor], models: Models) -> dict[str, torch.Tensor]:
+    return loss if isinstance(loss, dict) else {models.primary: loss}
+
+
+def accumulate(strategy: Strategy, models: Models, group: list[Batch], loss_fn: LossFn,
+               units_fn: Callable[[Batch], int], tokens_fn: Callable[[Batch], int]) -> tuple[dict[str, float], MetricSums, int]:
+    """Forward + backward of one optimizer step's micro-batches on this rank.
+
+    Returns (this rank's summed loss per role, metric sums, tokens processed)."""
+    normalizer = global_normalizer(sum(units_fn(b) for b in group), strategy)
+    losses: dict[str, float] = {}
+    sums, tokens = MetricSums(), 0
+    for i, batch in enumerate(group):
+        batch = to_device(batch, strategy.device)
+        with contextlib.ExitStack() as stack:
+            if i < len(group) - 1:
+                for handle in models.handles.values():
+                    stack.enter_context(strategy.no_sync(handle))
+            with strategy.autocast():
+                loss, m = loss_fn(models, batch, normalizer=normalizer)
+            for role, value in _role_losses(loss, models).items():
+                strategy.backward(value, models.handles[role])
+                losses[role] = losses.get(role, 0.0) + float(value.detach())
+        sums.merge(m)
+        tokens += tokens_fn(batch)
+    return losses, sums, tokens
+
+
+def optimizer_step(strategy: Strategy, models: Models, max_grad_norm: float) -> dict[str, float]:
+    """Clip, step and advance the LR schedule of every trainable role; grad norms by role."""
+    norms = {}
+    for role, handle in models.handles.items():
+        norms[role] = strategy.step(handle, max_grad_norm)
+        if handle.scheduler is not None:
+            handle.scheduler.step()
+    return norms
+
+
+def reduce_step(strategy: Strategy, models: Models, losses: dict[str, float], sums: MetricSums, tokens: int,
+                grad_norms: dict[str, float]) -> StepResult:
+    """Loss (global mean), token count and metric sums of every rank, in one all-reduce."""
+    roles = list(models.handles)
+    names = sorted(sums.sums)
+    flat = torch.tensor([losses.get(r, 0.0) for r in roles] + [float(tokens)]
+                        + [float(sums.sums[n]) for n in names] + [float(sums.counts[n]) for n in names],
+                        dtype=torch.float64, device=strategy.device)
+    flat = comm.all_reduce_sum(flat).cpu()
+    k = len(roles)
+    total = MetricSums()
+    for i, n in enumerate(names):
+        total.add(n, flat[k + 1 + i], flat[k + 1 + len(names) + i])
+    for i, role in enumerate(roles[1:], start=1):  # further roles' losses are metrics of their own
+        total.add(f"loss/{role}", flat[i] / strategy.dp_size, 1)
+    return StepResult(float(flat[0]) / strategy.dp_size, total, float(flat[k]), grad_norms)
+
+
+class Window:
+    """Global metrics accumulated between two log lines."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.losses: list[float] = []
+        self.sums = MetricSums()
+        self.tokens = 0.0
+        self.start = time.perf_counter()
+
+    def add(self, result: StepResult) -> None:
+        self.losses.append(result.loss)
+        self.sums.merge(result.sums)
+        self.tokens += result.tokens
+
+    def metrics(self, strategy: Strategy) -> dict[str, float]:
+        """Mean loss, tokens/s, peak memory (max over ranks) and the metric means of the window."""
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        mem = comm.all_reduce_max(torch.tensor(peak_memory_mb(strategy.device.type)).to(strategy.device)).item()
+        out = {"loss": sum(self.losses) / max(1, len(self.losses)), "tokens_per_s": self.tokens / elapsed,
+               "peak_mem_mb": mem}
+        for k, total in self.sums.sums.items():
+            n = float(self.sums.counts[k])
+            out[k] = float(total) / n if n > 0 else float("nan")
+        return out
+
+
+def log_window(log: RunLogger, strategy: Strategy, window: Window, state: TrainState, epoch: float, lr: float,
+               result: StepResult, extra: dict[str, float]) -> dict[str, float]:
+    """One log line / JSONL row for the window that ends at ``state.step``; resets the window."""
+    w = window.metrics(strategy)
+    norms = result.grad_norms
+    first = next(iter(norms), None)
+    metrics = {"epoch": epoch, "loss": w.pop("loss"), "lr": lr, "grad_norm": norms.get(first, 0.0) if first else 0.0,
+               **{f"grad_norm/{r}": v for r, v in list(norms.items())[1:]}, **w, **extra}
+    log.log_metrics(state.step, metrics)
+    window.reset()
+    return metrics
+
+
+class Checkpointer:
+    """Save and resume a run: every trainable role, its optimizer and schedule, the trainer state and
+    the algorithm's state; written atomically by :mod:`alignkit.train.checkpoint`."""
+
+    def __init__(self, out: Path, strategy: Strategy, models: Models, *, config_yaml: str, tokenizer: Any,
+                 save_total_limit: int | None, log: RunLogger) -> None:
+        self.out, self.strategy, self.models = out, strategy, models
+        self.config_yaml, self.tokenizer, self.limit, self.log = config_yaml, tokenizer, save_total_limit, log
+
+    def save(self, state: TrainState) -> Path:
+        trainer_state = {"step": state.step, "epoch": state.epoch, "micro_in_epoch": state.micro_in_epoch,
+                         "algo": state.algo, "world_size": self.strategy.dp_size}
+        path = ckpt.save_checkpoint(self.out, state.step, strategy=self.strategy, handles=self.models.handles,
+                                    trainer_state=trainer_state, config_yaml=self.config_yaml,
+                                    tokenizer=self.tokenizer, save_total_limit=self.limit)
+        self.log.info(f"Saved checkpoint {path}")
+        return path
+
+    def resume(self, resume_from: str | None) -> TrainState:
+        """The state to start from: a fresh one, or the checkpoint ``resume_from`` names, restored."""
+        if self.strategy.is_main:
+            ckpt.clean_stale(self.out)
+        path = ckpt.resolve_resume(self.out, resume_from)
+        if path is None:
+            if resume_from == "latest":
+                self.log.info(f"No checkpoint in {self.out} yet; starting from scratch")
+            return TrainState()
+        saved = ckpt.load_checkpoint(path, strategy=self.strategy, handles=self.models.handles)
+        self.log.info(f"Resumed from {path} at step {saved['step']} (epoch {saved['epoch']})")
+        return TrainState(saved["step"], saved["epoch"], saved["micro_in_epoch"], saved.get("algo", {}))
+
+    def save_final(self, final_dir: Path, config_yaml: str) -> None:
+        """The primary role's weights in ``final_dir`` (HF format), others in ``final_dir``_ROLE."""
+        for i, (role, handle) in enumerate(self.models.handles.items()):
+            target = final_dir if i == 0 else final_dir.with_name(f"{final_dir.name}_{role}")
+            self.strategy.save_model(handle, target, self.tokenizer)
+            if self.strategy.is_main:  # how it was trained (e.g. `alignkit score` reads the data format)
+                (target / "config.yaml").write_text(config_yaml, encoding="utf-8")
+        self.log.info(f"Saved final model to {final_dir}")
