@@ -15,6 +15,7 @@ from alignkit.distributed.preflight import preflight
 from alignkit.distributed.strategy import build_strategy, resolve_strategy_name
 from alignkit.logging import RunLogger, scrub, setup_console
 from alignkit.models.loading import load_tokenizer
+from alignkit.plot import plot_after_run
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 
 
@@ -62,5 +63,7 @@ def run_train(cfg: RunConfig) -> TrainResult:
     tokenizer = load_tokenizer(cfg.model)
     algo = ALGORITHMS.get(cfg.algorithm)(cfg, tokenizer)
     result = OfflineTrainer(cfg, algo, strategy, logger).fit()
+    if cfg.logging.plot and strategy.is_main:  # a failure here is a warning line: the run has finished
+        plot_after_run(out, cfg.logging.report_to)
     logger.info(f"Run finished: outputs in {out}")
     return result
