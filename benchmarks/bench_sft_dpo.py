@@ -7,9 +7,11 @@
 
 The parent process prepares the models, the data and TRL's virtualenv, measures the machine's fp32
 GEMM peak, then runs every variant in its OWN subprocess (so peak RSS is per variant) and collects
-one ``BENCH_RESULT {json}`` line from each. alignkit children run with this interpreter (alignkit
-installed); TRL children run with ``benchmarks/results/.venv-trl`` (a clean venv: TRL is never a
-dependency of alignkit). Results: ``OUT/<timestamp>.json`` and ``OUT/<timestamp>.md``.
+one ``BENCH_RESULT {json}`` line from each, then measures the GEMM peak again: MFU uses the higher
+of the two (a busy moment only lowers a measurement), with a warning when they differ by > 10%.
+alignkit children run with this interpreter (alignkit installed); TRL children run with
+``benchmarks/results/.venv-trl`` (a clean venv: TRL is never a dependency of alignkit). Results:
+``OUT/<timestamp>.json`` and ``OUT/<timestamp>.md``.
 
 Measurement (identical on both sides): each child records, at the end of every optimizer step
 (after the optimizer and LR-scheduler step), a ``time.perf_counter()`` stamp and the non-pad input
@@ -32,7 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -50,6 +52,8 @@ STEPS = {"tiny": (3, 20), "small": (1, 5)}
 QUICK_STEPS = {"tiny": (1, 3), "small": (1, 1)}
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0,
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+#: start and end GEMM peaks further apart than this (relative to the higher) get a warning
+PEAK_SPREAD_WARN = 0.10
 TRL_VERSION = "1.16.0"
 TRL_PINS = ["transformers==5.23.0", "peft==0.21.2", "datasets", "accelerate"]
 
@@ -382,6 +386,32 @@ def run_child(python: str, kind: str, spec: dict[str, Any], log_path: Path, time
 
 
 # ====================================================================== parent: numbers
+def settle_peak(start: dict[str, Any], measure_end: Callable[[], dict[str, Any]], given: float = 0.0) -> dict[str, Any]:
+    """The GEMM peak for MFU, from the probe at the start (``start``, a gemm child's result) and one at
+    the end (``measure_end()``, the same kind of result): the higher of the two, since contention only
+    ever lowers a measurement (a busy moment once gave 127 GFLOP/s on a 195 GFLOP/s machine, and MFU
+    figures of 91%). Logs a warning when they differ by more than ``PEAK_SPREAD_WARN`` of the higher,
+    or when the end probe failed. ``given`` (``--peak-gflops``) overrides the choice; both
+    measurements are recorded either way."""
+    end = measure_end()
+    s = start["gemm_gflops"]
+    e = end["gemm_gflops"] if end.get("ok") else None
+    best = s if e is None else max(s, e)
+    spread = 0.0 if e is None else abs(s - e) / best
+    warning = None
+    if e is None:
+        warning = f"WARNING: the end GEMM probe failed ({end.get('error', '?')}); MFU uses the start peak alone"
+    elif spread > PEAK_SPREAD_WARN:
+        warning = (f"WARNING: fp32 GEMM peak {s:.1f} GFLOP/s at the start, {e:.1f} at the end ({100 * spread:.0f}% "
+                   f"apart): the machine was busy, timings are noisy; MFU uses the higher, {best:.1f}")
+    if warning:
+        log(warning)
+    log(f"fp32 GEMM peak: start {s:.1f}, end {'-' if e is None else f'{e:.1f}'} GFLOP/s; MFU uses "
+        + (f"--peak-gflops {given:.1f}" if given else f"{best:.1f}"))
+    return {"gemm_gflops": given or best, "gemm_measured_gflops": best, "gemm_start_gflops": s,
+            "gemm_end_gflops": e, "gemm_spread": spread, "gemm_warning": warning, "gemm": start, "gemm_end": end}
+
+
 def summarize(v: dict[str, Any], res: dict[str, Any], peak_gflops: float) -> dict[str, Any]:
     """tok/s, s/step, MFU over the timed window (see the module docstring)."""
     warm, timed = v["warmup"], v["timed"]
@@ -413,10 +443,13 @@ def _f(x: float | None, fmt: str) -> str:
 def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     used, measured = meta["gemm_gflops"], meta["gemm_measured_gflops"]
     peak_note = "" if used == measured else f" ({used:.1f} given for MFU)"
+    end = meta["gemm_end_gflops"]
     lines = [f"# alignkit vs TRL {meta.get('trl_version', '(skipped)')}: SFT and DPO", "",
              f"{meta['when']} | {meta['cpu']} | torch {meta['torch']} | {THREADS} threads | fp32 GEMM peak "
-             f"{meta['gemm_measured_gflops']:.1f} GFLOP/s measured{peak_note} | alignkit {meta['alignkit_commit']} | "
+             f"{measured:.1f} GFLOP/s (best of start {meta['gemm_start_gflops']:.1f}, end "
+             f"{'-' if end is None else f'{end:.1f}'}){peak_note} | alignkit {meta['alignkit_commit']} | "
              f"{'QUICK (smoke) run' if meta['quick'] else 'full run'} | load avg at start {meta['loadavg_start']:.2f}", "",
+             *([f"**{meta['gemm_warning']}**", ""] if meta.get("gemm_warning") else []),
              "tok/s = non-pad tokens (DPO: chosen + rejected, prompt included) of the timed steps / window seconds. "
              "Precompute rows: `a (b)` = a without, b with the amortised precompute time. "
              "Ratios are alignkit / TRL-best, where TRL-best is the TRL full-fine-tuning variant with the highest "
@@ -548,14 +581,14 @@ def main(argv: list[str] | None = None) -> int:
 
     model_paths = ensure_models(out / "models", models)
     trl_py = None if a.skip_trl else ensure_trl_venv(Path(a.trl_venv))
-    log("measuring the fp32 GEMM peak")
+    log("measuring the fp32 GEMM peak (again at the end; MFU uses the higher)")
     gemm = run_child(sys.executable, "gemm", {"models": model_paths}, work / "logs" / "gemm.log", 600)
     if not gemm.get("ok"):
         log(f"GEMM probe failed: {gemm['error']}")
         return 1
     peak = a.peak_gflops or gemm["gemm_gflops"]
     log(f"fp32 GEMM peak measured {gemm['gemm_gflops']:.1f} GFLOP/s ({THREADS} threads, 2048^3, best of 15)"
-        + (f"; MFU uses --peak-gflops {peak:.1f}" if a.peak_gflops else ""))
+        + (f"; MFU uses --peak-gflops {peak:.1f}" if a.peak_gflops else "; MFU below is provisional"))
 
     plan: list[dict[str, Any]] = []
     for model in models:
@@ -594,14 +627,21 @@ def main(argv: list[str] | None = None) -> int:
         if row["ok"]:
             extra = f" ({row['tok_s_with_precompute']:.0f} with precompute)" if "tok_s_with_precompute" in row else ""
             log(f"    {row['tok_s']:.0f} tok/s{extra}, {row['s_step']:.2f} s/step, peak RSS {row['peak_rss_mib']:.0f} MiB, "
-                f"MFU {100 * row['mfu']:.1f}%  (child {res['wall_s']:.0f}s, load {res['loadavg_before']:.1f})")
+                f"MFU {100 * row['mfu']:.1f}%{'' if a.peak_gflops else ' of the start peak'}  "
+                f"(child {res['wall_s']:.0f}s, load {res['loadavg_before']:.1f})")
         else:
             log(f"    FAILED: {row['error'].strip().splitlines()[-1] if row['error'].strip() else '?'} (log: {res.get('log')})")
 
+    log("measuring the fp32 GEMM peak again")
+    peaks = settle_peak(gemm, lambda: run_child(sys.executable, "gemm", {"models": {}}, work / "logs" / "gemm-end.log",
+                                                600), a.peak_gflops)
+    for row in results:  # MFU against the settled peak (the log lines above used the start one)
+        if row["ok"]:
+            row.update(summarize(row["variant"], row["raw"], peaks["gemm_gflops"]))
     trl_versions = next((r["raw"].get("versions") for r in results if r["ok"] and r["variant"]["side"] == "trl"), None)
     meta = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu_name(), "cores": os.cpu_count(),
-        "torch": gemm["torch"], "gemm_gflops": peak, "gemm_measured_gflops": gemm["gemm_gflops"], "gemm": gemm, "alignkit_commit": git_commit(), "quick": a.quick,
+        "torch": gemm["torch"], **peaks, "alignkit_commit": git_commit(), "quick": a.quick,
         "trl_version": trl_versions["trl"] if trl_versions else None, "trl_versions": trl_versions,
         "loadavg_start": load_start, "loadavg_end": os.getloadavg()[0], "total_wall_s": time.perf_counter() - t_start,
         "argv": sys.argv[1:], "batch": BATCH, "max_length": MAX_LENGTH, "lr": LR, "seed": SEED, "threads": THREADS,

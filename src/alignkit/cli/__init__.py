@@ -1,4 +1,4 @@
-"""The ``alignkit`` command: train | launch | validate | estimate | eval | score | merge-lora | demo | tiny-model | data synth.
+"""The ``alignkit`` command: train | launch | validate | estimate | eval | score | merge-lora | demo | tiny-model | data synth | plot.
 
 User errors (bad config, bad data, missing files) end with one line ``alignkit: error: ...`` and exit
 status 2; set ALIGNKIT_DEBUG=1 for the traceback. Anything else is a bug and keeps its traceback.
@@ -12,13 +12,13 @@ import os
 import sys
 from typing import Callable
 
-from alignkit.cli import run_commands, tool_commands
+from alignkit.cli import plot_command, run_commands, tool_commands
 from alignkit.errors import UserError
 
 #: what is reported as one line; everything else is a bug and shows its traceback
 USER_ERRORS = (UserError, FileNotFoundError)
 #: modules whose ``register(sub)`` adds their sub-commands, in the order ``--help`` lists them
-COMMAND_MODULES = (run_commands, tool_commands)
+COMMAND_MODULES = (run_commands, tool_commands, plot_command)
 
 
 def _strip_launcher_args(argv: list[str]) -> list[str]:

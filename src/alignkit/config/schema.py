@@ -176,6 +176,7 @@ class LoggingConfig:
     run_name: Optional[str] = f(None, "Name for W&B / TensorBoard; defaults to output_dir's name.")
     wandb_project: str = f("alignkit", "W&B project (W&B runs offline when WANDB_MODE=offline).")
     progress_bar: Literal["auto", "on", "off"] = f("auto", "auto = only when stdout is a terminal.")
+    plot: bool = f(True, "At the end of a run draw its metrics.jsonl to output_dir/plots/summary.png (needs jsonl).")
 
 
 @dataclass

@@ -30,6 +30,7 @@ from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strateg
 from alignkit.logging import RunLogger, scrub, setup_console
 from alignkit.models.loading import count_parameters, load_tokenizer
 from alignkit.models.roles import ModelSpec, Models, Workload, build_model
+from alignkit.plot import plot_after_run
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.optim import build_optimizer
 from alignkit.train.run_plan import RunPlan, plan_run
@@ -157,5 +158,7 @@ def run_train(cfg: RunConfig) -> TrainResult:
     plan = session.plan.with_steps(len(train_set), cfg.training)
     models = session.build_models(logger=logger)
     result = OfflineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
+    if cfg.logging.plot and strategy.is_main:  # a failure here is a warning line: the run has finished
+        plot_after_run(out, cfg.logging.report_to)
     logger.info(f"Run finished: outputs in {out}")
     return result

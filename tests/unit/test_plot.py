@@ -1,0 +1,162 @@
+"""alignkit.plot on hand-written metrics.jsonl files: reading, panel choice and order, run names, the
+moving average, and (small, fast) drawings."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alignkit.errors import ConfigError, DataError, UnknownNameError, UserError
+from alignkit.plot import (
+    moving_average,
+    order_metrics,
+    plot_after_run,
+    plot_runs,
+    read_metrics,
+    run_names,
+    select_metrics,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(path: Path, rows: list[dict[str, Any]], tail: str = "") -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps({"time": 1.0, **r}) + "\n" for r in rows) + tail
+    (path / "metrics.jsonl").write_text(text, encoding="utf-8")
+    return path
+
+
+def train_row(step: int, **extra: Any) -> dict[str, Any]:
+    return {"epoch": step / 10, "loss": 1.0 / step, "lr": 1e-4, "grad_norm": 0.5, "tokens_per_s": 1000.0,
+            "peak_mem_mb": 300.0, "step": step, **extra}
+
+
+def test_read_skips_bookkeeping_keeps_nulls_as_gaps_and_the_last_value_per_step(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "r", [
+        train_row(1, nll=2.0, note="text", flag=True),
+        train_row(2, nll=None),
+        {"eval/loss": 0.9, "step": 2},              # eval row at a step a train row has too: both kept
+        train_row(3, nll=1.5),
+        train_row(2, nll=1.8),                      # resumed from step 1: step 2 logged again, the later wins
+        train_row(3, nll=1.4),
+    ])
+    m = read_metrics(run / "metrics.jsonl")
+    assert m.name == "r"
+    assert set(m.series) == {"loss", "lr", "grad_norm", "tokens_per_s", "peak_mem_mb", "nll", "eval/loss"}
+    assert m.series["nll"] == ([1, 2, 3], [2.0, 1.8, 1.4])
+    assert m.series["eval/loss"] == ([2], [0.9])
+    run2 = write_run(tmp_path / "g", [train_row(1, kl=None), train_row(2, kl=0.1)])
+    steps, values = read_metrics(run2 / "metrics.jsonl").series["kl"]
+    assert steps == [1, 2] and math.isnan(values[0]) and values[1] == 0.1
+
+
+def test_a_truncated_last_line_is_skipped_a_bad_middle_line_is_an_error(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "r", [train_row(1), train_row(2)], tail='{"loss": 0.3, "st')
+    assert read_metrics(run / "metrics.jsonl").series["loss"][0] == [1, 2]
+    f = run / "metrics.jsonl"
+    f.write_text(json.dumps(train_row(1)) + "\nnot json\n" + json.dumps(train_row(2)) + "\n")
+    with pytest.raises(DataError, match=r"metrics.jsonl:2: not a JSON line"):
+        read_metrics(f)
+    f.write_text(json.dumps({"loss": 1.0}) + "\n")
+    with pytest.raises(DataError, match=r"metrics.jsonl:1: expected a JSON object with a numeric 'step'"):
+        read_metrics(f)
+
+
+def test_missing_or_empty_metrics_are_user_errors_naming_the_file(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    with pytest.raises(DataError) as e:
+        plot_runs([tmp_path / "run"])
+    assert str(e.value).startswith(f"{tmp_path / 'run' / 'metrics.jsonl'} not found")
+    with pytest.raises(DataError, match="no such run directory"):
+        plot_runs([tmp_path / "nowhere"])
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    with pytest.raises(DataError, match=r"metrics.jsonl: no metric rows \(empty file\)"):
+        plot_runs([tmp_path / "run"])
+    assert issubclass(DataError, UserError)
+
+
+def test_panel_order() -> None:
+    logged = ["peak_mem_mb", "kl", "tokens_per_s", "eval/kl", "loss", "rewards/accuracy", "eval/loss", "lr",
+              "grad_norm", "kl"]
+    assert order_metrics(logged) == ["loss", "lr", "grad_norm", "tokens_per_s", "eval/loss", "eval/kl", "kl",
+                                     "rewards/accuracy", "peak_mem_mb"]
+
+
+def test_select_by_names_and_globs_in_the_order_asked() -> None:
+    logged = ["loss", "lr", "eval/loss", "eval/rewards/accuracy", "rewards/accuracy", "rewards/margin", "kl"]
+    assert select_metrics(logged, None) == order_metrics(logged)
+    assert select_metrics(logged, ["rewards/*", "loss"]) == ["rewards/accuracy", "rewards/margin", "loss"]
+    assert select_metrics(logged, ["*accuracy", "rewards/*"]) == ["eval/rewards/accuracy", "rewards/accuracy",
+                                                                  "rewards/margin"]
+    with pytest.raises(UnknownNameError, match=r"--metrics 'rewards/acuracy' matches no metric; did you mean "
+                                               r"'rewards/accuracy'\?"):
+        select_metrics(logged, ["rewards/acuracy"])
+
+
+def test_run_names_are_folder_names_lengthened_where_equal(tmp_path: Path) -> None:
+    assert run_names(["x/sft", "y/dpo"]) == ["sft", "dpo"]
+    assert run_names(["a/run", "b/run", "c"]) == ["a/run", "b/run", "c"]
+    assert run_names(["a/b/run", "c/b/run"]) == ["a/b/run", "c/b/run"]
+    same = str(tmp_path / "r")
+    assert run_names([same, same]) == ["r", "r (2)"]
+    f = write_run(tmp_path / "given", [train_row(1)]) / "metrics.jsonl"
+    assert run_names([f]) == ["given"]
+
+
+def test_moving_average_is_centred_and_keeps_gaps() -> None:
+    nan = math.nan
+    got = moving_average([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3)
+    assert got == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]  # a straight line stays straight, ends included
+    got = moving_average([1.0, nan, 3.0, 5.0], 3)
+    assert got[0] == 1.0 and math.isnan(got[1]) and got[2] == 4.0 and got[3] == 5.0
+
+
+def test_draws_every_panel_with_gaps_and_runs_lacking_a_metric(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a", [train_row(s, kl=None if s == 2 else 0.1 * s, nan_all=None)
+                                   for s in range(1, 6)] + [{"eval/loss": 0.5, "step": 5}])
+    b = write_run(tmp_path / "b", [train_row(s) for s in range(1, 4)])
+    path, panels = plot_runs([a, b], tmp_path / "out" / "ab.png")
+    assert panels == ["loss", "lr", "grad_norm", "tokens_per_s", "eval/loss", "kl", "nan_all", "peak_mem_mb"]
+    assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 10_000
+    path, panels = plot_runs([a], metrics=["kl"])
+    assert path == a / "plots" / "summary.png" and panels == ["kl"] and path.is_file()
+    with pytest.raises(ConfigError, match="unsupported image type '.jpgx'"):
+        plot_runs([a], tmp_path / "x.jpgx")
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[tuple[int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.levelno, record.getMessage()))
+
+
+@pytest.fixture
+def alignkit_log() -> Any:
+    log = logging.getLogger("alignkit")
+    handler, level = _Lines(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    yield handler.lines
+    log.removeHandler(handler)
+    log.setLevel(level)
+
+
+def test_end_of_run_plot_never_raises(tmp_path: Path, alignkit_log: list[tuple[int, str]]) -> None:
+    run = write_run(tmp_path / "run", [train_row(1), train_row(2)])
+    assert plot_after_run(run, ["console"]) is None
+    assert alignkit_log[-1][1].startswith("No plot: logging.report_to has no jsonl")
+    assert plot_after_run(run, ["jsonl"]) == run / "plots" / "summary.png"
+    assert alignkit_log[-1] == (logging.INFO, f"Plotted 5 metrics to {run / 'plots' / 'summary.png'}")
+    (run / "metrics.jsonl").write_text("")
+    assert plot_after_run(run, ["jsonl"]) is None
+    level, msg = alignkit_log[-1]
+    assert level == logging.WARNING and msg.startswith(f"Warning: could not plot {run / 'metrics.jsonl'}: DataError:")
