@@ -15,12 +15,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from alignkit.distributed.activations import activation_breakdown
 from alignkit.distributed.model_dims import PRESETS, dims_from_hf_config, dims_from_pretrained
 from alignkit.distributed.plan import (
     GB,
     GIB,
     MemoryInputs,
-    activation_breakdown,
     choose_shard_frozen,
     choose_strategy,
     estimate,

@@ -1,0 +1,125 @@
+"""Activation memory of one training micro-batch (the estimator's ``activations`` row).
+
+Split from :mod:`alignkit.distributed.plan`: per-token bytes a decoder layer saves for backward,
+by method (``llama``: read off the HF layer; ``korthikanti``: the published rule), and the peak
+breakdown at the start of backward.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from alignkit.registry import Registry
+
+if TYPE_CHECKING:
+    from alignkit.distributed.plan import MemoryInputs
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+ACTIVATION_METHODS: Registry[Callable[[MemoryInputs], int]] = Registry("activation method")
+
+
+def layer_saved_bytes_per_token(inputs: MemoryInputs) -> int:
+    """Bytes one HF Llama decoder layer saves for backward, per token (SDPA/flash: no T^2 term).
+
+    Read off ``LlamaDecoderLayer`` (and checked against ``saved_tensors_hooks`` in the tests);
+    ``p`` = bytes(param_dtype), ``H`` hidden, ``Q = n_heads*head_dim``, ``K = n_kv_heads*head_dim``:
+
+    * each RMSNorm: the fp32 upcast input ``4H`` (``pow``/``mul``), the normalised tensor ``pH`` (for
+      the weight's grad, only if norms train) and its output ``pH`` (input of the next linears, saved
+      only if one of them trains; LoRA saves its own cast/dropout copy instead, see below);
+    * attention: rotated q ``pQ``, k and v ``2pK`` (SDPA uses ``enable_gqa``, no repeat), the SDPA
+      output ``pQ`` (= o_proj input, same storage), logsumexp ``4*n_heads``;
+    * MLP: gate output ``pI`` (SiLU input), SiLU output and up output ``2pI`` (the product), the
+      product ``pI`` (down_proj input, only if down trains);
+    * LoRA per target: ``r*bytes(lora)`` (lora_A output); plus, when the adapter dtype differs from
+      ``param_dtype``, the cast input ``in*bytes(lora)``; with dropout instead, its output + mask
+      (bool on CUDA, x's dtype on CPU).
+    Full fine-tuning, fp32: ``24H + 8H + 8K + 16I`` = ``(10H + 4I)*4`` for MHA.
+    """
+    d, p = inputs.policy, inputs.p
+    h, i, q, kv = d.hidden, d.intermediate, d.n_heads * d.hd, d.n_kv_heads * d.hd
+    full = inputs.lora_r is None
+    targets = set() if full else set(inputs.lora_targets)
+    lb = DTYPE_BYTES[inputs.lora_dtype]
+    cast = not full and inputs.lora_dtype != inputs.param_dtype
+    drop = inputs.lora_dropout > 0
+    # CUDA's fused dropout keeps a bool mask; the CPU path multiplies by a noise tensor of x's dtype.
+    mask = 1 if inputs.device == "cuda" else lb
+
+    def input_saved(mods: Sequence[str], in_features: int, already_saved: bool = False) -> int:
+        """Bytes kept for the input shared by ``mods`` (q, k and v read the same norm output)."""
+        if full:
+            return 0 if already_saved else p * in_features
+        hits = sum(m in targets for m in mods)
+        if not hits:
+            return 0  # frozen linears need only their weight for the input gradient
+        per_hit = inputs.lora_r * lb  # lora_A output, saved by lora_B
+        if drop:
+            per_hit += (lb + mask) * in_features  # dropout output + its mask
+        elif cast:
+            per_hit += lb * in_features  # x.to(lora dtype), saved by lora_A
+        shared = 0 if (cast or drop or already_saved) else p * in_features
+        return shared + hits * per_hit
+
+    norm = 4 * h + (p * h if full else 0)  # fp32 input (+ normalised tensor when norms train)
+    attn = p * (2 * q + 2 * kv) + 4 * d.n_heads  # rotated q, k, v, SDPA output, logsumexp
+    mlp = 3 * p * i  # gate output, SiLU output, up output
+    rsqrt = 2 * 4
+    return (2 * norm + rsqrt + input_saved(("q", "k", "v"), h) + attn
+            + input_saved(("o",), q, already_saved=True) + input_saved(("gate", "up"), h)
+            + mlp + input_saved(("down",), i))
+
+
+def activation_breakdown(inputs: MemoryInputs) -> dict[str, int]:
+    """Peak activation bytes on one device, by part; the peak is at the start of backward.
+
+    * ``layers``: without GC, ``n_layers * layer_saved_bytes_per_token * tokens``; with GC, each
+      layer's checkpointed input ``pH`` plus one recomputed layer's saved set. LoRA without GC: the
+      first layer's input (frozen embedding output) needs no grad, so its norm/dropout keep nothing.
+    * ``final_norm``: the last RMSNorm (``4H`` + normed/output when the norm / lm head train).
+    * ``logits`` (``chunked_logits=False``, the plain HF loss): the logits ``pV`` held in the model
+      output + the fp32 log-softmax saved by cross-entropy ``4V``; ``logits_backward``: at the start
+      of backward nll/log-softmax backward add fp32 grads of log-probs and of logits, ``8V``.
+      Chunked log-probs (alignkit's ops): 0 for both.
+    Not counted: per-layer gradient temporaries during backward (a few ``pH``/``pI`` per token, smaller
+    than the logits transients that dominate the start of backward), position ids, RoPE cos/sin.
+    """
+    d, p, n = inputs.policy, inputs.p, inputs.tokens
+    per_layer = ACTIVATION_METHODS.get(inputs.activation)(inputs)
+    full = inputs.lora_r is None
+    if inputs.gradient_checkpointing:
+        layers = d.n_layers * p * d.hidden * n + per_layer * n
+    else:
+        layers = d.n_layers * per_layer * n
+        if not full and inputs.activation == "llama":
+            layers -= _first_layer_no_grad_bytes(inputs) * n
+    final_norm = (4 * d.hidden + (2 * p * d.hidden if full else 0) + 4) * n
+    v = 0 if inputs.chunked_logits or d.head != "lm" else d.vocab
+    return {"layers": layers, "final_norm": final_norm, "logits": (p + 4) * v * n,
+            "logits_backward": 8 * v * n}
+
+
+def _first_layer_no_grad_bytes(inputs: MemoryInputs) -> int:
+    """Per token: what layer 0 does not save under LoRA (its input needs no grad): the fp32 norm
+    input and, with lora dropout, the noise of q/k/v's dropout (CPU) -- ``mul`` keeps it only for x's grad."""
+    hits = sum(t in inputs.lora_targets for t in ("q", "k", "v"))
+    noise = DTYPE_BYTES[inputs.lora_dtype] if inputs.lora_dropout > 0 and inputs.device == "cpu" else 0
+    return (4 + hits * noise) * inputs.policy.hidden
+
+
+@ACTIVATION_METHODS.register("llama")
+def _llama_method(inputs: MemoryInputs) -> int:
+    return layer_saved_bytes_per_token(inputs)
+
+
+@ACTIVATION_METHODS.register("korthikanti")
+def _korthikanti_method(inputs: MemoryInputs) -> int:
+    """Coarse published rule (Korthikanti et al. 2022, eq. 1 without the ``5as/h`` score term, i.e.
+    flash attention): ``34 * H`` bytes per token per layer at 2-byte activations, scaled by ``p/2``."""
+    return 34 * inputs.policy.hidden * inputs.p // 2
+
+
+def activation_bytes(inputs: MemoryInputs) -> int:
+    """Sum of :func:`activation_breakdown`."""
+    return sum(activation_breakdown(inputs).values())
