@@ -47,10 +47,9 @@ def _finish(code: int) -> int:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        from alignkit.distributed.comm import exit_process
+
+        exit_process(code)
     return code
 
 

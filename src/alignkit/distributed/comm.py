@@ -109,3 +109,21 @@ def reduce_metrics(sums: dict[str, torch.Tensor], counts: dict[str, torch.Tensor
     flat = all_reduce_sum(flat)
     k = len(names)
     return {n: (flat[i] / flat[k + i]).item() if flat[k + i] > 0 else float("nan") for i, n in enumerate(names)}
+
+
+def exit_process(code: int = 0, *, barrier: bool = False) -> None:
+    """End this process now, without Python finalization, after leaving the process group (if any).
+
+    gloo can abort at interpreter exit ("terminate called without an active exception") after all
+    work is done (ENGINES_ON_CPU.md: about 1 exit in 5); ``os._exit`` after
+    ``destroy_process_group`` avoids it. ``barrier`` first waits for every rank."""
+    import os
+    import sys
+
+    if is_initialized():
+        if barrier:
+            dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -8,13 +8,12 @@ Usage: ``torchrun --nproc_per_node=2 full_params.py MODEL_DIR REPORT.json``
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 from alignkit.config import load_config
+from alignkit.distributed.comm import exit_process
 from alignkit.distributed.env import read_env
 from alignkit.models.loading import hf_model, load_tokenizer
 from alignkit.models.roles import ModelSpec, build_model
@@ -76,9 +75,4 @@ def main(model_dir: str, report: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_process(0, barrier=True)

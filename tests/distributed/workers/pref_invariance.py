@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch.distributed as dist
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.config.loader import apply_overrides, build_dataclass
 from alignkit.config.schema import RunConfig
+from alignkit.distributed.comm import exit_process
 from alignkit.distributed.env import DistEnv, read_env
 from alignkit.models.loading import load_tokenizer
 from alignkit.train.evaluate import evaluate
@@ -160,9 +160,4 @@ def main(model_dir: str, report: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_process(0, barrier=True)

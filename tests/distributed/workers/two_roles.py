@@ -27,9 +27,10 @@ from alignkit.algorithms.base import Batch, MetricSums, OfflineAlgorithm
 from alignkit.algorithms.sft import sft_example
 from alignkit.config import RunConfig, load_config
 from alignkit.data.pipelines import TokenData
+from alignkit.distributed.comm import exit_process
 from alignkit.losses.sft import sft_loss
 from alignkit.models.policy import forward_logps, model_inputs
-from alignkit.models.roles import ModelSpec, Models
+from alignkit.models.roles import Models, ModelSpec
 from alignkit.train.runner import run_train
 
 
@@ -102,9 +103,4 @@ def main(model_dir: str, out_dir: str, strategy: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_process(0, barrier=True)
