@@ -102,11 +102,11 @@ class RunLogger:
     def start_progress(self, total: int, initial: int = 0) -> None:
         if not self.is_main:
             return
+        from alignkit.progress import make_bar
+
         on = self._progress_mode == "on" or (self._progress_mode == "auto" and sys.stderr.isatty())
         if on:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
+            self._bar = make_bar(total, "train", "step", initial)
 
     def advance(self, postfix: dict[str, Any] | None = None) -> None:
         if self._bar is not None:

@@ -45,6 +45,7 @@ from alignkit.losses.dpo import DPO_LOSSES, dpo_loss
 from alignkit.models.adapters import adapters_disabled, is_adapter_dir
 from alignkit.models.policy import sequence_logps
 from alignkit.models.roles import ModelSpec, Models
+from alignkit.progress import Progress
 
 if TYPE_CHECKING:
     from alignkit.distributed.strategy.base import Strategy
@@ -149,12 +150,14 @@ class DPO(OfflineAlgorithm):
         start = time.perf_counter()
         t = self.cfg.training
         bs = t.eval_batch_size or t.per_device_batch_size or 8
-        for data in (train_set, eval_set):
+        # every rank runs the same number of forwards (sharded engines gather inside forward)
+        counts = [math.ceil(math.ceil(len(data) / strategy.dp_size) / bs) for data in (train_set, eval_set)]
+        bar = Progress(sum(counts), "precomputing reference log-probs", "batches")
+        for data, n_batches in zip((train_set, eval_set), counts):
             mine = list(range(strategy.dp_rank, len(data), strategy.dp_size))
-            # every rank runs the same number of forwards (sharded engines gather inside forward)
-            n_batches = math.ceil(math.ceil(len(data) / strategy.dp_size) / bs)
             local: list[tuple[int, float, float]] = []
             for k in range(n_batches):
+                bar.update()
                 idx = mine[k * bs : (k + 1) * bs]
                 batch = self.data.collate([data[i] for i in idx] if idx else data[:1])
                 batch = {key: v.to(strategy.device) for key, v in batch.items()}
@@ -166,6 +169,7 @@ class DPO(OfflineAlgorithm):
             for part in comm.all_gather_object(local):
                 for i, c, r in part:
                     data[i]["ref_chosen_logps"], data[i]["ref_rejected_logps"] = c, r
+        bar.close()
         models.free("reference")
         log.info(
             f"Precomputed reference log-probs ({self.reference}) for {len(train_set)} train and {len(eval_set)} eval "

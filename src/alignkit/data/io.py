@@ -79,23 +79,28 @@ def convert_rows(
     ``convert`` raises :class:`DataError` for a malformed row; with ``skip_invalid`` the row is
     skipped and counted, otherwise the error (naming file, line, field) propagates.
     """
+    from alignkit.progress import Progress
+
     out: list[Any] = []
     skipped = 0
     for spec in specs:
-        for row in read_rows(spec):
-            if limit is not None and len(out) >= limit:
-                return out, skipped
-            try:
-                ex = convert(row)
-            except DataError:
-                if not skip_invalid:
-                    raise
-                skipped += 1
-                continue
-            if ex is None:
-                skipped += 1
-                continue
-            out.append(ex)
+        rows = read_rows(spec)
+        with Progress(len(rows) if limit is None else min(limit, len(rows)), f"preparing {spec}", "rows") as bar:
+            for row in rows:
+                if limit is not None and len(out) >= limit:
+                    return out, skipped
+                bar.update()
+                try:
+                    ex = convert(row)
+                except DataError:
+                    if not skip_invalid:
+                        raise
+                    skipped += 1
+                    continue
+                if ex is None:
+                    skipped += 1
+                    continue
+                out.append(ex)
     return out, skipped
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from alignkit.errors import DataError
+from alignkit.progress import track
 
 
 def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
@@ -38,8 +39,9 @@ def generate(
     old_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     out: list[str] = []
+    starts = range(0, len(prompts), batch_size)
     try:
-        for i in range(0, len(prompts), batch_size):
+        for i in track(starts, len(starts), "generating", "batches"):
             texts = [prompt_text(tokenizer, p) for p in prompts[i : i + batch_size]]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
             gen = model.generate(

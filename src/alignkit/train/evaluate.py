@@ -22,6 +22,7 @@ from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.errors import ConfigError
 from alignkit.models.roles import Models
+from alignkit.progress import track
 
 
 @torch.no_grad()
@@ -36,7 +37,7 @@ def evaluate(algo: OfflineAlgorithm, models: Models, eval_set: list[Example], st
     # Sharded engines (FSDP2, ZeRO-3) gather weights inside forward, so every rank must run
     # as many forwards as the busiest one: ranks with fewer eval batches run discarded extras.
     most = int(comm.all_reduce_max(torch.tensor(float(len(loader)), device=strategy.device)).item())
-    for batch in loader:
+    for batch in track(loader, len(loader), "evaluating", "batches"):
         batch = {k: v.to(strategy.device) for k, v in batch.items()}
         with strategy.autocast():
             sums.merge(algo.eval_step(models, batch))

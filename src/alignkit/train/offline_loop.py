@@ -58,7 +58,7 @@ class OfflineTrainer:
     # ------------------------------------------------------------------ main
     def fit(self) -> TrainResult:
         cfg, algo, log, steps = self.cfg, self.algo, self.log, self.steps
-        algo.before_training(self.models, self.train_set, self.eval_set, self.strategy)
+        algo.before_training(self.models, self.examples_used(), self.eval_set, self.strategy)
         for handle in self.models.handles.values():
             handle.scheduler = build_scheduler(handle.optimizer, cfg.training, steps.total)
         self._startup_lines()
@@ -122,6 +122,21 @@ class OfflineTrainer:
                 yield group
             state.epoch += 1
             state.micro_in_epoch = 0
+
+    def examples_used(self) -> list[Example]:
+        """The training examples the planned steps read, over all ranks (the same list on every rank):
+        all of them once the run passes an epoch, else the first micro-batches of epoch 0's shards.
+        What ``before_training`` prepares (e.g. cached reference log-probs), so a short run of a large
+        file does not precompute rows it never reads."""
+        steps, b = self.steps, self.plan.batch
+        if steps.total >= steps.per_epoch:
+            return self.train_set
+        per_rank = min(steps.total * b.accumulation, steps.micro_per_epoch) * b.per_device
+        used: set[int] = set()
+        for rank in range(self.strategy.dp_size):
+            shard = ShardedSampler(len(self.train_set), self.strategy.dp_size, rank, seed=self.cfg.training.seed)
+            used.update(shard.indices()[:per_rank])
+        return [self.train_set[i] for i in sorted(used)]
 
     # ------------------------------------------------------------------ helpers
     def _startup_lines(self) -> None:

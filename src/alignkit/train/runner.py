@@ -30,6 +30,7 @@ from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strateg
 from alignkit.logging import RunLogger, scrub, setup_console
 from alignkit.models.loading import count_parameters, load_tokenizer
 from alignkit.models.roles import ModelSpec, Models, Workload, build_model
+from alignkit import progress
 from alignkit.plot import plot_after_run
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.optim import build_optimizer
@@ -60,6 +61,7 @@ class Session:
         """Plan once, build and set up the strategy, check the ranks, seed, load the tokenizer."""
         env = read_env()
         setup_console(env.is_main)
+        progress.configure(is_main=env.is_main, mode=cfg.logging.progress_bar)
         algo_cls = ALGORITHMS.get(cfg.algorithm)
         workload = workload_of(cfg)
         plan = plan_run(cfg, env, workload)
