@@ -69,7 +69,7 @@ def pick_model(cfg: RunConfig, model_dir: str | None) -> str:
     return chosen
 
 
-def run_eval(cfg: RunConfig, model_dir: str | None = None, out: str | None = None) -> dict[str, float]:
+def run_eval(cfg: RunConfig, model_dir: str | None = None, out: str | None = None, *, show: bool = True) -> dict[str, float]:
     from alignkit.train.runner import Session
 
     if not cfg.data.eval:
@@ -86,7 +86,7 @@ def run_eval(cfg: RunConfig, model_dir: str | None = None, out: str | None = Non
     t = cfg.training
     metrics = evaluate(algo, models, eval_set, strategy, batch_size=t.eval_batch_size or t.per_device_batch_size or 8)
     metrics["examples"] = float(len(eval_set))
-    if strategy.is_main:
+    if strategy.is_main and show:
         skipped = algo.data.skipped.get("eval", 0)
         lines = [f"eval of {evaluated} ({cfg.algorithm}) on {', '.join(cfg.data.eval)}: {len(eval_set)} examples"
                  + (f" ({skipped} invalid rows skipped)" if skipped else "")]

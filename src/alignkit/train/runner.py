@@ -141,6 +141,17 @@ def strategy_for(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = Non
     return strategy
 
 
+def memory_line(device: torch.device) -> str:
+    """This process's memory after the models are placed: the CUDA allocator's allocated and reserved
+    bytes on a GPU (the seed guides' line), resident memory on CPU."""
+    if device.type == "cuda":
+        return (f"GPU memory allocated: {torch.cuda.memory_allocated(device) / 2**30:.2f} GB, "
+                f"reserved: {torch.cuda.memory_reserved(device) / 2**30:.2f} GB (rank 0)")
+    import psutil
+
+    return f"Process memory (RSS): {psutil.Process().memory_info().rss / 2**30:.2f} GB (rank 0)"
+
+
 def run_train(cfg: RunConfig) -> TrainResult:
     session = Session.start(cfg)
     strategy, algo = session.strategy, session.algo
@@ -159,6 +170,7 @@ def run_train(cfg: RunConfig) -> TrainResult:
         logger.info(f"Skipped {algo.data.skipped['train']} invalid or empty training rows (data.skip_invalid)")
     plan = session.plan.with_steps(len(train_set), cfg.training)
     models = session.build_models(logger=logger)
+    logger.info(memory_line(strategy.device))
     result = OfflineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
     if cfg.logging.plot and strategy.is_main:  # a failure here is a warning line: the run has finished
         plot_after_run(out, cfg.logging.report_to)
