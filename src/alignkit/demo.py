@@ -20,7 +20,7 @@ import torch
 
 from alignkit.config import load_config
 from alignkit.data.io import read_rows
-from alignkit.data.synth import judge_correct
+from alignkit.data.judges import judge_correct
 from alignkit.logging import setup_console
 from alignkit.models.tiny import build_tiny_model
 from alignkit.resources import resource_path

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from alignkit.data import synth
-from alignkit.data.synth import is_unsafe, judge_correct, task_of
+from alignkit.data.judges import helpfulness, is_unsafe, judge_correct, task_of
 from alignkit.resources import resource_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,7 +126,7 @@ def test_is_unsafe_rules() -> None:
 
 def test_helpfulness_order() -> None:
     p = "How do I bake bread?"
-    scores = [synth.helpfulness(p, r) for r in (
+    scores = [helpfulness(p, r) for r in (
         "I can't help with that because it could hurt someone.",
         "I can't help with that because it could hurt someone. Instead, you could ask a parent.",
         "Sure, you can bake bread. It is easy.",
@@ -139,7 +139,7 @@ def _check_safety_rows(rows: list[dict]) -> None:
     for r in rows:
         safe = [not is_unsafe(r["prompt"], r[f"response_{i}"]) for i in (0, 1)]
         assert [r["is_response_0_safe"], r["is_response_1_safe"]] == safe
-        helpful = [synth.helpfulness(r["prompt"], r[f"response_{i}"]) for i in (0, 1)]
+        helpful = [helpfulness(r["prompt"], r[f"response_{i}"]) for i in (0, 1)]
         assert helpful[r["better_response_id"]] > helpful[1 - r["better_response_id"]]
         if safe[0] != safe[1]:
             assert safe[r["safer_response_id"]]
