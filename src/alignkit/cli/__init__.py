@@ -1,4 +1,4 @@
-"""The ``alignkit`` command: train | launch | validate | estimate | eval | score | merge-lora | demo | tiny-model | data synth.
+"""The ``alignkit`` command: train | launch | validate | estimate | eval | migrate | score | merge-lora | demo | tiny-model | data synth.
 
 User errors (bad config, bad data, missing files) end with one line ``alignkit: error: ...`` and exit
 status 2; set ALIGNKIT_DEBUG=1 for the traceback. Anything else is a bug and keeps its traceback.
@@ -12,13 +12,13 @@ import os
 import sys
 from typing import Callable
 
-from alignkit.cli import run_commands, tool_commands
+from alignkit.cli import migrate_command, run_commands, tool_commands
 from alignkit.errors import UserError
 
 #: what is reported as one line; everything else is a bug and shows its traceback
 USER_ERRORS = (UserError, FileNotFoundError)
 #: modules whose ``register(sub)`` adds their sub-commands, in the order ``--help`` lists them
-COMMAND_MODULES = (run_commands, tool_commands)
+COMMAND_MODULES = (run_commands, migrate_command, tool_commands)
 
 
 def _strip_launcher_args(argv: list[str]) -> list[str]:
@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if getattr(args, "algorithm", None):  # the seed guides' `--algorithm sft`
+        args.overrides = [f"algorithm={args.algorithm}", *args.overrides]
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         code = func(args)
