@@ -19,6 +19,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from alignkit.config.aliases import MISSING, apply_aliases, emit_notes, find, put, read_aliases
+from alignkit.config.deepspeed_json import map_deepspeed_json
 from alignkit.config.schema import RunConfig
 from alignkit.errors import ConfigError
 
@@ -302,11 +303,12 @@ def overlay(raw: dict[str, Any], overrides: list[str]) -> tuple[dict[str, Any], 
 
 def native_raw(path: str | Path | None, overrides: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
     """The config file plus overrides as one native dict, and one note per key read from elsewhere:
-    deprecated keys renamed, HF / seed-guide aliases read (config/aliases.py)."""
+    deprecated keys renamed, HF / seed-guide aliases read (config/aliases.py), then the DeepSpeed JSON's
+    optimizer, scheduler, batch and precision read into training.* (config/deepspeed_json.py)."""
     raw = rename_deprecated(read_yaml(path) if path is not None else {})
     raw, notes = apply_aliases(raw)
     raw, more = overlay(raw, list(overrides or []))
-    return raw, notes + more
+    return raw, notes + more + map_deepspeed_json(raw)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None, *, notes: bool = True) -> RunConfig:
