@@ -69,6 +69,7 @@ CASES: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"training": {"fp16": False, "bf16": True}}, {"model.dtype": "bf16"}),
     ({"training": {"fp16": True}}, {"model.dtype": "fp16"}),
     ({"fp16": False}, {"model.dtype": "fp32"}),
+    ({"bf16": True, "training": {"fp16": False}}, {"model.dtype": "bf16"}),  # read together across places
     ({"training": {"mixed_precision": "fp16"}}, {"model.dtype": "fp16"}),
     ({"mixed_precision": "no"}, {"model.dtype": "fp32"}),
     ({"training": {"use_mixed_precision": True}}, {"model.dtype": "auto"}),
@@ -199,6 +200,8 @@ def test_note_says_how_the_alias_was_read() -> None:
         ({"lora": {"rank": 8}}, r"lora.rank: unknown"),
         ({"training": {"dataloader": {"shuffle": True}}}, r"dataloader.shuffle: unknown"),
         ({"save_strategy": "no", "save_steps": 100}, r"disagrees with save_steps=100"),
+        ({"seed": 1, "training": {"accumulation_steps": 2}, "accumulation_steps": 4},
+         r"^accumulation_steps=4 and training.accumulation_steps=2 disagree; give one$"),
     ],
 )
 def test_bad_or_conflicting_alias_is_a_one_line_error(given: dict[str, Any], pattern: str) -> None:

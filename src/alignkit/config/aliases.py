@@ -129,7 +129,7 @@ def _precision(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
         raise ConfigError("bf16=true and fp16=true: pick one (model.dtype: bf16 or fp16)")
     if on:
         return {"model.dtype": on[0]}, ""
-    return {"model.dtype": "fp32"}, "no half precision, as the HF Trainer runs; model.dtype: auto picks bf16/fp16 on GPUs"
+    return {"model.dtype": "fp32"}, "no half precision, as the HF Trainer runs; model.dtype auto is bf16/fp16 on GPUs"
 
 
 _MIXED = {"bf16": "bf16", "fp16": "fp16", "no": "fp32", "none": "fp32", "fp32": "fp32", "auto": "auto"}
@@ -233,6 +233,8 @@ def _use_ddp(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
 
 
 def _distributed_flag(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    if not isinstance(found["distributed"], bool):
+        raise ConfigError(f"training.distributed: expected true/false, got {found['distributed']!r}")
     if found["distributed"] is True:
         return {}, "the launcher decides: several processes train distributed with distributed.strategy"
     return {"distributed.strategy": "single"}, ""
@@ -414,29 +416,39 @@ def apply_aliases(raw: dict[str, Any], *, given: dict[str, Any] | None = None) -
     return raw, notes
 
 
-def read_aliases(raw: dict[str, Any], *, given: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str], list[str]]:
+def read_aliases(
+    raw: dict[str, Any], *, given: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], list[str], list[str]]:
     """:func:`apply_aliases`, also returning the native keys the aliases set."""
     ctx = Context(raw, given)
     origins: dict[str, str] = {}
     notes: list[str] = []
     had_training = bool(raw.get(TRAINING))
     for alias in ALIASES:
+        found: dict[str, Any] = {}  # read together wherever written (bf16 at the top, fp16 under training:)
+        written: list[str] = []
         for place in alias.places:
             section = raw if place == TOP else raw.get(place)
             if not isinstance(section, dict):
                 continue
-            found = {n: section.pop(n) for n in alias.names if n in section}
-            if not found:
-                continue
-            source = ", ".join(f"{_qualified(place, n)}={show(v)}" for n, v in found.items())
-            targets, why = alias.read(found, ctx)
-            for target, value in targets.items():
-                assign(raw, target, value, source, origins)
-            if targets:
-                read_as = ", ".join(f"{t}={show(v)}" for t, v in targets.items())
-                notes.append(f"config: {source} read as {read_as}" + (f" ({why})" if why else ""))
-            else:
-                notes.append(f"config: {source} accepted and ignored ({why})")
+            for name in [n for n in alias.names if n in section]:
+                value = section.pop(name)
+                if name in found and not same(found[name], value):
+                    raise ConfigError(f"{name}={show(found[name])} and {_qualified(place, name)}={show(value)} "
+                                      "disagree; give one")
+                found[name] = value
+                written.append(f"{_qualified(place, name)}={show(value)}")
+        if not found:
+            continue
+        source = ", ".join(written)
+        targets, why = alias.read(found, ctx)
+        for target, value in targets.items():
+            assign(raw, target, value, source, origins)
+        if targets:
+            read_as = ", ".join(f"{t}={show(v)}" for t, v in targets.items())
+            notes.append(f"config: {source} read as {read_as}" + (f" ({why})" if why else ""))
+        else:
+            notes.append(f"config: {source} accepted and ignored ({why})")
     if had_training and raw.get(TRAINING) == {}:
         del raw[TRAINING]  # held only aliases
     return raw, notes, list(origins)

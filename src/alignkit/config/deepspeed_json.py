@@ -98,7 +98,8 @@ def _optimizer(ds: dict[str, Any], r: _Reader) -> str | None:
         raise ConfigError(f"{r.name}: optimizer.params.{unknown[0]} is not read; alignkit's AdamW takes lr, betas, "
                           "eps and weight_decay")
     if params.get("bias_correction", True) is not True or params.get("amsgrad", False) is not False:
-        raise ConfigError(f"{r.name}: optimizer bias_correction=false / amsgrad=true cannot be honoured by alignkit's AdamW")
+        raise ConfigError(f"{r.name}: optimizer bias_correction=false / amsgrad=true cannot be honoured by "
+                          "alignkit's AdamW")
     if kind == "adam" and params.get("adam_w_mode", True) is False and params.get("weight_decay", 0) not in (0, 0.0):
         raise ConfigError(f"{r.name}: optimizer Adam with adam_w_mode=false (L2 weight decay) cannot be honoured; "
                           "alignkit uses AdamW (decoupled decay): set adam_w_mode true or weight_decay 0")
