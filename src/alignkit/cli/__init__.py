@@ -79,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [f"algorithm={args.algorithm}", *args.overrides]
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        if args.command not in ("migrate", "data"):  # the commands that load or save models
+            from alignkit.distributed.env import read_env
+            from alignkit.logging import quiet_transformers
+
+            quiet_transformers(read_env().is_main)
         code = func(args)
     except USER_ERRORS as e:
         if os.environ.get("ALIGNKIT_DEBUG"):
