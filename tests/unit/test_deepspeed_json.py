@@ -159,3 +159,18 @@ def test_engine_config_drops_mapped_sections_even_for_a_direct_build(tmp_path: P
     ds = build_deepspeed_config(DeepSpeedConfig(config_path=str(path)), per_device=1, accumulation=1, world_size=1,
                                 max_grad_norm=1.0, dtype=torch.float32)
     assert "optimizer" not in ds and "scheduler" not in ds
+
+
+def test_validate_shows_the_json_values_and_checks_its_batch_rule(micro_model: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    from alignkit.cli import main
+
+    cfg = {**REQUIRED, "model": {"name_or_path": str(micro_model)}, "deepspeed": str(SEEDS / "zero1.json"),
+           "data": {"train": "builtin:sft_train.jsonl", "max_train_examples": 64}}
+    path = str(write_config(tmp_path / "c.yaml", cfg))
+    assert main(["validate", path, "--world-size", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "learning_rate: 3.0e-05" in out and "warmup_steps: 500" in out
+    assert "effective batch                      32 (per_device=4 x accumulation=8 x 1 processes)" in out
+    assert main(["validate", path, "--world-size", "2"]) == 2  # the seed's 32 = 4 x 8 holds for one process
+    assert "zero1.json: train_batch_size=32 disagrees with per_device x accumulation x world=64" in capsys.readouterr().err

@@ -263,7 +263,6 @@ def _lora(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
 
 
 _DATALOADER = {"batch_size": "training.per_device_batch_size", "num_workers": "data.num_workers"}
-_DATALOADER_IGNORED = ("pin_memory", "drop_last", "prefetch_factor", "persistent_workers")
 
 
 def _dataloader(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
@@ -276,13 +275,15 @@ def _dataloader(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
             out[_DATALOADER[k]] = v
         elif k not in _DATALOADER_IGNORED:
             raise ConfigError(f"dataloader.{k}: unknown; use batch_size (per device) and num_workers")
-    skipped = [k for k in section if k in _DATALOADER_IGNORED]
-    return out, (f"{', '.join(skipped)} ignored: {WHY_LOADER}" if skipped else "per device")
+    skipped = [f"{k} ignored: {_DATALOADER_IGNORED[k]}" for k in section if k in _DATALOADER_IGNORED]
+    return out, "; ".join(["batch_size is per device", *skipped] if "batch_size" in section else skipped)
 
 
-WHY_LOADER = "alignkit's DataLoader neither pins host memory nor drops the epoch's last, shorter batch"
 WHY_PIN = "alignkit's DataLoader does not pin host memory; batches move to the device per micro-batch"
 WHY_DROP = "alignkit uses every example; the epoch's last, shorter optimizer step is weighted exactly"
+WHY_PREFETCH = "workers prefetch with PyTorch's default"
+_DATALOADER_IGNORED = {"pin_memory": WHY_PIN, "drop_last": WHY_DROP, "prefetch_factor": WHY_PREFETCH,
+                       "persistent_workers": "workers start once per epoch"}
 
 
 def _minutes(seconds: Any) -> Any:
@@ -328,7 +329,7 @@ ALIASES: tuple[Alias, ...] = (
     Alias(("dataloader_num_workers",), rename("data.num_workers")),
     Alias(("dataloader_pin_memory",), ignored(WHY_PIN)),
     Alias(("dataloader_drop_last",), ignored(WHY_DROP)),
-    Alias(("dataloader_prefetch_factor",), ignored("workers prefetch with PyTorch's default")),
+    Alias(("dataloader_prefetch_factor",), ignored(WHY_PREFETCH)),
     # checkpoints, logging, output
     Alias(("output_dir",), rename("output_dir"), (TRAINING,)),
     Alias(("save_steps",), rename("checkpoint.save_steps")),
