@@ -79,6 +79,7 @@ CASES: list[tuple[dict[str, Any], dict[str, Any]]] = [
      {"model.lora.r": 16, "model.lora.alpha": 32.0, "model.lora.dropout": 0.1}),
     ({"use_lora": True}, {"model.lora.r": 16}),
     ({"use_lora": False, "lora": {"r": 8}}, {"model.lora": None}),
+    ({"lora": None}, {"model.lora": None}),
     ({"training": {"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM"}}},
      {"model.lora.r": 4, "model.lora.alpha": 8.0, "model.lora.dropout": 0.0}),
     ({"max_length": 1024}, {"data.max_length": 1024}),

@@ -173,4 +173,5 @@ def test_validate_shows_the_json_values_and_checks_its_batch_rule(micro_model: P
     assert "learning_rate: 3.0e-05" in out and "warmup_steps: 500" in out
     assert "effective batch                      32 (per_device=4 x accumulation=8 x 1 processes)" in out
     assert main(["validate", path, "--world-size", "2"]) == 2  # the seed's 32 = 4 x 8 holds for one process
-    assert "zero1.json: train_batch_size=32 disagrees with per_device x accumulation x world=64" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "zero1.json: train_batch_size=32 disagrees with per_device x accumulation x world=64" in err

@@ -246,7 +246,7 @@ _LORA_KEYS = {"r": "r", "alpha": "alpha", "lora_alpha": "alpha", "dropout": "dro
 
 def _lora(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
     use, section = found.get("use_lora"), found.get("lora")
-    if use is False:
+    if use is False or (use is None and section is None):  # `use_lora: false`, or a bare `lora:`
         return {"model.lora": None}, "full fine-tuning" + ("; the lora section is not used" if section else "")
     if section is None:
         section = {}
