@@ -23,8 +23,26 @@ log = logging.getLogger("alignkit")
 _SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password)", re.IGNORECASE)
 
 
+def quiet_transformers(is_main: bool) -> None:
+    """transformers 5 draws its own tqdm bars ("Loading weights" on every from_pretrained, "Writing
+    model shards" on every save_pretrained), on every rank and into log files; alignkit's own lines
+    say what was loaded and saved. Those bars go off everywhere. The Hugging Face Hub's download
+    bars (shared switch) stay as they were on rank 0; other ranks also keep transformers' warnings
+    to themselves (rank 0 shows the same ones)."""
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    downloads_on = not hub_utils.are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()  # also switches the hub's bars off
+    if is_main and downloads_on:
+        hub_utils.enable_progress_bars()
+    if not is_main:
+        hf_logging.set_verbosity_error()
+
+
 def setup_console(is_main: bool) -> None:
     """Plain ``alignkit: message`` lines on stderr from rank 0; other ranks only warn."""
+    quiet_transformers(is_main)
     if log.handlers:
         log.setLevel(logging.INFO if is_main else logging.WARNING)
         return

@@ -70,9 +70,12 @@ def test_dims_from_pretrained_local_dir(tmp_path) -> None:
 def test_lora_trainable_params_match_peft() -> None:
     from peft import LoraConfig, get_peft_model
 
+    from alignkit.models.loading import quiet_peft
+
     cfg = _tiny_config(num_key_value_heads=2)
-    model = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(
-        r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]))
+    with quiet_peft():
+        model = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(
+            r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]))
     inputs = MemoryInputs(policy=dims_from_hf_config(cfg), lora_r=8,
                           lora_targets=["q", "k", "v", "o", "down"])
     assert trainable_params(inputs) == sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -107,8 +110,11 @@ def test_activation_formula_matches_saved_tensors(dtype: str, kv: int, lora, dro
     if lora:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=lora, lora_dropout=dropout, target_modules=[
-            f"{t}_proj" for t in targets]))
+        from alignkit.models.loading import quiet_peft
+
+        with quiet_peft():
+            model = get_peft_model(model, LoraConfig(r=lora, lora_dropout=dropout, target_modules=[
+                f"{t}_proj" for t in targets]))
     inputs = MemoryInputs(policy=dims_from_hf_config(cfg), param_dtype=dtype, per_device_batch=2,
                           seq_len=32, chunked_logits=False, lora_r=lora, lora_targets=targets,
                           lora_dropout=dropout, device="cpu")

@@ -1,4 +1,4 @@
-"""The ``alignkit`` command: train | launch | validate | estimate | eval | score | merge-lora | demo | tiny-model | data synth | plot.
+"""The ``alignkit`` command: train | launch | validate | estimate | eval | migrate | score | merge-lora | demo | tiny-model | data synth | plot.
 
 User errors (bad config, bad data, missing files) end with one line ``alignkit: error: ...`` and exit
 status 2; set ALIGNKIT_DEBUG=1 for the traceback. Anything else is a bug and keeps its traceback.
@@ -12,13 +12,13 @@ import os
 import sys
 from typing import Callable
 
-from alignkit.cli import plot_command, run_commands, tool_commands
+from alignkit.cli import migrate_command, plot_command, run_commands, tool_commands
 from alignkit.errors import UserError
 
 #: what is reported as one line; everything else is a bug and shows its traceback
 USER_ERRORS = (UserError, FileNotFoundError)
 #: modules whose ``register(sub)`` adds their sub-commands, in the order ``--help`` lists them
-COMMAND_MODULES = (run_commands, tool_commands, plot_command)
+COMMAND_MODULES = (run_commands, migrate_command, tool_commands, plot_command)
 
 
 def _strip_launcher_args(argv: list[str]) -> list[str]:
@@ -74,8 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if getattr(args, "algorithm", None):  # the seed guides' `--algorithm sft`
+        args.overrides = [f"algorithm={args.algorithm}", *args.overrides]
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        if args.command not in ("migrate", "data"):  # the commands that load or save models
+            from alignkit.distributed.env import read_env
+            from alignkit.logging import quiet_transformers
+
+            quiet_transformers(read_env().is_main)
         code = func(args)
     except USER_ERRORS as e:
         if os.environ.get("ALIGNKIT_DEBUG"):

@@ -9,6 +9,8 @@ from typing import Any
 def with_config(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("config", help="YAML run config")
     sp.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. training.learning_rate=1e-4")
+    sp.add_argument("--algorithm", default=None, metavar="NAME",
+                    help="the same as the override algorithm=NAME (the seed guides' `main.py --algorithm sft`)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -30,7 +32,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from alignkit.config import load_config
     from alignkit.launch import build_launch, run_launch
 
-    load_config(args.config, args.overrides)  # one error line here, not one per rank after start-up
+    # one error line here, not one per rank after start-up; rank 0 says the alias notes once, later
+    load_config(args.config, args.overrides, notes=False)
     plan = build_launch(args.config, args.overrides, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                         node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
                         launcher=args.launcher)

@@ -18,6 +18,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from alignkit.config.aliases import MISSING, apply_aliases, emit_notes, find, put, read_aliases
+from alignkit.config.deepspeed_json import map_deepspeed_json
 from alignkit.config.sections import SECTIONS, load_sections
 from alignkit.config.schema import RunConfig
 from alignkit.errors import ConfigError
@@ -298,9 +300,37 @@ def rename_deprecated(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    raw = read_yaml(path) if path is not None else {}
-    raw = rename_deprecated(apply_overrides(raw, list(overrides or [])))
+def overlay(raw: dict[str, Any], overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Apply ``key=value`` overrides to the (native) file dict ``raw``; an override may be an alias too
+    (read on its own, so it wins over the file like any override). Returns ``raw`` and the alias notes."""
+    if not overrides:
+        return raw, []
+    over = rename_deprecated(apply_overrides({}, overrides))
+    over, notes, targets = read_aliases(over, given=raw)
+    keys = [item.partition("=")[0].strip().lstrip("-") for item in overrides]
+    for key in [RENAMED.get(k, k) for k in keys] + targets:
+        value = find(over, key)  # an alias key is gone from ``over`` by now; its targets follow
+        if value is not MISSING:
+            put(raw, key, value, replace=True)
+    return raw, notes
+
+
+def native_raw(path: str | Path | None, overrides: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The config file plus overrides as one native dict, and one note per key read from elsewhere:
+    deprecated keys renamed, HF / seed-guide aliases read (config/aliases.py), then the DeepSpeed JSON's
+    optimizer, scheduler, batch and precision read into training.* (config/deepspeed_json.py)."""
+    raw = rename_deprecated(read_yaml(path) if path is not None else {})
+    raw, notes = apply_aliases(raw)
+    raw, more = overlay(raw, list(overrides or []))
+    return raw, notes + more + map_deepspeed_json(raw)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, *, notes: bool = True) -> RunConfig:
+    """The validated run config. ``notes``: say (rank 0, one line each) how keys from elsewhere were read;
+    off where the same config is loaded again right after (``alignkit launch`` checks it before its ranks do)."""
+    raw, said = native_raw(path, overrides)
+    if notes:
+        emit_notes(said)
     cfg = build_dataclass(RunConfig, raw)
     validate(cfg)
     return cfg

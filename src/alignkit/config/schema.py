@@ -130,7 +130,8 @@ class DeepSpeedConfig:
     config_path: Optional[str] = f(
         None,
         "A DeepSpeed JSON (e.g. configs/deepspeed/zero3.json). Its \"auto\" values are filled from training.* "
-        "and model.dtype; a value that disagrees with them is an error. optimizer/scheduler come from training.*.",
+        "and model.dtype; a value that disagrees with them is an error. Its optimizer (AdamW) and scheduler (Warmup*LR) "
+        "sections and concrete batch/clipping/precision values are read into training.* / model.dtype where unset.",
     )
 
 

@@ -41,9 +41,10 @@ def attach_adapter(base_model: nn.Module, path: str | Path, *, trainable: bool) 
     """``base_model`` with the adapter of ``path`` loaded (a PeftModel)."""
     from peft import PeftModel
 
-    from alignkit.models.loading import upcast_trainable
+    from alignkit.models.loading import quiet_peft, upcast_trainable
 
-    model = PeftModel.from_pretrained(base_model, str(path), is_trainable=trainable)
+    with quiet_peft():
+        model = PeftModel.from_pretrained(base_model, str(path), is_trainable=trainable)
     return upcast_trainable(model) if trainable else model
 
 
@@ -83,8 +84,11 @@ def merge_lora(adapter_dir: str | Path, out_dir: str | Path, *, base: str | None
         raise FileNotFoundError(f"{adapter_dir}: not a LoRA adapter directory (no {ADAPTER_CONFIG})")
     base_path = adapter_base(adapter_dir, base)
     task = adapter_config(adapter_dir).get("task_type")
-    if task == "SEQ_CLS":  # a reward / cost model: one score per sequence
-        model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1)
+    if task == "SEQ_CLS":  # a reward / cost model: one score per sequence; the adapter brings its head
+        from alignkit.models.loading import quiet_load_report
+
+        with quiet_load_report():
+            model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1)
     else:
         model = AutoModelForCausalLM.from_pretrained(base_path)
     merged = attach_adapter(model, adapter_dir, trainable=False).merge_and_unload()

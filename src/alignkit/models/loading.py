@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+import warnings
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -11,6 +13,38 @@ from torch import nn
 from alignkit.config.schema import ModelConfig
 
 log = logging.getLogger("alignkit")
+
+
+@contextlib.contextmanager
+def quiet_load_report() -> Iterator[None]:
+    """transformers 5 logs a "LOAD REPORT" table (with colour codes) whenever checkpoint and model
+    keys differ, on every rank; for a reward model built from a causal LM it reads like an error
+    (``lm_head.weight UNEXPECTED / score.weight MISSING``). Callers ask for ``output_loading_info``
+    and say what happened in one line (:func:`describe_new_head`)."""
+    # A filter, not a higher level: transformers 5.23 runs its tensor-parallel plan check (and logs
+    # "layers were not sharded") exactly when this logger's level is WARNING or above.
+    hf_log = logging.getLogger("transformers.modeling_utils")
+    report = _DropLoadReport()
+    hf_log.addFilter(report)
+    try:
+        yield
+    finally:
+        hf_log.removeFilter(report)
+
+
+class _DropLoadReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """``PeftModel.__init__`` reads transformers' deprecated ``is_gradient_checkpointing`` property
+    on every model it wraps (peft 0.21 with transformers 5: a FutureWarning per process that nobody
+    can act on). Only that warning is silenced, only around our peft calls."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 def load_tokenizer(cfg: ModelConfig) -> Any:
@@ -86,7 +120,8 @@ def apply_lora(model: nn.Module, cfg: ModelConfig, task_type: str = "CAUSAL_LM")
         target_modules=list(cfg.lora.target_modules),
         task_type=task_type,
     )
-    return upcast_trainable(get_peft_model(model, lcfg))
+    with quiet_peft():
+        return upcast_trainable(get_peft_model(model, lcfg))
 
 
 def upcast_trainable(model: nn.Module) -> nn.Module:

@@ -10,6 +10,7 @@ the Safe RLHF ``end_scores`` (ALGORITHMS 1.2). Works for right/left padding and 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,12 @@ from torch import nn
 from alignkit.config.schema import ModelConfig
 from alignkit.errors import ModelError
 from alignkit.models.adapters import adapter_base, attach_adapter, is_adapter_dir
-from alignkit.models.loading import apply_lora, attention_for, enable_checkpointing
+from alignkit.models.loading import apply_lora, attention_for, enable_checkpointing, quiet_load_report
 from alignkit.ops.segments import last_positions
 
 HEAD_NAMES = ("score", "classifier")
+
+log = logging.getLogger("alignkit")
 
 
 def split_scalar(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -79,7 +82,12 @@ def load_scalar_model(
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code, "num_labels": 1}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = attention_for(cfg.attn_implementation)
-    model = AutoModelForSequenceClassification.from_pretrained(adapter_base(path) if adapter else path, **kwargs)
+    with quiet_load_report():
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            adapter_base(path) if adapter else path, output_loading_info=True, **kwargs
+        )
+    if not adapter:  # an adapter directory brings its trained head (modules_to_save)
+        describe_new_head(info, path, trainable=trainable)
     model.config.use_cache = False
     if pad_token_id is not None:
         model.config.pad_token_id = pad_token_id
@@ -90,6 +98,32 @@ def load_scalar_model(
     if trainable and cfg.lora is not None:
         model = apply_lora(model, cfg, task_type="SEQ_CLS")
     return model
+
+
+def describe_new_head(info: dict[str, Any], path: str, *, trainable: bool) -> None:
+    """transformers' loading report in one line (rank 0): a reward/cost model from a causal-LM
+    checkpoint gets a fresh score head and leaves the LM head unused, which is expected when it is
+    about to be trained; any other missing or unused weight is worth a warning."""
+    from alignkit.distributed.env import read_env
+
+    missing, unused = list(info.get("missing_keys") or []), list(info.get("unexpected_keys") or [])
+    if not (missing or unused) or not read_env().is_main:
+        return
+    head = [k for k in missing if k.split(".")[0] in HEAD_NAMES]
+    lm_head = [k for k in unused if k.split(".")[0] == "lm_head"]
+    other_missing = [k for k in missing if k not in head]
+    other_unused = [k for k in unused if k not in lm_head]
+    if head and trainable and not other_missing:
+        log.info("Reward/cost model: score head initialised fresh" + ("; LM head dropped" if lm_head else ""))
+    elif head:
+        log.warning(f"{path}: no trained score head in the checkpoint; this frozen model scores with a random head")
+    parts = []
+    if other_missing:
+        parts.append(f"{len(other_missing)} weights missing (initialised fresh, e.g. {other_missing[0]})")
+    if other_unused:
+        parts.append(f"{len(other_unused)} checkpoint weights unused (e.g. {other_unused[0]})")
+    if parts:
+        log.warning(f"{path}: " + "; ".join(parts))
 
 
 def load_scorer(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> tuple[ScalarHeadModel, Any]:

@@ -21,6 +21,11 @@ def print_plan(config: str, overrides: list[str], *, world_size: int | None = No
     plan = run.batch
     device = pick_device(env)
     dtype = pick_compute_dtype(cfg.model.dtype, device)
+    if run.strategy == "deepspeed":  # its JSON's own rules (train_batch_size = micro x accumulation x world, ...)
+        from alignkit.distributed.strategy.deepspeed_config import build_deepspeed_config
+
+        build_deepspeed_config(run.distributed.deepspeed, per_device=plan.per_device, accumulation=plan.accumulation,
+                               world_size=env.world_size, max_grad_norm=cfg.training.max_grad_norm, dtype=dtype)
     backend = pick_backend(cfg.distributed.backend, device) if env.world_size > 1 else "none"
     algo = ALGORITHMS.get(cfg.algorithm)(cfg, load_tokenizer(cfg.model))
     n_train = len(algo.data.build_dataset(cfg.data.train, "train"))

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Iterator
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
+
+
+def buffer_sync(every_forward: bool) -> dict[str, bool]:
+    """DDP's buffer broadcast before each forward. torch 2.13 renamed ``broadcast_buffers`` to
+    ``forward_sync_buffers`` and warns (FutureWarning, every rank) on the old name. The new one
+    still syncs buffers once at construction, which changes nothing here: every rank builds the
+    same model, whose buffers (e.g. rotary inv_freq) are identical."""
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": every_forward}
 
 
 class DDPStrategy(Strategy):
@@ -24,8 +34,8 @@ class DDPStrategy(Strategy):
                 find_unused_parameters=o.find_unused_parameters,
                 bucket_cap_mb=o.bucket_cap_mb,
                 gradient_as_bucket_view=o.gradient_as_bucket_view,
-                broadcast_buffers=o.broadcast_buffers,
                 static_graph=o.static_graph,
+                **buffer_sync(o.broadcast_buffers),
             )
         return Handle(role, model, make_optimizer(model))
 

@@ -3,19 +3,20 @@
 A user file (``distributed.deepspeed.config_path``) may say ``"auto"`` for the batch sizes,
 gradient clipping, precision and ZeRO bucket sizes; those are filled from ``training.*``,
 ``model.dtype`` and the model's hidden size. A concrete value that disagrees with alignkit's is a
-one-line ConfigError naming the key. No DeepSpeed import here: this is plain dict work.
+one-line ConfigError naming the key. Its ``optimizer`` and ``scheduler`` sections (and concrete
+batch, clipping and precision values) were read into training.* when the config was loaded
+(config/deepspeed_json.py); the sections are dropped here. No DeepSpeed import: plain dict work.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from alignkit.config.deepspeed_json import read_deepspeed_json
 from alignkit.config.schema import DeepSpeedConfig
 from alignkit.errors import ConfigError
 
@@ -52,17 +53,7 @@ def _offload(zero: dict[str, Any], key: str, want: bool, dotted: str, origin: st
     sec["device"] = "cpu"
 
 
-def read_user_config(path: str) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{WHERE}.config_path: {path!r} does not exist")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{WHERE}.config_path: {path} is not valid JSON (line {e.lineno}: {e.msg})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{WHERE}.config_path: {path} must hold a JSON object")
-    return data
+read_user_config = read_deepspeed_json
 
 
 def build_deepspeed_config(
@@ -77,11 +68,10 @@ def build_deepspeed_config(
     """The resolved DeepSpeed config (ZeRO bucket "auto"s are left for :func:`fill_model_sizes`)."""
     origin = opts.config_path or WHERE
     cfg = copy.deepcopy(read_user_config(opts.config_path)) if opts.config_path else {}
+    # Read into training.* when the config was loaded (config/deepspeed_json.py); the engine gets
+    # alignkit's torch AdamW and schedule, never DeepSpeed's JIT-built optimizers.
     for sec in ("optimizer", "scheduler"):
-        if sec in cfg:
-            raise ConfigError(
-                f"{origin}: remove the {sec!r} section; alignkit builds AdamW and the LR schedule from training.*"
-            )
+        cfg.pop(sec, None)
     fill = [
         ("train_micro_batch_size_per_gpu", per_device, "training.per_device_batch_size"),
         ("gradient_accumulation_steps", accumulation, "training.gradient_accumulation_steps"),
@@ -95,6 +85,8 @@ def build_deepspeed_config(
         section = cfg.setdefault(sec, {})
         if not isinstance(section, dict):
             raise ConfigError(f"{origin}: {sec} must be an object like {{\"enabled\": \"auto\"}}")
+        if sec == "fp16" and section.get("enabled") is True and dtype_name != sec and not torch.cuda.is_available():
+            section["enabled"] = False  # DeepSpeed has no fp16 on CPU; the config load said it is ignored
         _fill(section, "enabled", dtype_name == sec, dotted=f"{sec}.enabled", source="model.dtype is " + dtype_name,
               origin=origin)
     zero = cfg.setdefault("zero_optimization", {})
