@@ -32,4 +32,8 @@ class ModelError(UserError, ValueError):
     """A model directory that cannot be used as asked (missing, wrong kind, no dimensions)."""
 
 
-__all__ = ["ConfigError", "DataError", "ModelError", "UnknownNameError", "UserError"]
+class TrainingError(UserError, RuntimeError):
+    """Training cannot go on for a reason the user can act on (e.g. the loss stays non-finite)."""
+
+
+__all__ = ["ConfigError", "DataError", "ModelError", "TrainingError", "UnknownNameError", "UserError"]

@@ -91,6 +91,12 @@ class TrainingConfig:
     seed: int = f(42, "Seed for data order, init of new heads and dropout.")
     eval_steps: Optional[int] = f(None, "Evaluate every N optimizer steps (and at the end).", gt=0)
     eval_batch_size: Optional[int] = f(None, "Per-device eval batch; defaults to per_device_batch_size.", gt=0)
+    nonfinite: Literal["skip", "stop"] = f(
+        "skip", "A loss or gradient norm that is not finite on any rank: skip = that optimizer step is dropped "
+        "(weights and optimizer state untouched, the step still counts), stopping with an error after "
+        "max_nonfinite_steps in a row; stop = stop at the first one. fp16's loss-scaler skips are separate."
+    )
+    max_nonfinite_steps: int = f(5, "Consecutive skipped non-finite steps after which training stops.", gt=0)
 
 
 @dataclass
@@ -167,6 +173,11 @@ class CheckpointConfig:
     save_steps: Optional[int] = f(None, "Save every N optimizer steps (and at the end).", gt=0)
     save_total_limit: Optional[int] = f(None, "Keep only the newest N checkpoints.", gt=0)
     resume_from: Optional[str] = f(None, "null | latest | PATH to a checkpoint-STEP directory.")
+    resume_weights_only: bool = f(
+        False, "Start a NEW run (step 0, a fresh optimizer and schedule) from the trained weights of resume_from, "
+        "e.g. a DPO run from an SFT checkpoint; without it resuming a checkpoint of another algorithm, model or "
+        "data is an error."
+    )
     save_final: bool = f(True, "Write the final model to output_dir/final.")
 
 

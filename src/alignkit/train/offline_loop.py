@@ -25,6 +25,7 @@ from alignkit.train.optim import build_scheduler
 from alignkit.train.run_plan import RunPlan
 from alignkit.train.step import (
     Checkpointer,
+    NonfiniteGuard,
     StepResult,
     TrainState,
     Window,
@@ -65,6 +66,7 @@ class OfflineTrainer:
         state = self.checkpointer.resume(cfg.checkpoint.resume_from)
         algo.load_state_dict(state.algo)
         window, losses = Window(), []
+        guard = NonfiniteGuard(cfg.training.nonfinite, cfg.training.max_nonfinite_steps, log)
         metrics: dict[str, float] = {}
         eval_metrics: dict[str, float] = {}
         log.start_progress(steps.total, initial=state.step)
@@ -74,6 +76,7 @@ class OfflineTrainer:
             lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
             result = self._step(next(batches))
             state.step += 1
+            guard.observe(state.step, result)
             losses.append(result.loss)
             window.add(result)
             extra = algo.on_step_end(state.step, result.metrics)
@@ -97,8 +100,8 @@ class OfflineTrainer:
     def _step(self, group: list[Batch]) -> StepResult:
         data, strategy, models = self.algo.data, self.strategy, self.models
         losses, sums, tokens = accumulate(strategy, models, group, self.algo.loss, data.loss_units, data.tokens_in)
-        norms = optimizer_step(strategy, models, self.cfg.training.max_grad_norm)
-        return reduce_step(strategy, models, losses, sums, tokens, norms)
+        norms, dropped = optimizer_step(strategy, models, self.cfg.training.max_grad_norm, losses)
+        return reduce_step(strategy, models, losses, sums, tokens, norms, dropped)
 
     # ------------------------------------------------------------------ data
     def _micro_batches(self, state: TrainState) -> Iterator[list[Batch]]:

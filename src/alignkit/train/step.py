@@ -11,6 +11,7 @@ window, the start-up lines and checkpoint save/resume live here too.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 from alignkit.algorithms.base import Batch, MetricSums
 from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
+from alignkit.errors import TrainingError
 from alignkit.logging import RunLogger, peak_memory_mb
 from alignkit.models.roles import Models
 from alignkit.train import checkpoint as ckpt
@@ -44,6 +46,7 @@ class StepResult:
     sums: MetricSums  # global sums and counts
     tokens: float
     grad_norms: dict[str, float]
+    nonfinite: bool = False  # the update was dropped: a loss or gradient norm was not finite
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -92,18 +95,50 @@ def accumulate(strategy: Strategy, models: Models, group: list[Batch], loss_fn: 
     return losses, sums, tokens
 
 
-def optimizer_step(strategy: Strategy, models: Models, max_grad_norm: float) -> dict[str, float]:
-    """Clip, step and advance the LR schedule of every trainable role; grad norms by role."""
+def optimizer_step(strategy: Strategy, models: Models, max_grad_norm: float,
+                   losses: dict[str, float]) -> tuple[dict[str, float], bool]:
+    """Clip, step and advance the LR schedule of every trainable role: (grad norms by role, whether
+    the update was dropped as non-finite). A non-finite loss on ANY rank (one all-reduced flag) or a
+    non-finite gradient norm (identical on every rank) drops the update of every role on every rank;
+    the step still counts and the schedule advances, so a resumed run stays aligned."""
+    bad = torch.tensor(float(not all(math.isfinite(v) for v in losses.values())), device=strategy.device)
+    skip = bool(comm.all_reduce_max(bad).item())
     norms = {}
     for role, handle in models.handles.items():
-        norms[role] = strategy.step(handle, max_grad_norm)
+        norms[role] = strategy.step(handle, max_grad_norm, skip=skip)
         if handle.scheduler is not None:
             handle.scheduler.step()
-    return norms
+    dropped = skip or (not strategy.scales_loss and not all(math.isfinite(n) for n in norms.values()))
+    return norms, dropped
+
+
+class NonfiniteGuard:
+    """``training.nonfinite``: stop at the first dropped step (``stop``), or after ``limit`` in a row
+    (``skip``), with a one-line error naming the step; every dropped step is logged and counted."""
+
+    def __init__(self, policy: str, limit: int, log: RunLogger) -> None:
+        self.policy, self.limit, self.log = policy, limit, log
+        self.in_a_row = 0
+        self.total = 0
+
+    def observe(self, step: int, result: StepResult) -> None:
+        if not result.nonfinite:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        self.total += 1
+        norms = ", ".join(f"{r}={v:.3g}" for r, v in result.grad_norms.items())
+        what = f"step {step}: the loss ({result.loss:.4g}) or gradient norm ({norms}) is not finite"
+        if self.policy == "stop" or self.in_a_row >= self.limit:
+            why = ("training.nonfinite=stop" if self.policy == "stop"
+                   else f"{self.in_a_row} steps in a row (training.max_nonfinite_steps={self.limit})")
+            raise TrainingError(f"{what}; stopping ({why}); the last checkpoint holds finite weights. Lower "
+                                "training.learning_rate, set training.max_grad_norm, or check the data")
+        self.log.info(f"{what}; optimizer step skipped ({self.in_a_row} in a row, {self.total} in all)")
 
 
 def reduce_step(strategy: Strategy, models: Models, losses: dict[str, float], sums: MetricSums, tokens: int,
-                grad_norms: dict[str, float]) -> StepResult:
+                grad_norms: dict[str, float], nonfinite: bool = False) -> StepResult:
     """Loss (global mean), token count and metric sums of every rank, in one all-reduce."""
     roles = list(models.handles)
     names = sorted(sums.sums)
@@ -117,7 +152,7 @@ def reduce_step(strategy: Strategy, models: Models, losses: dict[str, float], su
         total.add(n, flat[k + 1 + i], flat[k + 1 + len(names) + i])
     for i, role in enumerate(roles[1:], start=1):  # further roles' losses are metrics of their own
         total.add(f"loss/{role}", flat[i] / strategy.dp_size, 1)
-    return StepResult(float(flat[0]) / strategy.dp_size, total, float(flat[k]), grad_norms)
+    return StepResult(float(flat[0]) / strategy.dp_size, total, float(flat[k]), grad_norms, nonfinite)
 
 
 class Window:
@@ -162,6 +197,16 @@ def log_window(log: RunLogger, strategy: Strategy, window: Window, state: TrainS
     return metrics
 
 
+def weights_finite(module: torch.nn.Module, strategy: Strategy) -> bool:
+    """Whether every parameter (each rank's shard of it) is finite on every rank."""
+    from torch.distributed.tensor import DTensor
+
+    shards = (p.to_local() if isinstance(p, DTensor) else p for p in module.parameters())
+    local = all(bool(torch.isfinite(t.detach()).all()) for t in shards if t.numel())
+    flag = comm.all_reduce_max(torch.tensor(float(not local), device=strategy.device))
+    return not bool(flag.item())
+
+
 class Checkpointer:
     """Save and resume a run: every trainable role, its optimizer and schedule, the trainer state and
     the algorithm's state; written atomically by :mod:`alignkit.train.checkpoint`."""
@@ -172,6 +217,10 @@ class Checkpointer:
         self.config_yaml, self.tokenizer, self.limit, self.log = config_yaml, tokenizer, save_total_limit, log
 
     def save(self, state: TrainState) -> Path:
+        bad = [role for role, h in self.models.handles.items() if not weights_finite(h.module, self.strategy)]
+        if bad:  # cannot happen with the non-finite guard; a checkpoint must never carry NaN weights
+            raise TrainingError(f"refusing to write checkpoint-{state.step}: the weights of {', '.join(bad)} are not "
+                                f"finite; the previous checkpoint in {self.out} is intact")
         trainer_state = {"step": state.step, "epoch": state.epoch, "micro_in_epoch": state.micro_in_epoch,
                          "algo": state.algo, "world_size": self.strategy.dp_size}
         path = ckpt.save_checkpoint(self.out, state.step, strategy=self.strategy, handles=self.models.handles,

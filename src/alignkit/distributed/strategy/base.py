@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import timedelta
@@ -236,20 +237,31 @@ class Strategy(ABC):
         else:
             loss.backward()
 
-    def step(self, handle: Handle, max_grad_norm: float) -> float:
-        """Clip, step and zero the grads of one handle; returns its global gradient norm before clipping."""
+    @property
+    def scales_loss(self) -> bool:
+        """Whether the engine's fp16 loss scaler skips overflowing steps itself (then a non-finite
+        gradient norm is its business, not a non-finite step of the run)."""
+        return self.scaler is not None
+
+    def step(self, handle: Handle, max_grad_norm: float, *, skip: bool = False) -> float:
+        """Clip, step and zero the grads of one handle; returns its global gradient norm before clipping.
+
+        ``skip`` (the loss was not finite on some rank) or a non-finite norm (the same on every rank:
+        it is computed from the synchronised gradients) drops the update; the fp16 scaler keeps its
+        own overflow handling."""
         optimizer = handle.optimizer
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
         params = [p for p in handle.module.parameters() if p.grad is not None]
-        norm = self.clip_grads(params, max_grad_norm) if params else torch.tensor(0.0)
+        norm = float(self.clip_grads(params, max_grad_norm)) if params else 0.0
         if self.scaler is not None:
-            self.scaler.step(optimizer)
+            if not skip:
+                self.scaler.step(optimizer)  # skips by itself when the unscaled grads overflow
             self.scaler.update()
-        else:
+        elif not skip and math.isfinite(norm):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return norm
 
     def clip_grads(self, params: list[torch.Tensor], max_grad_norm: float) -> torch.Tensor:
         """Global gradient norm of ``params``, clipping to ``max_grad_norm`` when it is > 0."""

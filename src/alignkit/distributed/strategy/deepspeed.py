@@ -167,8 +167,15 @@ class DeepSpeedStrategy(Strategy):
         handle.engine.set_gradient_accumulation_boundary(handle.sync)
         handle.engine.backward(loss, scale_wrt_gas=False)
 
-    def step(self, handle: Handle, max_grad_norm: float) -> float:
+    @property
+    def scales_loss(self) -> bool:
+        return bool(self.ds_config.get("fp16", {}).get("enabled"))
+
+    def step(self, handle: Handle, max_grad_norm: float, *, skip: bool = False) -> float:
         engine = handle.engine
+        if skip:  # a non-finite loss on some rank: drop this step's gradients instead of stepping
+            self._drop_gradients(engine)
+            return float("nan")
         own_norm = None
         if self.zero_stage == 0 and not (engine.bfloat16_enabled() or engine.fp16_enabled()):
             # Plain fp32 data parallel: the engine does not report a norm; grads are reduced by now.
@@ -180,6 +187,21 @@ class DeepSpeedStrategy(Strategy):
         if own_norm is not None or norm is None:
             return own_norm if own_norm is not None else float("nan")
         return float(norm)
+
+    @staticmethod
+    def _drop_gradients(engine: Any) -> None:
+        """Forget the accumulated (already reduced) gradients of this step without an update."""
+        opt = engine.optimizer
+        engine.zero_grad()
+        if hasattr(opt, "zero_grad"):
+            opt.zero_grad(set_to_none=True)
+        for name in ("averaged_gradients",):  # ZeRO-1/2 keep the reduced partitions here until step()
+            grads = getattr(opt, name, None)
+            if isinstance(grads, dict):
+                grads.clear()
+        for group in getattr(opt, "single_partition_of_fp32_groups", []) or []:
+            group.grad = None
+        engine.set_gradient_accumulation_boundary(True)
 
     # ------------------------------------------------------------------ saving
     def save_model(self, handle: Handle, out_dir: Path, tokenizer: Any = None) -> None:
