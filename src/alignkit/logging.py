@@ -155,6 +155,19 @@ class RunLogger:
             head = f"Epoch {epoch:.2f} step {step}" if isinstance(epoch, float) else f"step {step}"
             self.info(f"{head} {shown}")
 
+    def rewind_metrics(self, step: int) -> int:
+        """Resuming at ``step``: drop the JSONL rows logged after it (they are logged again), so every
+        step appears once; returns how many rows were dropped (rank 0 only, else 0)."""
+        if self._jsonl is None:
+            return 0
+        from alignkit.train.checkpoint import truncate_metrics
+
+        path = Path(self._jsonl.name)
+        self._jsonl.close()
+        dropped = truncate_metrics(path, step)
+        self._jsonl = path.open("a", encoding="utf-8")
+        return dropped
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 PREFIX = "checkpoint-"
 TMP_PREFIX = ".tmp-checkpoint-"
+TRASH_PREFIX = ".trash-checkpoint-"
 LATEST = "latest"
 STATE_FILE = "trainer_state.json"
 
@@ -128,11 +129,41 @@ def resolve_resume(output_dir: Path, resume_from: str | None) -> Path | None:
 
 
 def clean_stale(output_dir: Path) -> None:
-    """Remove temporary directories left by a crash during a checkpoint write (rank 0)."""
+    """Remove what a crash left: a half-written checkpoint (``.tmp-``) or a half-deleted one (``.trash-``)."""
     if output_dir.is_dir():
         for p in output_dir.iterdir():
-            if p.name.startswith(TMP_PREFIX):
+            if p.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def discard(path: Path) -> None:
+    """Delete a checkpoint so that a crash at any moment leaves it whole or invisible: it is renamed to a
+    hidden trash name first (atomic; loaders ignore it, the next run removes it), then deleted."""
+    trash = path.with_name(f"{TRASH_PREFIX}{path.name[len(PREFIX):]}-{os.getpid()}")
+    os.rename(path, trash)
+    _fsync_dir(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Drop the rows of ``metrics.jsonl`` logged after ``step`` (a resumed run logs them again, so each
+    step appears once); returns how many were dropped. Written atomically."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row_step = json.loads(line).get("step", 0)
+        except (ValueError, AttributeError):  # a line cut by a crash
+            dropped += 1
+            continue
+        if isinstance(row_step, int) and row_step > step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        write_text_atomic(path, "".join(f"{x}\n" for x in kept))
+    return dropped
 
 
 def save_checkpoint(
@@ -166,13 +197,13 @@ def save_checkpoint(
         (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
         _fsync_tree(tmp)
         if final.exists():  # re-saving a step after a resume
-            shutil.rmtree(final)
+            discard(final)
         os.rename(tmp, final)
         _fsync_dir(output_dir)
         write_text_atomic(output_dir / LATEST, final.name)
         if save_total_limit:
             for old in list_checkpoints(output_dir)[:-save_total_limit]:
-                shutil.rmtree(old, ignore_errors=True)
+                discard(old)
     strategy.barrier()
     return final
 

@@ -240,6 +240,9 @@ class Checkpointer:
             return TrainState()
         saved = ckpt.load_checkpoint(path, strategy=self.strategy, handles=self.models.handles)
         self.log.info(f"Resumed from {path} at step {saved['step']} (epoch {saved['epoch']})")
+        dropped = self.log.rewind_metrics(saved["step"])
+        if dropped:
+            self.log.info(f"metrics.jsonl: dropped {dropped} rows logged after step {saved['step']} by the interrupted run")
         return TrainState(saved["step"], saved["epoch"], saved["micro_in_epoch"], saved.get("algo", {}))
 
     def save_final(self, final_dir: Path, config_yaml: str) -> None:
