@@ -218,14 +218,16 @@ def role_dir(ckpt: Path, role: str, first: bool) -> Path:
     return ckpt
 
 
-def load_checkpoint(ckpt: Path, *, strategy: Strategy, handles: dict[str, Handle]) -> dict[str, Any]:
-    """Restore every role's weights, optimizer and LR schedule and this rank's RNG; returns the trainer state."""
+def load_checkpoint(ckpt: Path, *, strategy: Strategy, handles: dict[str, Handle],
+                    load_schedulers: bool = True) -> dict[str, Any]:
+    """Restore every role's weights, optimizer and LR schedule (unless ``load_schedulers`` is False: the
+    caller rebuilds it) and this rank's RNG; returns the trainer state."""
     for i, (role, handle) in enumerate(handles.items()):
         strategy.load_training_state(handle, role_dir(ckpt, role, first=i == 0))
     extra = torch.load(ckpt / "scheduler_rng.pt", map_location="cpu", weights_only=True)
     schedulers = extra.get("schedulers") or {next(iter(handles)): extra["scheduler"]}
     for role, handle in handles.items():
-        if handle.scheduler is not None and role in schedulers:
+        if load_schedulers and handle.scheduler is not None and role in schedulers:
             handle.scheduler.load_state_dict(schedulers[role])
     rngs = extra["rng"]
     if len(rngs) == strategy.dp_size:

@@ -63,7 +63,7 @@ class OfflineTrainer:
         for handle in self.models.handles.values():
             handle.scheduler = build_scheduler(handle.optimizer, cfg.training, steps.total)
         self._startup_lines()
-        state = self.checkpointer.resume(cfg.checkpoint.resume_from)
+        state = self.checkpointer.resume(cfg.checkpoint.resume_from, weights_only=cfg.checkpoint.resume_weights_only)
         algo.load_state_dict(state.algo)
         window, losses = Window(), []
         guard = NonfiniteGuard(cfg.training.nonfinite, cfg.training.max_nonfinite_steps, log)

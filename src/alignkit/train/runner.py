@@ -9,6 +9,7 @@ and ``alignkit eval`` start one; the loop gets everything from it as arguments.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from alignkit import progress
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.algorithms.base import OfflineAlgorithm
 from alignkit.config import RunConfig, resolve_batch, to_dict
@@ -27,11 +29,12 @@ from alignkit.distributed.env import DistEnv, read_env
 from alignkit.distributed.preflight import preflight
 from alignkit.distributed.strategy import build_strategy
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
+from alignkit.errors import ConfigError
 from alignkit.logging import RunLogger, scrub, setup_console
 from alignkit.models.loading import count_parameters, load_tokenizer
-from alignkit.models.roles import ModelSpec, Models, Workload, build_model
-from alignkit import progress
+from alignkit.models.roles import Models, ModelSpec, Workload, build_model
 from alignkit.plot import plot_after_run
+from alignkit.train.checkpoint import resolve_resume, role_dir
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.optim import build_optimizer
 from alignkit.train.run_plan import RunPlan, plan_run
@@ -93,8 +96,24 @@ class Session:
     def build_models(self, *, train: bool = True, logger: RunLogger | None = None) -> Models:
         t = self.cfg.training
         make_optimizer = (lambda m: build_optimizer(m, t, self.plan.lr)) if train else None
-        return build_models(self.workload, self.cfg.model, self.strategy, self.algo.tokenizer,
+        workload = self.workload
+        if train and self.cfg.checkpoint.resume_weights_only:
+            workload = weights_from_checkpoint(self.cfg, workload)
+        return build_models(workload, self.cfg.model, self.strategy, self.algo.tokenizer,
                             make_optimizer=make_optimizer, logger=logger)
+
+
+def weights_from_checkpoint(cfg: RunConfig, workload: Workload) -> Workload:
+    """``checkpoint.resume_weights_only``: the trainable roles start from the checkpoint's weights (each
+    role's Hugging Face export in ``checkpoint-N/ROLE/``); nothing else of that run is kept."""
+    path = resolve_resume(Path(cfg.output_dir), cfg.checkpoint.resume_from)
+    if path is None:
+        raise ConfigError("checkpoint.resume_weights_only: checkpoint.resume_from names no checkpoint "
+                          f"(latest in {cfg.output_dir} has none yet)")
+    first = next(s.role for s in workload.specs if s.trainable)
+    specs = tuple(dataclasses.replace(s, source=str(role_dir(path, s.role, first=s.role == first)))
+                  if s.trainable else s for s in workload.specs)
+    return dataclasses.replace(workload, specs=specs)
 
 
 def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy, tokenizer: Any, *,

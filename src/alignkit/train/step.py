@@ -18,14 +18,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import yaml
 
 from alignkit.algorithms.base import Batch, MetricSums
 from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
-from alignkit.errors import TrainingError
+from alignkit.errors import ConfigError, TrainingError
 from alignkit.logging import RunLogger, peak_memory_mb
 from alignkit.models.roles import Models
 from alignkit.train import checkpoint as ckpt
+from alignkit.train.resume import compare, fast_forward, saved_config, schedule_changed
 
 LossFn = Callable[..., tuple["torch.Tensor | dict[str, torch.Tensor]", MetricSums]]
 
@@ -229,21 +231,46 @@ class Checkpointer:
         self.log.info(f"Saved checkpoint {path}")
         return path
 
-    def resume(self, resume_from: str | None) -> TrainState:
-        """The state to start from: a fresh one, or the checkpoint ``resume_from`` names, restored."""
+    def resume(self, resume_from: str | None, *, weights_only: bool = False) -> TrainState:
+        """The state to start from: a fresh one, or the checkpoint ``resume_from`` names, restored after
+        checking that it was written by this same run (:mod:`alignkit.train.resume`)."""
         if self.strategy.is_main:
             ckpt.clean_stale(self.out)
         path = ckpt.resolve_resume(self.out, resume_from)
-        if path is None:
-            if resume_from == "latest":
+        if path is None or weights_only:
+            if path is not None:
+                self.log.info(f"Started a new run from the weights of {path} (checkpoint.resume_weights_only)")
+            elif resume_from == "latest":
                 self.log.info(f"No checkpoint in {self.out} yet; starting from scratch")
             return TrainState()
-        saved = ckpt.load_checkpoint(path, strategy=self.strategy, handles=self.models.handles)
+        rebuild = self._check_same_run(path)
+        saved = ckpt.load_checkpoint(path, strategy=self.strategy, handles=self.models.handles,
+                                     load_schedulers=not rebuild)
+        if rebuild:
+            for handle in self.models.handles.values():
+                fast_forward(handle.scheduler, saved["step"])
+            lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
+            self.log.info(f"LR schedule rebuilt from the new settings at step {saved['step']} (lr now {lr:.3g})")
         self.log.info(f"Resumed from {path} at step {saved['step']} (epoch {saved['epoch']})")
         dropped = self.log.rewind_metrics(saved["step"])
         if dropped:
             self.log.info(f"metrics.jsonl: dropped {dropped} rows logged after step {saved['step']} by the interrupted run")
         return TrainState(saved["step"], saved["epoch"], saved["micro_in_epoch"], saved.get("algo", {}))
+
+    def _check_same_run(self, path: Path) -> bool:
+        """Refuse a checkpoint of another run; log each allowed change; True when the LR schedule changed."""
+        saved = saved_config(path)
+        if saved is None:
+            return False
+        fixed, allowed = compare(saved, yaml.safe_load(self.config_yaml))
+        if fixed:
+            shown = "; ".join(fixed[:4]) + (f"; and {len(fixed) - 4} more" if len(fixed) > 4 else "")
+            raise ConfigError(f"checkpoint.resume_from: {path} was written by another run ({shown}); a resume "
+                              "continues the same run: set checkpoint.resume_weights_only=true to start a new run "
+                              "from its weights")
+        for line in allowed:
+            self.log.info(f"Resume with a changed setting, applied: {line}")
+        return schedule_changed(allowed)
 
     def save_final(self, final_dir: Path, config_yaml: str) -> None:
         """The primary role's weights in ``final_dir`` (HF format), others in ``final_dir``_ROLE."""
