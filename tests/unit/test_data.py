@@ -12,7 +12,7 @@ from alignkit.algorithms.sft import sft_example
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.collate import TokenCollator, count_loss_tokens, shift_labels
 from alignkit.data.io import DataError, Row, convert_rows, read_rows
-from alignkit.data.sampler import EvalSampler, ShardedSampler
+from alignkit.data.sampler import EvalSampler, GlobalOrder
 
 
 @pytest.fixture(scope="module")
@@ -161,24 +161,28 @@ def test_packed_attention_is_not_saved_in_config(micro_model: Path, tmp_path: Pa
     assert "sdpa_packed" not in (tmp_path / "config.json").read_text()
 
 
-def test_sharded_sampler_partitions_and_resumes() -> None:
-    n, w = 23, 3
-    shards = [ShardedSampler(n, w, r, seed=1) for r in range(w)]
-    for s in shards:
-        s.set_epoch(2)
-    idx = [s.indices() for s in shards]
-    flat = [i for part in idx for i in part]
+def _epoch(n: int, w: int, pd: int, epoch: int, consumed: int = 0) -> list[list[list[int]]]:
+    """Every round of the epoch from ``consumed``: [rank 0's indices, rank 1's, ...]."""
+    per_rank = [list(GlobalOrder(n, w, r, pd, seed=1).rounds(epoch, consumed)) for r in range(w)]
+    assert len({len(p) for p in per_rank}) == 1  # the same number of rounds on every rank
+    return [[per_rank[r][k][0] for r in range(w)] for k in range(len(per_rank[0]))]
+
+
+def test_global_order_partitions_and_resumes_at_any_world_size() -> None:
+    n, w, pd = 23, 3, 2
+    rounds = _epoch(n, w, pd, epoch=2)
+    flat = [i for rnd in rounds for part in rnd for i in part]
     assert len(flat) == len(set(flat)) == (n // w) * w  # no example twice, tail dropped evenly
-    assert all(len(p) == n // w for p in idx)
-    shards[0].set_epoch(2, start=3)
-    assert list(shards[0]) == idx[0][3:]
-    single = ShardedSampler(n, 1, 0, seed=1)
-    single.set_epoch(2)
-    order = single.indices()[: (n // w) * w]
-    assert sorted(order[:w]) == sorted(p[0] for p in idx)  # step 1 of 1 rank == step 1 of 3 ranks
-    other = ShardedSampler(n, w, 0, seed=1)
-    other.set_epoch(3)
-    assert other.indices() != idx[0]  # set_epoch reshuffles
+    assert all(len({len(p) for p in rnd}) == 1 for rnd in rounds)  # equal shares in every round
+    order = GlobalOrder(n, 1, 0, w * pd, seed=1).order(2)
+    assert sorted(rounds[0][0] + rounds[0][1] + rounds[0][2]) == sorted(order[: w * pd])  # 1 rank == 3 ranks
+    # resume after 2 rounds (12 examples) with 2 ranks of 4, or 1 rank of 5: exactly the unseen examples
+    seen = {i for rnd in rounds[:2] for part in rnd for i in part}
+    for w2, pd2 in ((2, 4), (1, 5)):
+        rest = [i for rnd in _epoch(n, w2, pd2, epoch=2, consumed=12) for part in rnd for i in part]
+        assert seen.isdisjoint(rest) and len(rest) == len(set(rest))
+        assert seen | set(rest) == set(GlobalOrder(n, w2, 0, pd2, seed=1).order(2)[: (n // w2) * w2]) | seen
+    assert GlobalOrder(n, w, 0, pd, seed=1).order(3) != GlobalOrder(n, w, 0, pd, seed=1).order(2)  # reshuffled
 
 
 def test_eval_sampler_exactly_once() -> None:

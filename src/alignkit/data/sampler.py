@@ -1,4 +1,4 @@
-"""Samplers: a resumable sharded training sampler and an exact-once evaluation sampler."""
+"""Samplers: the resumable global training order and an exact-once evaluation sampler."""
 
 from __future__ import annotations
 
@@ -10,40 +10,49 @@ from torch.utils.data import Sampler
 from alignkit.errors import DataError
 
 
-class ShardedSampler(Sampler[int]):
-    """DistributedSampler semantics (one seeded permutation per epoch, rank r takes every
-    W-th index starting at r) without padding: the tail that does not fill all ranks equally
-    is dropped, so no example is seen twice in an epoch. ``start`` skips the first examples of
-    this rank's shard, which is how a resumed run continues mid-epoch without reading them.
+class GlobalOrder:
+    """The training order: one seeded permutation per epoch, read as ONE global sequence.
+
+    Each micro-batch round takes the next ``world x per_device`` examples of the epoch's order, rank
+    r taking its contiguous share; the position saved with a checkpoint is the number of examples of
+    the epoch consumed by all ranks together. A resume at another world size or per-device batch
+    therefore continues on exactly the examples not seen yet (no repeats, no skips). The epoch's
+    usable length is ``(n // world) x world``: the tail that cannot be split evenly is dropped, so no
+    example is seen twice in an epoch (at most ``world - 1`` are left out, different ones each epoch).
     """
 
-    def __init__(self, n: int, num_replicas: int, rank: int, *, shuffle: bool = True, seed: int = 0) -> None:
-        if n < num_replicas:
-            raise DataError(f"the data set has {n} examples, fewer than the {num_replicas} processes")
-        self.n, self.num_replicas, self.rank = n, num_replicas, rank
+    def __init__(self, n: int, world: int, rank: int, per_device: int, *, shuffle: bool = True, seed: int = 0) -> None:
+        if n == 0:
+            raise DataError("the training set has no examples")
+        if n < world:
+            raise DataError(f"the data set has {n} examples, fewer than the {world} processes")
+        self.n, self.world, self.rank, self.per_device = n, world, rank, per_device
         self.shuffle, self.seed = shuffle, seed
-        self.epoch = 0
-        self.start = 0
-        self.per_rank = n // num_replicas
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
-
-    def indices(self) -> list[int]:
+    def order(self, epoch: int) -> list[int]:
+        """The epoch's usable order (all ranks)."""
         if self.shuffle:
             g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
+            g.manual_seed(self.seed + epoch)
             order = torch.randperm(self.n, generator=g).tolist()
         else:
             order = list(range(self.n))
-        order = order[: self.per_rank * self.num_replicas]
-        return order[self.rank :: self.num_replicas]
+        return order[: (self.n // self.world) * self.world]
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices()[self.start :])
+    def rounds(self, epoch: int, consumed: int = 0) -> Iterator[tuple[list[int], int]]:
+        """(this rank's indices for the next micro-batch, examples consumed after that round) from
+        position ``consumed`` to the end of the epoch; every rank gets the same number of rounds."""
+        order = self.order(epoch)
+        while True:
+            share = min(self.per_device, (len(order) - consumed) // self.world)
+            if share <= 0:
+                return
+            start = consumed + self.rank * share
+            consumed += share * self.world
+            yield order[start : start + share], consumed
 
-    def __len__(self) -> int:
-        return self.per_rank - self.start
+    def usable(self) -> int:
+        return (self.n // self.world) * self.world
 
 
 class EvalSampler(Sampler[int]):

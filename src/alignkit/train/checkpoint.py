@@ -230,6 +230,6 @@ def load_checkpoint(ckpt: Path, *, strategy: Strategy, handles: dict[str, Handle
         if load_schedulers and handle.scheduler is not None and role in schedulers:
             handle.scheduler.load_state_dict(schedulers[role])
     rngs = extra["rng"]
-    if len(rngs) == strategy.dp_size:
+    if strategy.dp_rank < len(rngs):  # another world size: the caller says so (Checkpointer._note_layout)
         set_rng_state(rngs[strategy.dp_rank])
     return json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))

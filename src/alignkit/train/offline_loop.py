@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from alignkit.algorithms.base import Batch, Example, OfflineAlgorithm
 from alignkit.config import RunConfig, dump_yaml
-from alignkit.data.sampler import ShardedSampler
+from alignkit.data.sampler import GlobalOrder
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
@@ -52,9 +52,11 @@ class OfflineTrainer:
         self.train_set, self.eval_set, self.log = train_set, eval_set, logger
         self.steps = plan.steps
         self.out = Path(cfg.output_dir)
-        self.sampler = ShardedSampler(len(train_set), strategy.dp_size, strategy.dp_rank, seed=cfg.training.seed)
+        self.order = GlobalOrder(len(train_set), strategy.dp_size, strategy.dp_rank, plan.batch.per_device,
+                                 seed=cfg.training.seed)
         self.checkpointer = Checkpointer(self.out, strategy, models, config_yaml=dump_yaml(cfg), tokenizer=algo.tokenizer,
-                                         save_total_limit=cfg.checkpoint.save_total_limit, log=logger)
+                                         save_total_limit=cfg.checkpoint.save_total_limit, log=logger,
+                                         batch=plan.batch)
 
     # ------------------------------------------------------------------ main
     def fit(self) -> TrainResult:
@@ -105,26 +107,24 @@ class OfflineTrainer:
 
     # ------------------------------------------------------------------ data
     def _micro_batches(self, state: TrainState) -> Iterator[list[Batch]]:
-        """Yields the micro-batches of one optimizer step at a time, resuming mid-epoch from ``state``."""
-        ga, per_device = self.plan.batch.accumulation, self.plan.batch.per_device
+        """Yields the micro-batches of one optimizer step at a time (fewer at an epoch's end), continuing
+        from ``state``'s position in the epoch's global order; ``state.consumed`` follows the batches."""
+        ga = self.plan.batch.accumulation
         while True:
-            self.sampler.set_epoch(state.epoch, start=state.micro_in_epoch * per_device)
-            loader = DataLoader(self.train_set, batch_size=per_device, sampler=self.sampler,
+            rounds = list(self.order.rounds(state.epoch, state.consumed))
+            loader = DataLoader(self.train_set, batch_sampler=[idx for idx, _ in rounds],
                                 collate_fn=self.algo.data.collate, num_workers=self.cfg.data.num_workers)
             group: list[Batch] = []
-            for batch in loader:
+            for batch, (_, consumed) in zip(loader, rounds):
                 group.append(batch)
-                state.micro_in_epoch += 1
+                state.consumed = consumed
                 if len(group) == ga:
-                    ended = state.micro_in_epoch >= self.steps.micro_per_epoch
                     yield group
                     group = []
-                    if ended:
-                        break
             if group:
                 yield group
             state.epoch += 1
-            state.micro_in_epoch = 0
+            state.consumed = 0
 
     def examples_used(self) -> list[Example]:
         """The training examples the planned steps read, over all ranks (the same list on every rank):
@@ -134,12 +134,8 @@ class OfflineTrainer:
         steps, b = self.steps, self.plan.batch
         if steps.total >= steps.per_epoch:
             return self.train_set
-        per_rank = min(steps.total * b.accumulation, steps.micro_per_epoch) * b.per_device
-        used: set[int] = set()
-        for rank in range(self.strategy.dp_size):
-            shard = ShardedSampler(len(self.train_set), self.strategy.dp_size, rank, seed=self.cfg.training.seed)
-            used.update(shard.indices()[:per_rank])
-        return [self.train_set[i] for i in sorted(used)]
+        read = min(steps.total * b.accumulation * b.per_device * b.world_size, self.order.usable())
+        return [self.train_set[i] for i in sorted(self.order.order(0)[:read])]
 
     # ------------------------------------------------------------------ helpers
     def _startup_lines(self) -> None:
@@ -152,7 +148,7 @@ class OfflineTrainer:
             f"dtype={str(self.strategy.compute_dtype).replace('torch.', '')}")
 
     def _epoch(self, state: TrainState) -> float:
-        return state.epoch + state.micro_in_epoch / max(1, self.steps.micro_per_epoch)
+        return state.epoch + state.consumed / self.order.usable()
 
     def _due(self, every: int | None, step: int) -> bool:
         """Whether a periodic action (eval, save) falls on ``step``; the last step has its own."""

@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from alignkit.algorithms.base import Batch, MetricSums
+from alignkit.config import BatchPlan
 from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.errors import ConfigError, TrainingError
@@ -36,7 +37,7 @@ LossFn = Callable[..., tuple["torch.Tensor | dict[str, torch.Tensor]", MetricSum
 class TrainState:
     step: int = 0  # optimizer steps done
     epoch: int = 0
-    micro_in_epoch: int = 0  # micro-batches of this epoch already consumed
+    consumed: int = 0  # examples of this epoch's global order already trained on (all ranks together)
     algo: dict[str, Any] = field(default_factory=dict)
 
 
@@ -199,6 +200,14 @@ def log_window(log: RunLogger, strategy: Strategy, window: Window, state: TrainS
     return metrics
 
 
+def consumed_of(saved: dict[str, Any], per_device: int) -> int:
+    """Examples of the epoch already trained on; checkpoints written before the global order stored
+    micro-batches per rank, which this converts (exact for the layout they were written with)."""
+    if "consumed" in saved:
+        return int(saved["consumed"])
+    return int(saved.get("micro_in_epoch", 0)) * per_device * int(saved.get("world_size", 1))
+
+
 def weights_finite(module: torch.nn.Module, strategy: Strategy) -> bool:
     """Whether every parameter (each rank's shard of it) is finite on every rank."""
     from torch.distributed.tensor import DTensor
@@ -214,8 +223,8 @@ class Checkpointer:
     the algorithm's state; written atomically by :mod:`alignkit.train.checkpoint`."""
 
     def __init__(self, out: Path, strategy: Strategy, models: Models, *, config_yaml: str, tokenizer: Any,
-                 save_total_limit: int | None, log: RunLogger) -> None:
-        self.out, self.strategy, self.models = out, strategy, models
+                 save_total_limit: int | None, log: RunLogger, batch: BatchPlan) -> None:
+        self.out, self.strategy, self.models, self.batch = out, strategy, models, batch
         self.config_yaml, self.tokenizer, self.limit, self.log = config_yaml, tokenizer, save_total_limit, log
 
     def save(self, state: TrainState) -> Path:
@@ -223,8 +232,9 @@ class Checkpointer:
         if bad:  # cannot happen with the non-finite guard; a checkpoint must never carry NaN weights
             raise TrainingError(f"refusing to write checkpoint-{state.step}: the weights of {', '.join(bad)} are not "
                                 f"finite; the previous checkpoint in {self.out} is intact")
-        trainer_state = {"step": state.step, "epoch": state.epoch, "micro_in_epoch": state.micro_in_epoch,
-                         "algo": state.algo, "world_size": self.strategy.dp_size}
+        b = self.batch
+        trainer_state = {"step": state.step, "epoch": state.epoch, "consumed": state.consumed, "algo": state.algo,
+                         "world_size": b.world_size, "per_device": b.per_device, "accumulation": b.accumulation}
         path = ckpt.save_checkpoint(self.out, state.step, strategy=self.strategy, handles=self.models.handles,
                                     trainer_state=trainer_state, config_yaml=self.config_yaml,
                                     tokenizer=self.tokenizer, save_total_limit=self.limit)
@@ -252,10 +262,25 @@ class Checkpointer:
             lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
             self.log.info(f"LR schedule rebuilt from the new settings at step {saved['step']} (lr now {lr:.3g})")
         self.log.info(f"Resumed from {path} at step {saved['step']} (epoch {saved['epoch']})")
+        self._note_layout(saved)
         dropped = self.log.rewind_metrics(saved["step"])
         if dropped:
             self.log.info(f"metrics.jsonl: dropped {dropped} rows logged after step {saved['step']} by the interrupted run")
-        return TrainState(saved["step"], saved["epoch"], saved["micro_in_epoch"], saved.get("algo", {}))
+        return TrainState(saved["step"], saved["epoch"], consumed_of(saved, self.batch.per_device), saved.get("algo", {}))
+
+    def _note_layout(self, saved: dict[str, Any]) -> None:
+        """Say what changed when the run resumes with another batch layout or world size."""
+        b, world = self.batch, int(saved.get("world_size", self.batch.world_size))
+        old = (int(saved.get("per_device", b.per_device)), int(saved.get("accumulation", b.accumulation)), world)
+        if old != (b.per_device, b.accumulation, b.world_size):
+            self.log.info(f"Effective batch changed on resume: {old[0] * old[1] * old[2]} (per_device={old[0]} x "
+                          f"accumulation={old[1]} x {old[2]} processes) -> {b.global_batch} (per_device={b.per_device} "
+                          f"x accumulation={b.accumulation} x {b.world_size} processes); the epoch continues at "
+                          f"example {consumed_of(saved, b.per_device)} of its order")
+        if world != self.strategy.dp_size:
+            self.log.info(f"RNG states: {world} saved, {self.strategy.dp_size} ranks now; rank r takes saved rank r's "
+                          f"state where one exists, the others continue from the seed (dropout differs from an "
+                          f"uninterrupted run)")
 
     def _check_same_run(self, path: Path) -> bool:
         """Refuse a checkpoint of another run; log each allowed change; True when the LR schedule changed."""
