@@ -123,3 +123,32 @@ def test_kill9_while_pruning_leaves_every_listed_checkpoint_whole(micro_model: P
     assert not list(out.glob(".trash-*"))
     assert_steps_once(out)
     assert max((final_weights(out)[k] - straight[k]).abs().max().item() for k in straight) == 0.0
+
+
+def test_full_disk_is_one_line_and_keeps_the_previous_checkpoint(micro_model: Path, tmp_path: Path) -> None:
+    """The second checkpoint's optimizer write fails with ENOSPC (as torch.save reports a full disk)."""
+    out = tmp_path / "run"
+    script = tmp_path / "full_disk.py"
+    script.write_text(textwrap.dedent(f"""
+        import errno, sys
+        from alignkit.train import checkpoint
+        import torch
+        real, calls = torch.save, []
+        def full(obj, f, *a, **k):
+            calls.append(f)
+            if len(calls) == 3:  # checkpoint-1: optimizer + scheduler_rng; checkpoint-2: optimizer -> full
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4736 vs 4630")
+            return real(obj, f, *a, **k)
+        torch.save = full
+        checkpoint.disk_full.__globals__["shutil"].disk_usage = lambda p: type("U", (), {{"free": 0}})()
+        from alignkit.cli import main
+        sys.exit(main({args(micro_model, out)!r}))
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=child_env())
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("alignkit: error: no space left on /") and "while writing" in last, last
+    assert "checkpoint-2; the previous checkpoint checkpoint-1 is intact" in last and "Traceback" not in proc.stderr
+    assert not list(out.glob(".tmp-*"))
+    assert_latest_loads(out)

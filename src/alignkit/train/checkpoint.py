@@ -13,6 +13,7 @@ written before roles existed (weights at the top level) still loads as the first
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from alignkit.distributed import comm
+from alignkit.errors import TrainingError
 
 if TYPE_CHECKING:
     from alignkit.distributed.strategy.base import Handle, Strategy
@@ -84,6 +86,30 @@ def write_text_atomic(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def disk_full(error: BaseException, where: Path) -> bool:
+    """Whether ``error`` (from torch.save, safetensors, ...) means the file system of ``where`` is full:
+    errno ENOSPC, its message, or torch's "unexpected pos" write failure with (almost) no space left."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(error)
+    if "No space left on device" in text or "os error 28" in text or "Disk quota exceeded" in text:
+        return True
+    if "unexpected pos" in text or "iostream error" in text:
+        try:
+            return shutil.disk_usage(where).free < 64 * 2**20
+        except OSError:
+            return True
+    return False
+
+
+def mount_point(path: Path) -> str:
+    """The mount point of the file system holding ``path`` (what "DEVICE" means to a user)."""
+    p = path.resolve()
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    return str(p)
 
 
 def step_of(path: Path) -> int:
@@ -186,9 +212,18 @@ def save_checkpoint(
         for role in handles:
             (tmp / role).mkdir()
     strategy.barrier()
-    for role, handle in handles.items():
-        strategy.save_model(handle, tmp / role, tokenizer)
-        strategy.save_training_state(handle, tmp / role)
+    try:
+        for role, handle in handles.items():
+            strategy.save_model(handle, tmp / role, tokenizer)
+            strategy.save_training_state(handle, tmp / role)
+    except Exception as e:  # noqa: BLE001 - a full disk surfaces as OSError, RuntimeError or SafetensorError
+        if not disk_full(e, output_dir):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = find_latest(output_dir)
+        kept = f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint exists"
+        raise TrainingError(f"no space left on {mount_point(output_dir)} while writing {final}; {kept} "
+                            f"(free some space and resume with checkpoint.resume_from=latest)") from None
     rngs = comm.all_gather_object(rng_state())
     if strategy.is_main:
         schedulers = {role: h.scheduler.state_dict() for role, h in handles.items() if h.scheduler is not None}
