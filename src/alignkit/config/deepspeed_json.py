@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from alignkit.config.aliases import lookup, put, same, show
+from alignkit.config.alias_readers import lookup, same, show
+from alignkit.config.aliases import put
 from alignkit.errors import ConfigError
 
 AUTO = "auto"

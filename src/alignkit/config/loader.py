@@ -18,12 +18,12 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from alignkit.config.aliases import MISSING, apply_aliases, emit_notes, find, put, read_aliases
+from alignkit.config.alias_readers import MISSING, find
+from alignkit.config.aliases import apply_aliases, emit_notes, put, read_aliases
 from alignkit.config.deepspeed_json import map_deepspeed_json
-from alignkit.config.sections import SECTIONS, load_sections
 from alignkit.config.schema import RunConfig
+from alignkit.config.sections import SECTIONS, load_sections
 from alignkit.errors import ConfigError
-
 
 # ---------------------------------------------------------------- reading + overrides
 
