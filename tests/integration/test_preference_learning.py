@@ -28,7 +28,7 @@ import torch
 
 from alignkit.config import load_config
 from alignkit.data.io import read_rows
-from alignkit.data.synth import judge_correct
+from alignkit.data.judges import judge_correct
 from alignkit.resources import resource_path
 from tests.conftest import REPO
 
