@@ -14,15 +14,23 @@
   answers need too), so its greedy accuracy moves little or falls even while the implicit-reward
   accuracy rises; plain DPO's numbers are printed for comparison.
 
-Run with ``-s`` to see the numbers and timings.
+Every number is reproducible in a fresh process: each training, evaluation and generation runs
+under ``pinned()`` (one thread, seeded RNGs), also the session-scoped SFT warm start, which pytest
+sets up before any module-scoped fixture when this test runs alone. ``ALIGNKIT_LEARN_SEED=N`` sets
+``training.seed`` of every run (SFT and DPO). Run with ``-s`` to see the numbers and timings.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,24 +43,44 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 
 N_JUDGE = 150  # held-out prompts answered greedily
+SEED = int(os.environ.get("ALIGNKIT_LEARN_SEED", "0"))  # training.seed of every run (to re-measure)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: the same floating-point order on any machine (these runs are long enough
-    for reduction-order noise to change which answers come out right), and no oversubscription when
-    other processes share the two cores."""
-    before = torch.get_num_threads()
+@contextmanager
+def pinned() -> Iterator[None]:
+    """The process-wide state these numbers depend on, fixed for a step and restored after, so they
+    do not depend on what ran before in the process or on the fixture order. One intra-op thread:
+    the same floating-point reduction order whatever the machine's core count (these runs are long
+    enough for that noise to change which answers come out right; measured: SFT at 2 threads ends
+    with other weights and another greedy accuracy) and no oversubscription on shared cores.
+    float32 default dtype; subnormals flushed, as ``run_train`` does on CPU (for the whole process:
+    torch has no getter to restore it); every RNG seeded."""
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    torch.set_default_dtype(torch.float32)
+    torch.set_flush_denormal(True)
+    random.seed(SEED)
+    np.random.seed(SEED)
+    torch.manual_seed(SEED)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)
+
+
+@pytest.fixture(autouse=True)
+def pinned_test() -> Iterator[None]:
+    with pinned():
+        yield
 
 
 def train(config: Path | str, overrides: list[str]):
     from alignkit.train.runner import run_train
 
     start = time.perf_counter()
-    result = run_train(load_config(config, overrides))
+    with pinned():  # also for the session-scoped warm start, set up before any test-level fixture
+        result = run_train(load_config(config, [*overrides, f"training.seed={SEED}"]))
     return result, time.perf_counter() - start
 
 
