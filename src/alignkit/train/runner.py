@@ -10,6 +10,7 @@ and ``alignkit eval`` start one; the loop gets everything from it as arguments.
 from __future__ import annotations
 
 import functools
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from alignkit.distributed.env import DistEnv, read_env
 from alignkit.distributed.preflight import preflight
 from alignkit.distributed.strategy import build_strategy
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
+from alignkit.errors import ConfigError
 from alignkit.logging import RunLogger, scrub, setup_console
 from alignkit.models.loading import count_parameters, load_tokenizer
 from alignkit.models.roles import ModelSpec, Models, Workload, build_model
@@ -152,7 +154,23 @@ def memory_line(device: torch.device) -> str:
     return f"Process memory (RSS): {psutil.Process().memory_info().rss / 2**30:.2f} GB (rank 0)"
 
 
+def check_output_dir(path: Path) -> None:
+    """Create ``output_dir`` and write a probe file in it, so a place rank 0 cannot write to is one line
+    naming it and why, before any model is loaded (not a traceback from the first write)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".alignkit-write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        file = next((p for p in (path, *path.parents) if p.is_file()), None)
+        why = f"{file} is a file, not a directory" if file else (e.strerror or str(e))
+        raise ConfigError(f"output_dir {str(path)!r}: cannot write there ({why})") from None
+
+
 def run_train(cfg: RunConfig) -> TrainResult:
+    if read_env().is_main:  # only rank 0 writes
+        check_output_dir(Path(cfg.output_dir))
     session = Session.start(cfg)
     strategy, algo = session.strategy, session.algo
     out = Path(cfg.output_dir)
