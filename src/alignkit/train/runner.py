@@ -184,8 +184,9 @@ def run_train(cfg: RunConfig) -> TrainResult:
         (out / "config.yaml").write_text(yaml.safe_dump(scrub(to_dict(cfg)), sort_keys=False), encoding="utf-8")
     train_set = algo.data.build_dataset(cfg.data.train, "train")
     eval_set = algo.data.build_dataset(cfg.data.eval, "eval") if cfg.data.eval else []
-    if algo.data.skipped.get("train"):
-        logger.info(f"Skipped {algo.data.skipped['train']} invalid or empty training rows (data.skip_invalid)")
+    for split, name in (("train", "training"), ("eval", "evaluation")):  # rows dropped or changed, by cause
+        for line in algo.data.row_counts[split].lines(name) if split in algo.data.row_counts else []:
+            logger.info(line)
     plan = session.plan.with_steps(len(train_set), cfg.training)
     models = session.build_models(logger=logger)
     logger.info(memory_line(strategy.device))
