@@ -21,8 +21,6 @@ from alignkit.errors import UserError
 USER_ERRORS = (UserError, FileNotFoundError)
 #: modules whose ``register(sub)`` adds their sub-commands, in the order ``--help`` lists them
 COMMAND_MODULES = (run_commands, tool_commands, plot_command)
-#: seconds a rank other than local rank 0 waits before printing a same-on-every-rank error itself
-RANK0_GRACE_S = 5.0
 
 
 def _strip_launcher_args(argv: list[str]) -> list[str]:
@@ -66,6 +64,10 @@ def _quiet_deepspeed_on_cpu() -> None:
 
         if not torch.cuda.is_available():
             os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+#: seconds a rank other than local rank 0 waits before printing a same-on-every-rank error itself
+RANK0_GRACE_S = 5.0
 
 
 def local_rank() -> int:
