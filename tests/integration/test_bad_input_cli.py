@@ -78,14 +78,18 @@ def test_bad_model_or_run_setting_is_one_line(case: str, sft_config: dict, micro
     assert re.search(expected, line), line
 
 
-def test_checkpoint_of_another_vocabulary_is_one_line(sft_config: dict, tmp_path: Path) -> None:
+def test_checkpoint_of_another_vocabulary_is_one_line(sft_config: dict, micro_model: Path, tmp_path: Path) -> None:
+    """The model directory was rebuilt with another tokenizer (512 -> 1024 tokens) between a run and its
+    resume: the same config, other weight shapes."""
     from alignkit.models.tiny import build_tiny_model
 
-    other = build_tiny_model(tmp_path / "vocab512", size="micro", vocab_size=512)
-    assert_ok(train(sft_config, tmp_path, model__name_or_path=str(other), output_dir=str(tmp_path / "a" / "run"),
-                    checkpoint__save_steps=1))
-    ckpt = tmp_path / "a" / "run" / "checkpoint-1"
-    line = one_error_line(train(sft_config, tmp_path, checkpoint__resume_from=str(ckpt)))
+    model = build_tiny_model(tmp_path / "model", size="micro", vocab_size=512)
+    over = {"model__name_or_path": str(model), "output_dir": str(tmp_path / "run"), "checkpoint__save_steps": 1}
+    assert_ok(train(sft_config, tmp_path, **over))
+    shutil.rmtree(model)
+    shutil.copytree(micro_model, model)
+    ckpt = tmp_path / "run" / "checkpoint-1"
+    line = one_error_line(train(sft_config, tmp_path, **over, checkpoint__resume_from=str(ckpt), training__max_steps=2))
     assert re.search(r"checkpoint-1/policy: (lm_head|model\.embed_tokens)\.weight has shape \[512, 64\] in the "
                      r"checkpoint but \[1024, 64\] in the model", line), line
 
