@@ -52,7 +52,7 @@ def test_reward_model_train_eval_score(micro_model: Path, tmp_path: Path) -> Non
     proc = run_cli(["train", *rm_args("rm_helpful.yaml", micro_model, out, f"data.train={train_file}",
                                       f"data.eval={eval_file}", "data.skip_invalid=true")])
     assert_ok(proc)
-    assert "Skipped 1 invalid or empty training rows" in proc.stderr
+    assert f"Dropped 1 training row: 1 malformed (first: {train_file}:3 field 'response_0': is empty)" in proc.stderr
     last_eval = [m for m in metrics(out) if "eval/accuracy" in m][-1]
 
     proc = run_cli(["eval", *rm_args("rm_helpful.yaml", micro_model, out, f"data.eval={eval_file}"),

@@ -88,8 +88,8 @@ def test_skip_invalid_counts_and_bad_json(tmp_path: Path, tok) -> None:
     conv = lambda r: sft_example(tok, r, max_length=64)  # noqa: E731
     with pytest.raises(DataError, match=r"d.jsonl:2: missing field 'completion'"):
         convert_rows([str(f)], conv, skip_invalid=False)
-    out, skipped = convert_rows([str(f)], conv, skip_invalid=True)
-    assert len(out) == 2 and skipped == 1
+    out, counts = convert_rows([str(f)], conv, skip_invalid=True)
+    assert len(out) == 2 and counts.total_dropped == 1
     f.write_text(json.dumps(good) + "\n{not json\n")
     with pytest.raises(DataError, match=r"d.jsonl:2: not valid JSON"):
         read_rows(str(f))

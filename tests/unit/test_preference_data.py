@@ -130,8 +130,8 @@ def test_malformed_rows_name_file_line_and_field(tmp_path: Path, tok, row: dict,
 def test_skip_invalid_counts_bad_rows(tmp_path: Path, tok) -> None:
     good = {"prompt": "p", "chosen": "c", "rejected": "r"}
     path = write_jsonl(tmp_path / "mixed.jsonl", [good, {"prompt": "p"}, good, {"prompt": "p", "chosen": 1, "rejected": "r"}])
-    examples, skipped = load_pairs(tok, [path], max_length=64, pair="helpful", chat_template=False, skip_invalid=True)
-    assert (len(examples), skipped) == (2, 2)
+    examples, counts = load_pairs(tok, [path], max_length=64, pair="helpful", chat_template=False, skip_invalid=True)
+    assert (len(examples), counts.total_dropped) == (2, 2)
 
 
 def test_cost_model_needs_safety_labels(tmp_path: Path, tok) -> None:

@@ -20,6 +20,7 @@ from alignkit.config.schema import RunConfig
 from alignkit.models.roles import ModelSpec, Models
 
 if TYPE_CHECKING:
+    from alignkit.data.io import RowCounts
     from alignkit.distributed.strategy.base import Strategy
 
 Batch = dict[str, torch.Tensor]
@@ -51,8 +52,10 @@ class MetricSums:
 class DataPipeline(Protocol):
     """Rows -> examples -> micro-batches for one algorithm (``data/`` supplies the implementations)."""
 
-    #: rows skipped per split ("train" / "eval") by ``data.skip_invalid``
+    #: rows dropped per split ("train" / "eval"): skipped by ``data.skip_invalid`` or with nothing to learn
     skipped: dict[str, int]
+    #: per split, the rows dropped or changed (e.g. truncated) by cause, for the start-up log
+    row_counts: dict[str, RowCounts]
 
     def build_dataset(self, specs: list[str], split: str) -> list[Example]:
         """Tokenized examples of the files in ``specs`` (``split`` is 'train' or 'eval')."""

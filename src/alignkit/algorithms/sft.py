@@ -11,7 +11,7 @@ from alignkit.algorithms.base import Batch, MetricSums, OfflineAlgorithm
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.constants import IGNORE_INDEX
-from alignkit.data.io import DataError, Row, require_messages, require_str
+from alignkit.data.io import NOTHING_TO_LEARN, PROMPT_TOO_LONG, TRUNCATED, DataError, Row, require_messages, require_str
 from alignkit.data.pipelines import TokenData
 from alignkit.data.tokenize import encode_chat, encode_prompt_response
 from alignkit.losses.sft import sft_loss
@@ -30,7 +30,8 @@ class SFTConfig:
 def sft_example(tokenizer: Any, row: Row, *, max_length: int, loss_on: str = "assistant") -> dict[str, Any] | None:
     """A row (``messages``, or ``prompt``/``completion``) -> ``{input_ids, labels}``.
 
-    Returns None when truncation leaves no loss token (the caller counts it as skipped).
+    Returns None when the row has no loss token, or none within ``max_length`` (the prompt is longer);
+    the row says which (``row.drop``), and notes a truncation (``row.note``), for the start-up log.
     """
     d = row.data
     if "messages" in d:
@@ -48,9 +49,15 @@ def sft_example(tokenizer: Any, row: Row, *, max_length: int, loss_on: str = "as
         raise DataError(f"{row.where()}: an SFT row needs 'messages', 'prompt'+'completion' or 'text' (has {sorted(d)})")
     if loss_on == "all":
         mask = [1] * len(ids)
-    ids, mask = ids[:max_length], mask[:max_length]
     if sum(mask[1:]) == 0:  # position 0 is never predicted
+        row.drop(NOTHING_TO_LEARN)
         return None
+    if len(ids) > max_length:
+        ids, mask = ids[:max_length], mask[:max_length]
+        if sum(mask[1:]) == 0:
+            row.drop(PROMPT_TOO_LONG)
+            return None
+        row.note(TRUNCATED)
     return {"input_ids": ids, "labels": [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]}
 
 

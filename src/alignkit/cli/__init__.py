@@ -2,6 +2,7 @@
 
 User errors (bad config, bad data, missing files) end with one line ``alignkit: error: ...`` and exit
 status 2; set ALIGNKIT_DEBUG=1 for the traceback. Anything else is a bug and keeps its traceback.
+Under a launcher an error every rank raises alike is printed once, by local rank 0 (:func:`leave_to_rank0`).
 Each command lives in a module of this package with a ``register(subparsers)`` function.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Callable
 
 from alignkit.cli import migrate_command, plot_command, run_commands, tool_commands
@@ -64,6 +66,32 @@ def _quiet_deepspeed_on_cpu() -> None:
             os.environ["DS_ACCELERATOR"] = "cpu"
 
 
+#: seconds a rank other than local rank 0 waits before printing a same-on-every-rank error itself
+RANK0_GRACE_S = 5.0
+
+
+def local_rank() -> int:
+    """This process's rank on its node under a launcher (LOCAL_RANK, else RANK); 0 alone."""
+    for name in ("LOCAL_RANK", "RANK"):
+        value = os.environ.get(name, "")
+        if value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def leave_to_rank0(error: BaseException) -> bool:
+    """Whether this process leaves the line for ``error`` to local rank 0.
+
+    True on a rank > 0 for errors every rank raises alike (``same_on_every_rank``: config, data and
+    model errors, and missing files, all read the same by every rank of a node), so a run under
+    torchrun says it once. Per node, not per job: another node may lack a file this one has, and its
+    console is its own. Errors that can belong to one rank (pre-flight) are printed by that rank, and so
+    is any error of a rank that finds itself still running ``RANK0_GRACE_S`` later (rank 0 did not fail alike).
+    """
+    same = getattr(error, "same_on_every_rank", isinstance(error, FileNotFoundError))
+    return bool(same) and local_rank() > 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _strip_launcher_args(list(sys.argv[1:] if argv is None else argv))
     _quiet_deepspeed_on_cpu()
@@ -87,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         if os.environ.get("ALIGNKIT_DEBUG"):
             raise
-        print(f"alignkit: error: {e}", file=sys.stderr)
+        who = ""
+        if leave_to_rank0(e):
+            # rank 0 prints the same line and exits, and the launcher then stops this process; still
+            # here after the grace period (rank 0 did not fail alike), this rank says it itself
+            time.sleep(RANK0_GRACE_S)
+            who = f"(rank {local_rank()}) "
+        print(f"alignkit: error: {who}{e}", file=sys.stderr)
         return _finish(2)
     return _finish(code)

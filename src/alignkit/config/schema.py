@@ -72,7 +72,10 @@ class TrainingConfig:
         None, "Examples per optimizer step over all processes (= per_device x accumulation x world).", gt=0
     )
     gradient_accumulation_steps: int = f(1, "Micro-batches per optimizer step.", gt=0)
-    learning_rate: float = f(1e-5, "Peak learning rate (before lr_scaling).", gt=0)
+    learning_rate: float = f(
+        1e-5, "Peak learning rate (before lr_scaling); at most 1.0: fine-tuning uses ~1e-7 .. 1e-3, and a far "
+        "larger value overflows AdamW's update (1e38 does in fp32).", gt=0, le=1.0
+    )
     lr_scaling: Literal["none", "linear", "sqrt"] = f(
         "none", "Scale learning_rate by (global batch / reference_batch_size) or its square root."
     )

@@ -4,7 +4,9 @@
 * :class:`PairData`: a (chosen, rejected) pair per example (reward/cost models, the DPO family), the
   2B sequences of a micro-batch in one padding-free packed row, loss unit = pair.
 
-Both count the rows ``data.skip_invalid`` dropped per split in ``skipped``.
+Both keep, per split, what happened to rows that did not become examples unchanged in ``row_counts``
+(:class:`~alignkit.data.io.RowCounts`: dropped or kept-but-changed, by cause) and the number dropped in
+``skipped``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from alignkit.config.schema import DataConfig
 from alignkit.data.collate import TokenCollator, count_loss_tokens
-from alignkit.data.io import Row, convert_rows
+from alignkit.data.io import Row, RowCounts, convert_rows
 from alignkit.data.preference import PairCollator, count_pairs, load_pairs
 
 
@@ -29,11 +31,12 @@ class TokenData:
     def __init__(self, tokenizer: Any, cfg: DataConfig, convert: Callable[[Row], dict[str, Any] | None]) -> None:
         self.tokenizer, self.cfg, self.convert = tokenizer, cfg, convert
         self.skipped: dict[str, int] = {}
+        self.row_counts: dict[str, RowCounts] = {}
 
     def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
-        examples, skipped = convert_rows(specs, self.convert, skip_invalid=self.cfg.skip_invalid,
-                                         limit=_limit(self.cfg, split))
-        self.skipped[split] = skipped
+        examples, counts = convert_rows(specs, self.convert, skip_invalid=self.cfg.skip_invalid,
+                                        limit=_limit(self.cfg, split))
+        self.row_counts[split], self.skipped[split] = counts, counts.total_dropped
         return examples
 
     def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -55,14 +58,15 @@ class PairData:
     def __init__(self, tokenizer: Any, cfg: DataConfig, *, pair: str = "helpful", needs_safety_labels: bool = False) -> None:
         self.tokenizer, self.cfg, self.pair, self.needs_safety_labels = tokenizer, cfg, pair, needs_safety_labels
         self.skipped: dict[str, int] = {}
+        self.row_counts: dict[str, RowCounts] = {}
 
     def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
         d = self.cfg
-        examples, skipped = load_pairs(
+        examples, counts = load_pairs(
             self.tokenizer, specs, max_length=d.max_length, pair=self.pair, chat_template=d.chat_template,
             skip_invalid=d.skip_invalid, limit=_limit(d, split), need_safety_labels=self.needs_safety_labels,
         )
-        self.skipped[split] = skipped
+        self.row_counts[split], self.skipped[split] = counts, counts.total_dropped
         return examples
 
     def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

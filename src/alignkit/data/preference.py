@@ -25,7 +25,16 @@ import torch
 
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.collate import TokenCollator
-from alignkit.data.io import DataError, Row, convert_rows, require_field, require_messages
+from alignkit.data.io import (
+    NOTHING_TO_LEARN,
+    TRUNCATED,
+    DataError,
+    Row,
+    RowCounts,
+    convert_rows,
+    require_field,
+    require_messages,
+)
 from alignkit.data.tokenize import encode_prompt_response
 
 PAIRS = ("helpful", "safety")
@@ -124,11 +133,18 @@ def truncate_prompt_response(ids: list[int], mask: list[int], max_length: int) -
     return ids[lo:hi], mask[lo:hi]
 
 
+#: a pair whose two sides are the same text (or the same tokens once truncated): kept, with a warning
+SAME_PAIR = "with chosen identical to rejected (no preference to learn)"
+SAME_AFTER_TRUNCATION = "with chosen identical to rejected once truncated to data.max_length (no preference to learn)"
+
+
 def encode_pair(tokenizer: Any, p: PairText, row: Row, *, max_length: int, chat_template: bool = False) -> dict[str, Any] | None:
-    """Tokenize a pair; None when truncation leaves a side without response tokens (counted as skipped).
+    """Tokenize a pair; None when a side has no response tokens (``row.drop``, counted by the caller).
 
     ``chat_template=True`` renders string rows as one user turn and one assistant turn, as
-    message-list rows always are.
+    message-list rows always are. A truncated pair, and one whose sides are identical, are noted on the
+    row. Identical sides are kept, not dropped: pairwise losses (Bradley-Terry, the DPO family) get no
+    gradient from them, but the cost model's per-response safety terms still learn from their labels.
     """
     prompt, chosen, rejected = p.prompt, p.chosen, p.rejected
     if chat_template:
@@ -136,11 +152,16 @@ def encode_pair(tokenizer: Any, p: PairText, row: Row, *, max_length: int, chat_
     out: dict[str, Any] = {}
     for side, response in (("chosen", chosen), ("rejected", rejected)):
         ids, mask = encode_prompt_response(tokenizer, prompt, response, row)
-        ids, mask = truncate_prompt_response(ids, mask, max_length)
+        if len(ids) > max_length:
+            ids, mask = truncate_prompt_response(ids, mask, max_length)
+            row.note(TRUNCATED)
         if sum(mask[1:]) == 0:  # position 0 is never predicted
+            row.drop(NOTHING_TO_LEARN)
             return None
         out[f"{side}_ids"] = ids
         out[f"{side}_labels"] = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
+    if out["chosen_ids"] == out["rejected_ids"]:
+        row.note(SAME_PAIR if chosen == rejected else SAME_AFTER_TRUNCATION, warn=True)
     out["margin"] = p.margin
     out["chosen_unsafe"] = p.chosen_unsafe
     out["rejected_unsafe"] = p.rejected_unsafe
@@ -203,8 +224,8 @@ def load_pairs(
     skip_invalid: bool,
     limit: int | None = None,
     need_safety_labels: bool = False,
-) -> tuple[list[dict[str, Any]], int]:
-    """Every row of ``specs`` as a pair example; returns (examples, rows skipped).
+) -> tuple[list[dict[str, Any]], RowCounts]:
+    """Every row of ``specs`` as a pair example; returns (examples, the rows dropped or changed by cause).
 
     ``need_safety_labels`` (the cost model) makes a row without per-response safety labels a
     DataError naming its file and line.

@@ -50,7 +50,11 @@ def quiet_peft() -> Iterator[None]:
 def load_tokenizer(cfg: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
+    from alignkit.models.sources import model_errors  # a missing model: one line, not a traceback
+
+    source = cfg.tokenizer or cfg.name_or_path
+    with model_errors(source):
+        tok = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
     if tok.pad_token_id is None:
         # Many base models ship without a pad token; EOS is the usual stand-in. Pad positions
         # never reach the loss (targets are IGNORE_INDEX there).

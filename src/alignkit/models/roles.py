@@ -105,7 +105,11 @@ def build_scalar(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenize
 
 
 def build_model(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
-    return BUILDERS.get(spec.kind)(spec, cfg, dtype, tokenizer)
+    """The model of ``spec``; a missing / unreachable model or a corrupt weights file is one ModelError line."""
+    from alignkit.models.sources import model_errors
+
+    with model_errors(spec.source):
+        return BUILDERS.get(spec.kind)(spec, cfg, dtype, tokenizer)
 
 
 @dataclass

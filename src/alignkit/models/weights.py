@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from alignkit.errors import ModelError
+from alignkit.models.sources import corrupt_file_error, first_line, is_safetensors_error
 
 
 def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
@@ -19,7 +20,12 @@ def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{path}: no .safetensors weights found")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        out.update(load_file(str(f)))
+        try:
+            out.update(load_file(str(f)))
+        except Exception as e:
+            if not is_safetensors_error(e):
+                raise
+            raise corrupt_file_error(f, first_line(e)) from e
     return out
 
 
@@ -36,13 +42,25 @@ def load_weights_into(model: nn.Module, path: Path) -> None:
     except ImportError:  # pragma: no cover - peft is a dependency
         PeftModel = ()  # type: ignore[assignment]
     if PeftModel and isinstance(model, PeftModel):
-        set_peft_model_state_dict(model, load_peft_weights(str(path), device="cpu"))
+        try:
+            set_peft_model_state_dict(model, load_peft_weights(str(path), device="cpu"))
+        except RuntimeError as e:  # torch's load_state_dict: "size mismatch for KEY: copying a param with shape ..."
+            mismatch = [ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln]
+            if not mismatch:
+                raise
+            raise ModelError(f"{path}: {mismatch[0]} ({len(mismatch)} tensors differ): an adapter of another model") from e
         return
     weights = read_safetensors_dir(path)
     params = dict(model.state_dict(keep_vars=True))
     unexpected = [k for k in weights if k not in params]
     if unexpected:
         raise ModelError(f"{path}: checkpoint has weights the model lacks, e.g. {unexpected[:3]}")
+    resized = [k for k, v in weights.items() if v.shape != params[k].shape]
+    if resized:
+        k = resized[0]
+        raise ModelError(f"{path}: {k} has shape {list(weights[k].shape)} in the checkpoint but "
+                         f"{list(params[k].shape)} in the model ({len(resized)} tensors differ): a checkpoint of "
+                         "another model (another vocabulary or size?)")
     with torch.no_grad():
         for k, v in weights.items():
             params[k].copy_(v.to(dtype=params[k].dtype, device=params[k].device))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,7 +172,23 @@ def memory_line(device: torch.device) -> str:
     return f"Process memory (RSS): {psutil.Process().memory_info().rss / 2**30:.2f} GB (rank 0)"
 
 
+def check_output_dir(path: Path) -> None:
+    """Create ``output_dir`` and write a probe file in it, so a place rank 0 cannot write to is one line
+    naming it and why, before any model is loaded (not a traceback from the first write)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".alignkit-write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        file = next((p for p in (path, *path.parents) if p.is_file()), None)
+        why = f"{file} is a file, not a directory" if file else (e.strerror or str(e))
+        raise ConfigError(f"output_dir {str(path)!r}: cannot write there ({why})") from None
+
+
 def run_train(cfg: RunConfig) -> TrainResult:
+    if read_env().is_main:  # only rank 0 writes
+        check_output_dir(Path(cfg.output_dir))
     session = Session.start(cfg)
     strategy, algo = session.strategy, session.algo
     out = Path(cfg.output_dir)
@@ -185,8 +202,9 @@ def run_train(cfg: RunConfig) -> TrainResult:
         (out / "config.yaml").write_text(yaml.safe_dump(scrub(to_dict(cfg)), sort_keys=False), encoding="utf-8")
     train_set = algo.data.build_dataset(cfg.data.train, "train")
     eval_set = algo.data.build_dataset(cfg.data.eval, "eval") if cfg.data.eval else []
-    if algo.data.skipped.get("train"):
-        logger.info(f"Skipped {algo.data.skipped['train']} invalid or empty training rows (data.skip_invalid)")
+    for split, name in (("train", "training"), ("eval", "evaluation")):  # rows dropped or changed, by cause
+        for line in algo.data.row_counts[split].lines(name) if split in algo.data.row_counts else []:
+            logger.info(line)
     plan = session.plan.with_steps(len(train_set), cfg.training)
     models = session.build_models(logger=logger)
     logger.info(memory_line(strategy.device))

@@ -1,0 +1,81 @@
+"""One-line errors for a model that cannot be read: a path that does not exist (and is no reachable hub
+id), a hub id that cannot be reached, a corrupt or truncated safetensors file (named).
+
+``from_pretrained`` reports these as long tracebacks ("Repo id must be in the form ...", a bare
+``SafetensorError`` naming no file); :func:`model_errors` turns them into a :class:`ModelError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from alignkit.errors import ModelError, UserError
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0].strip() if text else type(e).__name__
+
+
+def is_safetensors_error(e: BaseException) -> bool:
+    return type(e).__name__ == "SafetensorError"  # safetensors' Rust error, whatever module exports it
+
+
+def unreadable_safetensors(path: Path) -> tuple[Path, str] | None:
+    """The first ``*.safetensors`` file in ``path`` whose header does not parse or does not cover the
+    file (truncated, corrupt), with safetensors' reason; None if all read."""
+    from safetensors import safe_open
+
+    for f in sorted(path.glob("*.safetensors")) if path.is_dir() else []:
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except Exception as e:  # noqa: BLE001 - SafetensorError and the OSError of an unreadable file
+            return f, first_line(e)
+    return None
+
+
+def corrupt_file_error(file: Path, reason: str) -> ModelError:
+    return ModelError(f"{file}: not a readable safetensors file ({reason}); it is truncated or corrupt, "
+                      "save or download it again")
+
+
+def translate(e: BaseException, source: str) -> ModelError | None:
+    """The ModelError for what loading ``source`` raised, or None when ``e`` is not about the source."""
+    local = Path(source).expanduser()
+    if is_safetensors_error(e):
+        bad = unreadable_safetensors(local)
+        if bad is not None:
+            return corrupt_file_error(*bad)
+        return ModelError(f"model {source!r}: a safetensors file of it is not readable ({first_line(e)})")
+    if not isinstance(e, (OSError, ValueError)):
+        return None
+    if local.exists():
+        if isinstance(e, OSError):  # e.g. no config.json / weights in the directory, or an unreadable file
+            return ModelError(f"model {source!r}: cannot be loaded from this directory ({first_line(e)})")
+        return None
+    chain = [e, e.__cause__, e.__context__]
+    if any(type(c).__name__ == "HFValidationError" for c in chain if c is not None):
+        return ModelError(f"model {source!r}: no such local directory, and not a hub model id either "
+                          "(a hub id is NAME or ORG/NAME)")
+    if isinstance(e, OSError):
+        return ModelError(f"model {source!r}: no such local directory, and no hub model that can be reached "
+                          f"({first_line(e)})")
+    return None
+
+
+@contextlib.contextmanager
+def model_errors(source: str) -> Iterator[None]:
+    """Around loading ``source`` (a local directory or a hub id): a missing or unreachable model and a
+    corrupt weights file become a one-line ModelError naming it; anything else passes unchanged."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        err = translate(e, source)
+        if err is None:
+            raise
+        raise err from e
