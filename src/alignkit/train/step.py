@@ -135,8 +135,10 @@ class NonfiniteGuard:
         if self.policy == "stop" or self.in_a_row >= self.limit:
             why = ("training.nonfinite=stop" if self.policy == "stop"
                    else f"{self.in_a_row} steps in a row (training.max_nonfinite_steps={self.limit})")
-            raise TrainingError(f"{what}; stopping ({why}); the last checkpoint holds finite weights. Lower "
-                                "training.learning_rate, set training.max_grad_norm, or check the data")
+            error = TrainingError(f"{what}; stopping ({why}); the last checkpoint holds finite weights. Lower "
+                                  "training.learning_rate, set training.max_grad_norm, or check the data")
+            error.same_on_every_rank = True  # the decision is all-reduced: every rank stops at this step
+            raise error
         self.log.info(f"{what}; optimizer step skipped ({self.in_a_row} in a row, {self.total} in all)")
 
 
