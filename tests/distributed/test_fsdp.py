@@ -110,6 +110,8 @@ def test_fsdp_export_loads_and_equals_dcp_weights(runs: Path, tmp_path: Path) ->
 def test_fsdp_lora_trains_saves_and_resumes_the_adapter(runs: Path) -> None:
     from peft import PeftModel
     from torch.distributed.checkpoint import FileSystemReader
+
+    from alignkit.models.loading import quiet_peft
     from transformers import AutoModelForCausalLM
 
     run = runs / "lora"
@@ -122,7 +124,8 @@ def test_fsdp_lora_trains_saves_and_resumes_the_adapter(runs: Path) -> None:
     assert any("lora_A" in k for k in keys) and not any("base_layer" in k or "embed_tokens" in k for k in keys)
     resumed = load_file(str(runs / "lora_resumed" / "final" / "adapter_model.safetensors"))
     assert max_delta(adapter, resumed) == 0.0
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(_model_path(runs)), str(run / "final"))
+    with quiet_peft():  # peft reads transformers' deprecated is_gradient_checkpointing on every wrap
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(_model_path(runs)), str(run / "final"))
     sd = model.state_dict()
     some = next(k for k in adapter if "lora_B" in k)
     assert torch.equal(sd[some.replace(".weight", ".default.weight")], adapter[some])
