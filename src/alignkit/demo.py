@@ -3,8 +3,8 @@
 Builds a random Llama and its tokenizer (``micro`` by default: 0.22 M parameters, a 1024-token
 vocabulary, so its 1000 steps take about a minute on 2 CPU cores), measures held-out loss and the
 judge's accuracy on greedy answers, runs SFT on the shipped synthetic tasks, measures again and
-prints a table. Measured on 2 cores: judged accuracy 0% -> about 60% (reversal ~100%, upper-casing
-~70%, two-digit addition stays low at this size). ``--size tiny`` (7.4 M parameters, 8192-token
+prints a table. Measured on 2 cores: judged accuracy 0% -> 50-60% (reversal 100%, upper-casing
+40-70%, two-digit addition stays low at this size; the figure depends on the CPU's floating-point kernels). ``--size tiny`` (7.4 M parameters, 8192-token
 vocabulary) needs several times more steps to get past the answer format.
 """
 
