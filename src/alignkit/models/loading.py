@@ -101,6 +101,26 @@ def load_causal_lm(
     return model
 
 
+def load_vlm(cfg: ModelConfig, *, name_or_path: str | None = None, dtype: torch.dtype = torch.float32,
+             trainable: bool = True) -> nn.Module:
+    """A vision-language model (LLaVA family: ``AutoModelForImageTextToText``), configured for training
+    like :func:`load_causal_lm` (dtype rules, no KV cache, checkpointing, LoRA). Attention is plain
+    ``sdpa``: the packed-row variant is for text rows, and the vision tower has no such rows."""
+    from transformers import AutoModelForImageTextToText
+
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    model = AutoModelForImageTextToText.from_pretrained(name_or_path or cfg.name_or_path, **kwargs)
+    model.config.use_cache = False
+    if trainable:
+        if cfg.gradient_checkpointing:
+            enable_checkpointing(model)
+        if cfg.lora is not None:
+            model = apply_lora(model, cfg)
+    return model
+
+
 def enable_checkpointing(model: nn.Module) -> None:
     """Activation (gradient) checkpointing, non-reentrant: transformers >= 5 renamed the method."""
     kwargs = {"use_reentrant": False}

@@ -104,6 +104,17 @@ def build_scalar(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenize
                                              pad_token_id=pad))
 
 
+@BUILDERS.register("vlm")
+def build_vlm(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
+    """A vision-language model (LLaVA family) with the same log-prob forward as ``lm``: its batches carry
+    ``pixel_values`` (and ``image_sizes``, ...), which ``forward_logps`` passes through to the backbone."""
+    from alignkit.models.loading import load_vlm
+    from alignkit.models.policy import CausalLMLogps
+
+    model = load_vlm(cfg, name_or_path=spec.source, dtype=dtype, trainable=spec.trainable)
+    return CausalLMLogps(model, chunk_size=spec.chunk_size)
+
+
 def build_model(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
     """The model of ``spec``; a missing / unreachable model or a corrupt weights file is one ModelError line."""
     from alignkit.models.sources import model_errors
