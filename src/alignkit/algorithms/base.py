@@ -48,6 +48,11 @@ class MetricSums:
         for k in other.sums:
             self.add(k, other.sums[k], other.counts[k])
 
+    def means(self) -> dict[str, float]:
+        """sum / count of each metric (NaN where nothing was counted); no reduction across ranks."""
+        return {k: float(total) / float(self.counts[k]) if float(self.counts[k]) > 0 else float("nan")
+                for k, total in self.sums.items()}
+
 
 class DataPipeline(Protocol):
     """Rows -> examples -> micro-batches for one algorithm (``data/`` supplies the implementations)."""

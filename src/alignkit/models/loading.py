@@ -88,17 +88,8 @@ def load_causal_lm(
     """
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
-    if cfg.attn_implementation:
-        kwargs["attn_implementation"] = attention_for(cfg.attn_implementation)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path or cfg.name_or_path, **kwargs)
-    model.config.use_cache = False
-    if trainable:
-        if cfg.gradient_checkpointing:
-            enable_checkpointing(model)
-        if cfg.lora is not None:
-            model = apply_lora(model, cfg)
-    return model
+    attn = attention_for(cfg.attn_implementation) if cfg.attn_implementation else None
+    return _for_training(AutoModelForCausalLM, cfg, name_or_path, dtype, trainable, attn)
 
 
 def load_vlm(cfg: ModelConfig, *, name_or_path: str | None = None, dtype: torch.dtype = torch.float32,
@@ -108,10 +99,16 @@ def load_vlm(cfg: ModelConfig, *, name_or_path: str | None = None, dtype: torch.
     ``sdpa``: the packed-row variant is for text rows, and the vision tower has no such rows."""
     from transformers import AutoModelForImageTextToText
 
+    return _for_training(AutoModelForImageTextToText, cfg, name_or_path, dtype, trainable, cfg.attn_implementation)
+
+
+def _for_training(auto_class: Any, cfg: ModelConfig, name_or_path: str | None, dtype: torch.dtype, trainable: bool,
+                  attn: str | None) -> nn.Module:
+    """``auto_class.from_pretrained`` in ``dtype``, KV cache off; trainable: checkpointing and new LoRA as configured."""
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
-    if cfg.attn_implementation:
-        kwargs["attn_implementation"] = cfg.attn_implementation
-    model = AutoModelForImageTextToText.from_pretrained(name_or_path or cfg.name_or_path, **kwargs)
+    if attn:
+        kwargs["attn_implementation"] = attn
+    model = auto_class.from_pretrained(name_or_path or cfg.name_or_path, **kwargs)
     model.config.use_cache = False
     if trainable:
         if cfg.gradient_checkpointing:

@@ -75,7 +75,7 @@ def run_eval(cfg: RunConfig, model_dir: str | None = None, out: str | None = Non
     if not cfg.data.eval:
         raise ConfigError("data.eval: alignkit eval needs one or more evaluation files")
     evaluated = pick_model(cfg, model_dir)
-    session = Session.start(cfg, announce=False)
+    session = Session.start(cfg)
     algo, strategy = session.algo, session.strategy
     eval_set = algo.data.build_dataset(cfg.data.eval, "eval")
     if not eval_set:

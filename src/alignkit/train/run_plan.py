@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from alignkit.config import BatchPlan, RunConfig, resolve_batch, scaled_learning_rate
 from alignkit.config.schema import DistributedConfig, TrainingConfig
@@ -13,6 +14,9 @@ from alignkit.distributed.env import DistEnv
 from alignkit.distributed.strategy import resolve_strategy
 from alignkit.errors import DataError
 from alignkit.models.roles import Workload
+
+if TYPE_CHECKING:
+    from alignkit.distributed.auto import DeviceMemory
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,9 @@ def plan_steps(n_examples: int, per_device: int, accumulation: int, world: int, 
     return StepPlan(micro, per_epoch, total)
 
 
-def plan_run(cfg: RunConfig, env: DistEnv, workload: Workload) -> RunPlan:
-    """Strategy (``auto`` sized from the workload's model specs), batch plan and learning rate."""
-    name, why, dist = resolve_strategy(cfg, env, workload)
+def plan_run(cfg: RunConfig, env: DistEnv, workload: Workload, memory: DeviceMemory | None = None) -> RunPlan:
+    """Strategy (``auto`` sized from the workload's model specs against ``memory``, probed when None),
+    batch plan and learning rate."""
+    name, why, dist = resolve_strategy(cfg, env, workload, memory)
     batch = resolve_batch(cfg, env.world_size)
     return RunPlan(name, why, dist, batch, scaled_learning_rate(cfg, batch))

@@ -23,7 +23,7 @@ import torch
 from alignkit import progress
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.algorithms.base import OfflineAlgorithm
-from alignkit.config import RunConfig, resolve_batch, to_dict
+from alignkit.config import RunConfig, to_dict
 from alignkit.config.schema import ModelConfig
 from alignkit.distributed.auto import frozen_roles, frozen_sharding
 from alignkit.distributed.env import DistEnv, read_env
@@ -61,7 +61,7 @@ class Session:
     preflight: dict[str, str]
 
     @classmethod
-    def start(cls, cfg: RunConfig, *, announce: bool = True) -> Session:
+    def start(cls, cfg: RunConfig) -> Session:
         """Plan once, build and set up the strategy, check the ranks, seed, load the tokenizer."""
         env = read_env()
         setup_console(env.is_main)
@@ -69,8 +69,7 @@ class Session:
         algo_cls = ALGORITHMS.get(cfg.algorithm)
         workload = workload_of(cfg)
         plan = plan_run(cfg, env, workload)
-        strategy = build_strategy(plan.strategy, plan.distributed, env, cfg.model.dtype, auto_picked=plan.auto_picked)
-        strategy.configure(plan.batch, cfg.training.max_grad_norm)
+        strategy = configured_strategy(cfg, env, plan)
         strategy.setup()
         if strategy.device.type == "cpu":
             # Adam's second moments and tiny gradients drift into subnormal floats, which x86 CPUs
@@ -152,12 +151,13 @@ def _log_parameters(logger: RunLogger, spec: ModelSpec, module: torch.nn.Module)
 
 def strategy_for(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = None) -> Strategy:
     """The configured (not yet set up) Strategy ``cfg`` gets under ``env``: for tools and tests."""
-    from alignkit.distributed.strategy import resolve_strategy
+    return configured_strategy(cfg, env, plan_run(cfg, env, workload_of(cfg), memory))
 
-    workload = workload_of(cfg)
-    name, why, dist = resolve_strategy(cfg, env, workload, memory)
-    strategy = build_strategy(name, dist, env, cfg.model.dtype, auto_picked=why.startswith("auto"))
-    strategy.configure(resolve_batch(cfg, env.world_size), cfg.training.max_grad_norm)
+
+def configured_strategy(cfg: RunConfig, env: DistEnv, plan: RunPlan) -> Strategy:
+    """The planned engine with its resolved settings, configured with the batch plan and clipping."""
+    strategy = build_strategy(plan.strategy, plan.distributed, env, cfg.model.dtype, auto_picked=plan.auto_picked)
+    strategy.configure(plan.batch, cfg.training.max_grad_norm)
     return strategy
 
 

@@ -53,11 +53,7 @@ class StepResult:
 
     @property
     def metrics(self) -> dict[str, float]:
-        out = {"loss": self.loss}
-        for k, total in self.sums.sums.items():
-            n = float(self.sums.counts[k])
-            out[k] = float(total) / n if n > 0 else float("nan")
-        return out
+        return {"loss": self.loss, **self.sums.means()}
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
@@ -181,12 +177,8 @@ class Window:
         """Mean loss, tokens/s, peak memory (max over ranks) and the metric means of the window."""
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         mem = comm.all_reduce_max(torch.tensor(peak_memory_mb(strategy.device.type)).to(strategy.device)).item()
-        out = {"loss": sum(self.losses) / max(1, len(self.losses)), "tokens_per_s": self.tokens / elapsed,
-               "peak_mem_mb": mem}
-        for k, total in self.sums.sums.items():
-            n = float(self.sums.counts[k])
-            out[k] = float(total) / n if n > 0 else float("nan")
-        return out
+        return {"loss": sum(self.losses) / max(1, len(self.losses)), "tokens_per_s": self.tokens / elapsed,
+                "peak_mem_mb": mem, **self.sums.means()}
 
 
 def log_window(log: RunLogger, strategy: Strategy, window: Window, state: TrainState, epoch: float, lr: float,
