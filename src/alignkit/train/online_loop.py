@@ -78,6 +78,9 @@ class OnlineTrainer:
         for handle in self.models.handles.values():
             handle.scheduler = build_scheduler(handle.optimizer, cfg.training, total)
         self._startup_lines()
+        # every rank samples its own completions: a prompt whose group spans ranks must not get the
+        # same completions twice (rank 0 keeps the run's seed, so one process samples as before)
+        torch.manual_seed(cfg.training.seed + 1_000_003 * self.strategy.dp_rank)
         state = self.checkpointer.resume(cfg.checkpoint.resume_from, weights_only=cfg.checkpoint.resume_weights_only)
         self.algo.load_state_dict(state.algo)
         window, losses, metrics, eval_metrics = Window(), [], {}, {}
@@ -256,18 +259,26 @@ class OnlineTrainer:
         self.checkpointer.save(state)
 
 
-def online_steps(n_prompts: int, plan: RunPlan, cfg: RunConfig) -> RunPlan:
-    """The run plan with its step counts: one epoch = every prompt once (in whole iterations)."""
-    import dataclasses
-
-    from alignkit.errors import ConfigError, DataError
-    from alignkit.train.run_plan import StepPlan
+def check_groups(plan: RunPlan, cfg: RunConfig) -> None:
+    """The global batch (completions) must hold whole groups of ``num_generations``."""
+    from alignkit.errors import ConfigError
 
     G, b = cfg.rollout.num_generations, plan.batch
     if b.global_batch % G:
         raise ConfigError(f"training.global_batch_size ({b.global_batch} completions = per_device {b.per_device} x "
                           f"accumulation {b.accumulation} x {b.world_size} processes) must be a multiple of "
                           f"rollout.num_generations ({G})")
+
+
+def online_steps(n_prompts: int, plan: RunPlan, cfg: RunConfig) -> RunPlan:
+    """The run plan with its step counts: one epoch = every prompt once (in whole iterations)."""
+    import dataclasses
+
+    from alignkit.errors import DataError
+    from alignkit.train.run_plan import StepPlan
+
+    check_groups(plan, cfg)
+    G, b = cfg.rollout.num_generations, plan.batch
     per_iteration = b.global_batch // G
     iterations = n_prompts // per_iteration
     if iterations == 0:
@@ -278,4 +289,4 @@ def online_steps(n_prompts: int, plan: RunPlan, cfg: RunConfig) -> RunPlan:
     return dataclasses.replace(plan, steps=StepPlan(iterations * b.accumulation, per_epoch, total))
 
 
-__all__ = ["OnlineTrainer", "online_steps", "Batch"]
+__all__ = ["OnlineTrainer", "check_groups", "online_steps", "Batch"]

@@ -38,7 +38,7 @@ from alignkit.models.roles import Models, ModelSpec, Workload, build_model
 from alignkit.plot import plot_after_run
 from alignkit.train.checkpoint import resolve_resume, role_dir
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
-from alignkit.train.online_loop import OnlineTrainer, online_steps
+from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
 from alignkit.train.optim import build_optimizer
 from alignkit.train.run_plan import RunPlan, plan_run
 
@@ -202,6 +202,8 @@ def run_train(cfg: RunConfig) -> TrainResult:
         import yaml
 
         (out / "config.yaml").write_text(yaml.safe_dump(scrub(to_dict(cfg)), sort_keys=False), encoding="utf-8")
+    if isinstance(algo, OnlineAlgorithm):
+        check_groups(session.plan, cfg)  # before the data are read: a config error is cheap to report
     train_set = algo.data.build_dataset(cfg.data.train, "train")
     eval_set = algo.data.build_dataset(cfg.data.eval, "eval") if cfg.data.eval else []
     for split, name in (("train", "training"), ("eval", "evaluation")):  # rows dropped or changed, by cause
