@@ -35,6 +35,12 @@ DATASETS: dict[str, tuple[str, int, int, str]] = {
     "safety_train.jsonl": ("safety", 2000, 6, "train"),
     "safety_eval.jsonl": ("safety", 200, 7, "eval"),
 }
+#: the online algorithms' digit task (name -> kind, n, seed, split); the tasks are "digits" only
+DIGIT_DATASETS: dict[str, tuple[str, int, int, str]] = {
+    "digits_sft_train.jsonl": ("sft", 2000, 8, "train"),
+    "digits_prompts_train.jsonl": ("prompts", 1000, 9, "train"),
+    "digits_prompts_eval.jsonl": ("prompts", 100, 10, "eval"),
+}
 
 PARAGRAPHS = """\
 Alignment is the work of teaching a language model to be helpful, honest and harmless. A model is first
@@ -189,6 +195,9 @@ def main() -> None:
     print(f"wrote {path} ({len(corpus.encode('utf-8')) / 1024:.0f} KiB)")
     for name, (kind, n, seed, split) in DATASETS.items():
         out = synth.generate(kind, n, seed, RESOURCES / "data" / name, split=split)
+        print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB, {n} rows)")
+    for name, (kind, n, seed, split) in DIGIT_DATASETS.items():
+        out = synth.generate(kind, n, seed, RESOURCES / "data" / name, split=split, tasks=["digits"])
         print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB, {n} rows)")
     if args.check_vocab:
         from alignkit.models.tiny import train_tokenizer

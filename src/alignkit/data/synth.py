@@ -63,8 +63,10 @@ from alignkit.data.judges import (
 from alignkit.errors import ConfigError
 
 TASKS: tuple[str, ...] = ("add", "reverse", "upper")
-#: every task a generator accepts; ``digits`` (single-digit sums answered with the bare number, e.g.
-#: ``"What is 3+4?"`` -> ``"7"``) is the online algorithms' verifiable task, not in the SFT defaults
+#: every task a generator accepts; ``digits`` (single-digit sums, ``"What is 3+4?"``) is the online
+#: algorithms' verifiable task, not in the SFT defaults: its SFT rows answer in one of three forms
+#: (``"7"``, ``"The answer is 7."``, ``"3+4=7"``), its prompt rows' ``answer`` is the bare number that
+#: ``exact_match`` wants, so RL has a format to learn as well as the sums
 ALL_TASKS: tuple[str, ...] = TASKS + ("digits",)
 KINDS: tuple[str, ...] = ("sft", "sft-pc", "pref", "safety", "prompts")
 SPLITS: tuple[str, ...] = ("train", "eval")
@@ -107,9 +109,9 @@ def _question(rng: random.Random, task: str) -> tuple[str, str]:
     if task == "add":
         a, b = rng.randint(10, 99), rng.randint(10, 99)
         return f"What is {a}+{b}?", f"{a}+{b}={a + b}. The answer is {a + b}."
-    if task == "digits":
+    if task == "digits":  # answered in one of three forms, as SFT data written by different people would be
         a, b = rng.randint(0, 9), rng.randint(0, 9)
-        return f"What is {a}+{b}?", str(a + b)
+        return f"What is {a}+{b}?", rng.choice((str(a + b), f"The answer is {a + b}.", f"{a}+{b}={a + b}"))
     if task == "reverse":
         letters = rng.sample(_LETTERS, rng.randint(3, 5))  # distinct, so a reversal is never a no-op
         return f"Reverse the letters: {' '.join(letters)}", " ".join(reversed(letters))
@@ -122,8 +124,8 @@ def _question(rng: random.Random, task: str) -> tuple[str, str]:
 def _wrong_answer(rng: random.Random, task: str, question: str, answer: str) -> str:
     """A plausible answer to ``question`` that ``judge_correct`` rejects."""
     if task == "digits":
-        total = int(answer)
-        return str(total + rng.choice((-1, 1, 2)) if total > 0 else 1)
+        a, b = (int(x) for x in ADD_RE.search(question).groups())  # type: ignore[union-attr]
+        return str(a + b + rng.choice((-1, 1, 2)) if a + b > 0 else 1)
     if task == "add":
         a, b = (int(x) for x in ADD_RE.search(question).groups())  # type: ignore[union-attr]
         wrong = a + b + rng.choice((-10, -2, -1, 1, 2, 10))  # a + b >= 20, so wrong stays positive
@@ -209,7 +211,13 @@ def make_prompt_rows(n: int, seed: int = 0, tasks: Sequence[str] = ("digits",), 
                      split: str | None = None) -> list[dict[str, Any]]:
     """``n`` prompt rows of the online algorithms ``{"prompt", "answer", "task"}`` (``exact_match``
     compares a completion with ``answer``; ``judge_correct`` accepts the tasks' usual answer forms)."""
-    return [{"prompt": p, "answer": a, "task": t} for t, p, a, _ in _task_rows(n, seed, tasks, split)]
+    rows = []
+    for t, p, a, _ in _task_rows(n, seed, tasks, split):
+        if t == "digits":  # the exact-match target is the bare number, whatever form the SFT rows use
+            x, y = (int(v) for v in ADD_RE.findall(p)[-1])
+            a = str(x + y)
+        rows.append({"prompt": p, "answer": a, "task": t})
+    return rows
 
 
 # --- safety world -----------------------------------------------------------------------------

@@ -1,0 +1,191 @@
+"""GRPO side by side: alignkit's online loop vs TRL's GRPOTrainer, same model, prompts, group size and
+lengths, in one run (each side in its own subprocess; TRL in its own virtualenv, never a dependency).
+
+Setup (both sides): the BASELINES ``tiny`` Llama (random init, fp32, vocab 8192), single-digit sum
+prompts rendered with the chat template, ``num_generations`` 8, 32 completions per optimizer step (4
+prompts), ``max_new_tokens`` 16 (a random model rarely stops: most completions are full length),
+temperature 1.0, beta 0 (no reference model), AdamW lr 1e-6 constant, one update per iteration,
+``torch.set_num_threads(2)``. The reward (identical on both sides, ``bench_rewards.digit_fraction``)
+is the fraction of digits in the completion, so rewards vary within a group.
+
+Measured per side: seconds per optimizer step over the timed steps (after warm-up), completions/s
+(samples/s), generated tokens/s, peak RSS. Usage::
+
+    python benchmarks/bench_grpo.py [--warmup 2] [--timed 8] [--skip-trl] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+RESULT_TAG = "BENCH_RESULT "
+THREADS = 2
+G = 8
+BATCH = 32
+MAX_NEW = 16
+LR = 1e-6
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def write_prompts(path: Path, n: int = 200) -> Path:
+    rows = [{"prompt": f"What is {i % 10}+{(i * 7) % 10}?", "answer": str(i % 10 + (i * 7) % 10)} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+# ====================================================================== children
+def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(THREADS)
+    from alignkit.algorithms.grpo import GRPO
+    from alignkit.config import load_config
+    from alignkit.train.runner import run_train
+
+    stamps: list[float] = []
+    gen_tokens: list[float] = []
+    original = GRPO.on_iteration_end
+
+    def stamped(self: Any, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        stamps.append(time.perf_counter())
+        gen_tokens.append(metrics.get("completion_length", 0.0) * BATCH)
+        return original(self, step, metrics)
+
+    GRPO.on_iteration_end = stamped  # type: ignore[method-assign]
+    cfg = load_config(None, [
+        "algorithm=grpo", f"model.name_or_path={spec['model']}", f"output_dir={spec['run_dir']}",
+        f"data.train={spec['prompts']}", "data.max_length=64", f"rollout.num_generations={G}",
+        f"rollout.max_new_tokens={MAX_NEW}", "rollout.temperature=1.0", "rollout.log_samples=0",
+        "reward.functions=[{name: 'bench_rewards:digit_fraction', weight: 1.0}]",
+        f"training.per_device_batch_size={BATCH}", f"training.learning_rate={LR}", "training.lr_scheduler=constant",
+        f"training.max_steps={spec['warmup'] + spec['timed']}", "training.seed=0", "logging.report_to=[jsonl]",
+        "logging.logging_steps=1000", "logging.plot=false", "logging.progress_bar=off", "checkpoint.save_final=false",
+    ])
+    run_train(cfg)
+    return {"stamps": stamps, "gen_tokens": gen_tokens, "peak_rss_mib": _peak_rss_mib()}
+
+
+def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(THREADS)
+    import transformers
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+
+    from bench_rewards import digit_fraction
+
+    rows = [json.loads(x) for x in Path(spec["prompts"]).read_text().splitlines()]
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
+                                 for r in rows])
+    stamps: list[float] = []
+    gen_tokens: list[float] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            stamps.append(time.perf_counter())
+
+    def reward(prompts: Any, completions: Any, **kw: Any) -> list[float]:
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        gen_tokens.append(float(sum(len(t) for t in kw.get("completion_ids", [])) or 0))
+        return [x if x is not None else 0.0 for x in digit_fraction(prompts, texts)]
+
+    args = trl.GRPOConfig(
+        output_dir=spec["run_dir"], per_device_train_batch_size=BATCH, gradient_accumulation_steps=1,
+        num_generations=G, max_completion_length=MAX_NEW, temperature=1.0, beta=0.0, learning_rate=LR,
+        lr_scheduler_type="constant", warmup_steps=0, max_steps=spec["warmup"] + spec["timed"], seed=0,
+        use_cpu=True, bf16=False, fp16=False, report_to="none", logging_steps=10**6, save_strategy="no",
+        disable_tqdm=True, num_iterations=1,
+    )
+    tok = AutoTokenizer.from_pretrained(spec["model"])
+    trainer = trl.GRPOTrainer(model=spec["model"], reward_funcs=reward, args=args, train_dataset=dataset,
+                              processing_class=tok, callbacks=[Stamp()])
+    trainer.train()
+    return {"stamps": stamps, "gen_tokens": gen_tokens, "peak_rss_mib": _peak_rss_mib(),
+            "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
+
+
+CHILDREN = {"alignkit": child_alignkit, "trl": child_trl}
+
+
+# ====================================================================== parent
+def run_child(python: str, kind: str, spec: dict[str, Any], log_path: Path) -> dict[str, Any]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(HERE))
+    proc = subprocess.run([python, str(Path(__file__)), "--child", kind, json.dumps(spec)], capture_output=True,
+                          text=True, env=env, cwd=str(HERE))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}\n", encoding="utf-8")
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(RESULT_TAG)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{kind} failed (exit {proc.returncode}); see {log_path}")
+    return json.loads(lines[-1][len(RESULT_TAG):])
+
+
+def summarize(res: dict[str, Any], warmup: int) -> dict[str, float]:
+    s = res["stamps"]
+    timed = len(s) - warmup
+    seconds = (s[-1] - s[warmup - 1]) / timed if warmup else (s[-1] - s[0]) / (len(s) - 1)
+    return {"s_per_step": seconds, "samples_per_s": BATCH / seconds, "peak_rss_mib": res["peak_rss_mib"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", nargs=2, metavar=("KIND", "SPEC"))
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--timed", type=int, default=8)
+    ap.add_argument("--skip-trl", action="store_true")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    a = ap.parse_args()
+    if a.child:
+        result = CHILDREN[a.child[0]](json.loads(a.child[1]))
+        print("\n" + RESULT_TAG + json.dumps(result), flush=True)
+        return
+    from bench_sft_dpo import ensure_models, ensure_trl_venv
+
+    out = Path(a.out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    work = out / "work" / f"grpo-{stamp}"
+    model = ensure_models(out / "models", ["tiny"])["tiny"]
+    work.mkdir(parents=True, exist_ok=True)
+    prompts = write_prompts(work / "prompts.jsonl")
+    spec = {"model": model, "prompts": str(prompts), "warmup": a.warmup, "timed": a.timed}
+    results = {"alignkit": run_child(sys.executable, "alignkit", {**spec, "run_dir": str(work / "alignkit")},
+                                     work / "alignkit.log")}
+    if not a.skip_trl:
+        py = ensure_trl_venv(out / ".venv-trl")
+        results["trl"] = run_child(str(py), "trl", {**spec, "run_dir": str(work / "trl")}, work / "trl.log")
+    rows = {k: summarize(v, a.warmup) for k, v in results.items()}
+    lines = [f"# GRPO, tiny Llama, G={G}, {BATCH} completions/step, max_new_tokens={MAX_NEW} ({stamp})", "",
+             "| side | s/step | samples/s | peak RSS MiB |", "|---|---|---|---|"]
+    for k, r in rows.items():
+        lines.append(f"| {k} | {r['s_per_step']:.3f} | {r['samples_per_s']:.2f} | {r['peak_rss_mib']:.0f} |")
+    if "trl" in rows:
+        lines += ["", f"alignkit / TRL: {rows['alignkit']['samples_per_s'] / rows['trl']['samples_per_s']:.2f}x samples/s, "
+                  f"{rows['alignkit']['peak_rss_mib'] / rows['trl']['peak_rss_mib']:.2f}x peak RSS; TRL "
+                  f"{results['trl'].get('versions', {})}"]
+    text = "\n".join(lines)
+    print(text)
+    (out / f"grpo-{stamp}.md").write_text(text + "\n", encoding="utf-8")
+    (out / f"grpo-{stamp}.json").write_text(json.dumps({"rows": rows, "raw": results}, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
