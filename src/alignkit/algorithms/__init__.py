@@ -3,6 +3,7 @@
 from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
 from alignkit.algorithms.dpo import DPO
 from alignkit.algorithms.reward import CostModel, RewardModel
+from alignkit.algorithms.safe_dpo import SafeDPO
 from alignkit.algorithms.sft import SFT
 from alignkit.config.schema import RunConfig
 from alignkit.models.roles import Workload
@@ -13,6 +14,7 @@ ALGORITHMS.register("sft")(SFT)
 ALGORITHMS.register("reward_model")(RewardModel)
 ALGORITHMS.register("cost_model")(CostModel)
 ALGORITHMS.register("dpo")(DPO)
+ALGORITHMS.register("safe_dpo")(SafeDPO)
 
 
 
