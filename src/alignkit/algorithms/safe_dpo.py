@@ -252,8 +252,9 @@ class SafeDPO(DPO):
         idx = prompt_share(len(self.prompts), s.cost_eval_prompts, estimate, strategy.dp_rank, strategy.dp_size)
         prompts = [self.prompts[i] for i in idx]
         chat = self.cfg.data.chat_template
-        devices = [strategy.device] if strategy.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        accelerated = strategy.device.type != "cpu"  # fork the device's generator too, where there is one
+        with torch.random.fork_rng(devices=[strategy.device] if accelerated else [], device_type=strategy.device.type
+                                   if accelerated else None):
             torch.manual_seed(self.cfg.training.seed * 1_000_003 + estimate * 1_009 + strategy.dp_rank)
             with strategy.full_params(models.handles["policy"].module) as module, strategy.autocast():
                 responses = sample_responses(hf_model(module), self.tokenizer,
