@@ -135,6 +135,7 @@ def _check_config(cfg: RunConfig) -> None:
 class SafeDPO(DPO):
     name = "safe_dpo"
     console_keys = ("loss_H", "loss_S", "KL", "lambda")
+    memory_table = True
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         _check_config(cfg)
