@@ -3,6 +3,7 @@ The CLI surface and resume are in tests/integration/test_safe_dpo_cli.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,25 @@ def test_cost_model_with_the_opposite_sign_is_refused(micro_model: Path, tmp_pat
         algo.before_training(models, train, [], strategy)
     msg = str(e.value)
     assert "safe_dpo.cost_model" in msg and "opposite sign" in msg and "\n" not in msg
+
+
+def test_multiplier_window_update_and_state() -> None:
+    import math
+
+    from alignkit.algorithms.cost_estimate import Multiplier, prompt_share
+
+    m = Multiplier(math.log(1.0), threshold=0.0, lr=0.1, lambda_max=2.0, window=4)
+    m.update([1.0, 3.0])  # J_C = 2 -> ln lam = 0 + 0.1 * 1 * 2
+    assert m.j_c == 2.0 and m.log_lambda == pytest.approx(0.2)
+    m.update([-1.0, -1.0, -1.0])  # window keeps the last 4: [3, -1, -1, -1] -> J_C = 0: no change
+    assert list(m.costs) == [3.0, -1.0, -1.0, -1.0] and m.j_c == 0.0 and m.log_lambda == pytest.approx(0.2)
+    m.update([-5.0])  # [-1, -1, -1, -5] -> J_C = -2: lambda falls
+    assert m.value < math.exp(0.2)
+    for _ in range(50):
+        m.update([10.0])
+    assert m.value == pytest.approx(2.0)  # clamped at lambda_max
+    again = Multiplier(0.0, 0.0, 0.1, 2.0, 4)
+    again.load_state_dict(json.loads(json.dumps(m.state_dict())))
+    assert again.state_dict() == m.state_dict()
+    shares = [prompt_share(10, 5, 1, r, 2) for r in range(2)]
+    assert shares == [[6, 7, 8], [9, 0, 1]]  # ceil(5/2) each, walking on from estimate 0's [0..5]
