@@ -2,6 +2,9 @@
 
 from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
 from alignkit.algorithms.dpo import DPO
+from alignkit.algorithms.grpo import GRPO, RLOO, DrGRPO
+from alignkit.algorithms.online import OnlineAlgorithm
+from alignkit.algorithms.ppo import PPO, PPOLag
 from alignkit.algorithms.reward import CostModel, RewardModel
 from alignkit.algorithms.safe_dpo import SafeDPO
 from alignkit.algorithms.sft import SFT
@@ -9,12 +12,14 @@ from alignkit.config.schema import RunConfig
 from alignkit.models.roles import Workload
 from alignkit.registry import Registry
 
-ALGORITHMS: Registry[type[OfflineAlgorithm]] = Registry("algorithm")
+ALGORITHMS: Registry[type[OfflineAlgorithm] | type[OnlineAlgorithm]] = Registry("algorithm")
 ALGORITHMS.register("sft")(SFT)
 ALGORITHMS.register("reward_model")(RewardModel)
 ALGORITHMS.register("cost_model")(CostModel)
 ALGORITHMS.register("dpo")(DPO)
 ALGORITHMS.register("safe_dpo")(SafeDPO)
+for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag):  # the online loop's algorithms
+    ALGORITHMS.register(_online.name)(_online)
 
 
 
@@ -24,4 +29,4 @@ def workload_of(cfg: RunConfig) -> Workload:
     return Workload(tuple(algo.model_specs(cfg)), algo.sequences_per_example)
 
 
-__all__ = ["ALGORITHMS", "MetricSums", "OfflineAlgorithm", "workload_of"]
+__all__ = ["ALGORITHMS", "MetricSums", "OfflineAlgorithm", "OnlineAlgorithm", "workload_of"]

@@ -23,6 +23,7 @@ import torch
 from alignkit import progress
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.algorithms.base import OfflineAlgorithm
+from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config import RunConfig, to_dict
 from alignkit.config.schema import ModelConfig
 from alignkit.distributed.auto import frozen_roles, frozen_sharding
@@ -37,6 +38,7 @@ from alignkit.models.roles import Models, ModelSpec, Workload, build_model
 from alignkit.plot import plot_after_run
 from alignkit.train.checkpoint import resolve_resume, role_dir
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
+from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
 from alignkit.train.optim import build_optimizer
 from alignkit.train.run_plan import RunPlan, plan_run
 
@@ -54,7 +56,7 @@ def set_seed(seed: int) -> None:
 class Session:
     cfg: RunConfig
     env: DistEnv
-    algo: OfflineAlgorithm
+    algo: OfflineAlgorithm | OnlineAlgorithm
     workload: Workload
     plan: RunPlan
     strategy: Strategy
@@ -216,17 +218,25 @@ def run_train(cfg: RunConfig) -> TrainResult:
         import yaml
 
         (out / "config.yaml").write_text(yaml.safe_dump(scrub(to_dict(cfg)), sort_keys=False), encoding="utf-8")
+    if isinstance(algo, OnlineAlgorithm):
+        check_groups(session.plan, cfg)  # before the data are read: a config error is cheap to report
     train_set = algo.data.build_dataset(cfg.data.train, "train")
     eval_set = algo.data.build_dataset(cfg.data.eval, "eval") if cfg.data.eval else []
     for split, name in (("train", "training"), ("eval", "evaluation")):  # rows dropped or changed, by cause
         for line in algo.data.row_counts[split].lines(name) if split in algo.data.row_counts else []:
             logger.info(line)
-    plan = session.plan.with_steps(len(train_set), cfg.training)
-    models = session.build_models(logger=logger)
-    logger.info(memory_line(strategy.device))
-    if algo.memory_table:
-        logger.info(memory_table(cfg, session.workload, strategy))
-    result = OfflineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
+    if isinstance(algo, OnlineAlgorithm):
+        plan = online_steps(len(train_set), session.plan, cfg)
+        models = session.build_models(logger=logger)
+        logger.info(memory_line(strategy.device))
+        result = OnlineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
+    else:
+        plan = session.plan.with_steps(len(train_set), cfg.training)
+        models = session.build_models(logger=logger)
+        logger.info(memory_line(strategy.device))
+        if algo.memory_table:
+            logger.info(memory_table(cfg, session.workload, strategy))
+        result = OfflineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
     if cfg.logging.plot and strategy.is_main:  # a failure here is a warning line: the run has finished
         plot_after_run(out, cfg.logging.report_to)
     logger.info(f"Run finished: outputs in {out}")
