@@ -1,8 +1,8 @@
 @echo off
-rem DPO on NPROC processes of this machine:
+rem Safe-MM-DPO on NPROC processes of this machine (plain DPO: set CONFIG=configs\dpo.yaml):
 rem   scripts\train_dpo_distributed.bat NPROC ["key=value" overrides...]
 rem Quote each override: cmd.exe splits unquoted arguments at "=". Set CONFIG to use another
-rem recipe (e.g. set CONFIG=configs\dpo_lora.yaml). Writes models\dpo. A thin wrapper over
+rem recipe (e.g. set CONFIG=configs\safe_dpo_lora.yaml). Writes models\aligned. A thin wrapper over
 rem `alignkit launch`: MASTER_PORT (default 29500, or a free port if taken), NNODES, NODE_RANK,
 rem MASTER_ADDR and LAUNCHER pass through; PYTHON picks the interpreter.
 setlocal
@@ -11,7 +11,7 @@ set "HERE=%~dp0"
 set "ME=%~nx0"
 set "NPROC=%~1"
 if "%NPROC%"=="" goto usage
-if "%CONFIG%"=="" set "CONFIG=%HERE%..\configs\dpo.yaml"
+if "%CONFIG%"=="" set "CONFIG=%HERE%..\configs\safe_dpo.yaml"
 call "%HERE%_launch_args.bat"
 set "REST="
 shift
@@ -21,7 +21,7 @@ set REST=%REST% %1
 shift
 goto collect
 :run
-"%PYTHON%" -m alignkit launch --nproc-per-node %NPROC% %LAUNCH_ARGS% "%CONFIG%" "output_dir=models/dpo" %REST%
+"%PYTHON%" -m alignkit launch --nproc-per-node %NPROC% %LAUNCH_ARGS% "%CONFIG%" "output_dir=models/aligned" %REST%
 exit /b %ERRORLEVEL%
 :usage
 echo usage: %ME% NPROC ["key=value" ...] 1>&2

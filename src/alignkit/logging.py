@@ -133,7 +133,9 @@ class RunLogger:
                 self._bar.set_postfix({k: _fmt(v) for k, v in postfix.items()}, refresh=False)
 
     # -------------------------------------------------------------- metrics
-    def log_metrics(self, step: int, metrics: dict[str, Any], *, prefix: str = "") -> None:
+    def log_metrics(self, step: int, metrics: dict[str, Any], *, prefix: str = "", headline: tuple[str, ...] = ()) -> None:
+        """One row to every sink. ``headline``: keys the console line shows first, after a 1-based
+        ``Epoch E step N`` (E = the epoch the step belongs to), as the seed guides print it."""
         if not self.is_main:
             return
         row = {(prefix + k if k not in ("step", "epoch") else k): v for k, v in metrics.items()}
@@ -150,9 +152,12 @@ class RunLogger:
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
         if "console" in self.report_to:
-            shown = " ".join(f"{k}={_fmt(v)}" for k, v in row.items() if k not in ("step", "epoch"))
+            keys = [k for k in headline if k in row] + [k for k in row if k not in headline]
+            shown = " ".join(f"{k}={_fmt(row[k])}" for k in keys if k not in ("step", "epoch"))
             epoch = row.get("epoch")
             head = f"Epoch {epoch:.2f} step {step}" if isinstance(epoch, float) else f"step {step}"
+            if headline and isinstance(epoch, float):
+                head = f"Epoch {max(1, math.ceil(epoch))} step {step}"
             self.info(f"{head} {shown}")
 
     def rewind_metrics(self, step: int) -> int:

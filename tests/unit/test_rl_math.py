@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from alignkit.losses.lagrangian import update_log_lambda
 from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss
 from alignkit.rollout.advantages import ADVANTAGES, gae, whiten
 from alignkit.rollout.rewards import REWARD_FUNCTIONS, RewardFunctionError, WeightedFunction, call, combine
@@ -140,13 +139,3 @@ def test_reward_function_errors_name_the_function():
         call(WeightedFunction("oops", 1.0, raises), ["p"], ["a"], {})
     with pytest.raises(RewardFunctionError, match="returned 'x'"):
         call(WeightedFunction("s", 1.0, lambda p, c, **_: ["x"]), ["p"], ["a"], {})
-
-
-# ---------------------------------------------------------------- lambda
-def test_lambda_rises_falls_and_clamps():
-    up = update_log_lambda(0.0, 1.0, threshold=0.0, lr=0.1, lambda_max=10.0)
-    assert close(up, 0.1)  # ln 1 + 0.1 * 1 * (1 - 0)
-    down = update_log_lambda(math.log(2.0), -1.0, threshold=0.0, lr=0.1, lambda_max=10.0)
-    assert close(down, math.log(2.0) - 0.2)
-    assert update_log_lambda(math.log(9.0), 100.0, threshold=0.0, lr=1.0, lambda_max=10.0) == math.log(10.0)
-    assert update_log_lambda(0.3, nan, threshold=0.0, lr=1.0, lambda_max=10.0) == 0.3

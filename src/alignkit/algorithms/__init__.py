@@ -6,6 +6,7 @@ from alignkit.algorithms.grpo import GRPO, RLOO, DrGRPO
 from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.algorithms.ppo import PPO, PPOLag
 from alignkit.algorithms.reward import CostModel, RewardModel
+from alignkit.algorithms.safe_dpo import SafeDPO
 from alignkit.algorithms.sft import SFT
 from alignkit.config.schema import RunConfig
 from alignkit.models.roles import Workload
@@ -16,6 +17,7 @@ ALGORITHMS.register("sft")(SFT)
 ALGORITHMS.register("reward_model")(RewardModel)
 ALGORITHMS.register("cost_model")(CostModel)
 ALGORITHMS.register("dpo")(DPO)
+ALGORITHMS.register("safe_dpo")(SafeDPO)
 for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag):  # the online loop's algorithms
     ALGORITHMS.register(_online.name)(_online)
 

@@ -83,6 +83,10 @@ class OfflineAlgorithm(ABC):
     loss_unit: str = "tokens"
     #: sequences one example puts through the trainable model (2 for a chosen/rejected pair)
     sequences_per_example: int = 1
+    #: metrics the console step line shows first, after a 1-based "Epoch E step N" (seed-guide lines)
+    console_keys: tuple[str, ...] = ()
+    #: log the estimator's per-component memory table at start-up (runs holding several models)
+    memory_table: bool = False
 
     def __init__(self, cfg: RunConfig, tokenizer: Any, data: DataPipeline) -> None:
         self.cfg = cfg

@@ -30,7 +30,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import torch
 
@@ -101,6 +101,40 @@ def resolve_reference(cfg: Any) -> str:
     return d.reference
 
 
+PairValues = Callable[[Batch], dict[tuple[str, str], torch.Tensor]]
+
+
+def cache_pair_values(collate: Callable[[list[Example]], Batch], sets: tuple[list[Example], ...], strategy: Strategy,
+                      values: PairValues, *, batch_size: int, what: str) -> None:
+    """Store per-example values computed once (no grad) in every example of ``sets``, on every rank.
+
+    ``values(batch)`` maps ``(key_first, key_second)`` to a ``(2B,)`` tensor (the B chosen sequences,
+    then the B rejected ones); example i of the batch gets ``key_first = t[i]``, ``key_second = t[B+i]``.
+    Every rank computes an interleaved share (``rank, rank + W, ...``) and all shares are exchanged
+    (``comm.all_gather_object``); every rank runs the same number of forwards, as sharded engines need.
+    """
+    counts = [math.ceil(math.ceil(len(data) / strategy.dp_size) / batch_size) for data in sets]
+    bar = Progress(sum(counts), f"precomputing {what}", "batches")
+    for data, n_batches in zip(sets, counts):
+        mine = list(range(strategy.dp_rank, len(data), strategy.dp_size))
+        local: list[tuple[int, str, float]] = []
+        for k in range(n_batches):
+            bar.update()
+            idx = mine[k * batch_size : (k + 1) * batch_size]
+            batch = collate([data[i] for i in idx] if idx else data[:1])
+            batch = {key: v.to(strategy.device) for key, v in batch.items()}
+            with torch.no_grad(), strategy.autocast():
+                out = values(batch)
+            for (first, second), t in out.items():
+                vals = t.double().cpu().tolist()
+                local += [(i, first, vals[j]) for j, i in enumerate(idx)]
+                local += [(i, second, vals[len(idx) + j]) for j, i in enumerate(idx)]
+        for part in comm.all_gather_object(local):
+            for i, key, v in part:
+                data[i][key] = v
+    bar.close()
+
+
 class DPO(OfflineAlgorithm):
     name = "dpo"
     loss_unit = "sequences"
@@ -148,33 +182,23 @@ class DPO(OfflineAlgorithm):
         if not self.cfg.dpo.precompute_ref_logps or self.reference == "none":
             return
         start = time.perf_counter()
-        t = self.cfg.training
-        bs = t.eval_batch_size or t.per_device_batch_size or 8
-        # every rank runs the same number of forwards (sharded engines gather inside forward)
-        counts = [math.ceil(math.ceil(len(data) / strategy.dp_size) / bs) for data in (train_set, eval_set)]
-        bar = Progress(sum(counts), "precomputing reference log-probs", "batches")
-        for data, n_batches in zip((train_set, eval_set), counts):
-            mine = list(range(strategy.dp_rank, len(data), strategy.dp_size))
-            local: list[tuple[int, float, float]] = []
-            for k in range(n_batches):
-                bar.update()
-                idx = mine[k * bs : (k + 1) * bs]
-                batch = self.data.collate([data[i] for i in idx] if idx else data[:1])
-                batch = {key: v.to(strategy.device) for key, v in batch.items()}
-                with strategy.autocast():
-                    logps = self.reference_logps(models, batch)
-                assert logps is not None
-                values = logps.double().cpu().tolist()
-                local += [(i, values[j], values[len(idx) + j]) for j, i in enumerate(idx)]
-            for part in comm.all_gather_object(local):
-                for i, c, r in part:
-                    data[i]["ref_chosen_logps"], data[i]["ref_rejected_logps"] = c, r
-        bar.close()
+
+        def reference(batch: Batch) -> dict[tuple[str, str], torch.Tensor]:
+            logps = self.reference_logps(models, batch)
+            assert logps is not None
+            return {("ref_chosen_logps", "ref_rejected_logps"): logps}
+
+        cache_pair_values(self.data.collate, (train_set, eval_set), strategy, reference,
+                          batch_size=self.precompute_batch_size(), what="reference log-probs")
         models.free("reference")
         log.info(
             f"Precomputed reference log-probs ({self.reference}) for {len(train_set)} train and {len(eval_set)} eval "
             f"pairs in {time.perf_counter() - start:.1f}s"
         )
+
+    def precompute_batch_size(self) -> int:
+        t = self.cfg.training
+        return t.eval_batch_size or t.per_device_batch_size or 8
 
     # ------------------------------------------------------------------ math
     def _pair_losses(self, models: Models, batch: Batch) -> tuple[torch.Tensor, MetricSums]:

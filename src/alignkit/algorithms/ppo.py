@@ -32,7 +32,7 @@ from alignkit.config.sections import register_section
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError
 from alignkit.losses.kl import kl_estimate
-from alignkit.losses.lagrangian import update_log_lambda
+from alignkit.losses.safe_dpo import lagrange_update
 from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss
 from alignkit.models.policy import forward_logps, token_values
 from alignkit.models.roles import ModelSpec, Models
@@ -203,7 +203,8 @@ class PPO(OnlineAlgorithm):
         if not math.isnan(self._cost_mean):
             d.costs = (d.costs + [self._cost_mean])[-lag.window :]
         j_c = sum(d.costs) / len(d.costs) if d.costs else math.nan
-        new = update_log_lambda(d.log_lambda, j_c, threshold=lag.threshold, lr=lag.lambda_lr, lambda_max=lag.lambda_max)
+        new = d.log_lambda if math.isnan(j_c) else lagrange_update(
+            d.log_lambda, j_c, threshold=lag.threshold, lr=lag.lambda_lr, lam_max=lag.lambda_max)
         # the same on every rank by construction (global inputs); rank 0's value is the one all keep
         d.log_lambda = float(comm.broadcast_tensor(torch.tensor(new, dtype=torch.float64)))
         return {"lambda": self.lam, "J_C": j_c, "cost_mean": self._cost_mean}

@@ -182,6 +182,8 @@ class CheckpointConfig:
         "data is an error."
     )
     save_final: bool = f(True, "Write the final model to output_dir/final.")
+    save_each_epoch: bool = f(False, "Also write the model at the end of every epoch to output_dir/epoch_N/ (Hugging "
+                              "Face format; the adapter alone with LoRA), besides the step checkpoints.")
 
 
 @dataclass

@@ -4,12 +4,13 @@ from alignkit.losses.cost import cost_model_loss
 from alignkit.losses.dpo import DPO_LOSSES, dpo_loss
 from alignkit.losses.kl import KL_ESTIMATORS, kl_estimate
 from alignkit.losses.reward import bradley_terry_loss
-from alignkit.losses.safe_dpo import dynamic_beta, lagrange_update, safe_dpo_loss
+from alignkit.losses.safe_dpo import SAFE_DPO_VARIANTS, dynamic_beta, lagrange_update, safe_dpo_loss, safe_rows_loss
 from alignkit.losses.sft import sft_loss
 
 __all__ = [
     "DPO_LOSSES",
     "KL_ESTIMATORS",
+    "SAFE_DPO_VARIANTS",
     "bradley_terry_loss",
     "cost_model_loss",
     "dpo_loss",
@@ -17,5 +18,6 @@ __all__ = [
     "kl_estimate",
     "lagrange_update",
     "safe_dpo_loss",
+    "safe_rows_loss",
     "sft_loss",
 ]

@@ -4,14 +4,22 @@ lambda-weighted helpful/harmless mix, and the Safe RLHF dual (lambda) update.
 The caller computes ``loss_h = dpo_loss(...helpful pairs..., beta=dynamic_beta(delta_h))`` and
 ``loss_s`` likewise on pairs ordered by ``safer_response_id`` with delta_s = C(y_l) - C(y_w), then
 mixes them with :func:`safe_dpo_loss`. ``lagrange_update`` runs on the all-reduced cost estimate.
+
+:func:`safe_rows_loss` does all of it per PKU-SafeRLHF row, for the variants of ``SAFE_DPO_VARIANTS``:
+``mm_dpo`` (Safe-MM-DPO), ``safedpo`` (label swap + safety margin) and ``modpo`` (MODPO margin).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from alignkit.registry import Registry
 
 
 def dynamic_beta(delta: Tensor, *, beta_base: float = 0.1, w: float = 0.5, k: float = 0.5) -> Tensor:
@@ -47,3 +55,172 @@ def lagrange_update(log_lam: float, j_c: float, *, threshold: float, lr: float, 
         raise ValueError(f"lagrange_update needs lam_max > 0 and lr >= 0; got lam_max={lam_max}, lr={lr}")
     stepped = log_lam + lr * math.exp(log_lam) * (j_c - threshold)
     return min(stepped, math.log(lam_max))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Per-row losses of the safety-constrained DPO variants (``SAFE_DPO_VARIANTS``).
+#
+# A PKU-SafeRLHF row has two responses y_0, y_1 and two orderings of them: the helpful pair
+# (chosen = y_better) and the safety pair (chosen = y_safer). The policy and the reference see each
+# response ONCE; the pairs are index views of those two log-prob sums, so a step costs a DPO step.
+# ---------------------------------------------------------------------------------------------------
+
+
+class SafeRows(NamedTuple):
+    """Everything the variants read, one entry per row; every field ``(B,)``.
+
+    ``logp``/``ref``: summed response log-probs of y_0 and y_1 under the policy / the reference.
+    ``better``/``safer``: 0 or 1 (``better_response_id``, ``safer_response_id``). ``reward``: frozen
+    helpful-RM scores, ``cost``: frozen cost-model scores (C > 0 = unsafe), ``unsafe``: the labels
+    (``not is_response_k_safe``); ``lengths``: response token counts. Frozen fields may be None when
+    the variant does not read them.
+    """
+
+    logp_0: Tensor
+    logp_1: Tensor
+    ref_0: Tensor
+    ref_1: Tensor
+    better: Tensor
+    safer: Tensor
+    len_0: Tensor
+    len_1: Tensor
+    reward_0: Tensor | None = None
+    reward_1: Tensor | None = None
+    cost_0: Tensor | None = None
+    cost_1: Tensor | None = None
+    unsafe_0: Tensor | None = None
+    unsafe_1: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class SafeParams:
+    """Hyperparameters: beta_0 (``dpo.beta``), the dynamic-beta shape ``w``/``k``, lambda (a constant
+    for the step), the KL coefficient and estimator, SafeDPO's margin and MODPO's weight w_0."""
+
+    beta: float = 0.1
+    w: float = 0.5
+    k: float = 0.5
+    lam: float = 1.0
+    kl_coeff: float = 0.0
+    kl_estimator: str = "k3"
+    safety_margin: float = 0.0
+    modpo_weight: float = 0.5
+
+
+def ordered(x_0: Tensor, x_1: Tensor, first: Tensor) -> tuple[Tensor, Tensor]:
+    """``(x_first, x_other)`` per row: the pair whose chosen side is response ``first`` (0/1)."""
+    pick_1 = first.bool()
+    return torch.where(pick_1, x_1, x_0), torch.where(pick_1, x_0, x_1)
+
+
+def _need(value: Tensor | None, name: str, variant: str) -> Tensor:
+    if value is None:
+        raise ValueError(f"safe_dpo variant {variant!r} needs {name}")
+    return value
+
+
+def implicit_margin(r: SafeRows, first: Tensor) -> Tensor:
+    """h = [logp(y_w) - ref(y_w)] - [logp(y_l) - ref(y_l)] for the pair with chosen = ``first``."""
+    ratio_w, ratio_l = ordered(r.logp_0 - r.ref_0, r.logp_1 - r.ref_1, first)
+    return ratio_w - ratio_l
+
+
+def kl_term(r: SafeRows, estimator: str) -> tuple[Tensor, Tensor]:
+    """``(penalty (B,), k1 (B,))`` on the row's two (offline) responses.
+
+    k1 = per-token mean of log pi - log pi_ref over both responses (what is logged as KL). The
+    penalty is the chosen estimator applied to that per-token mean log-ratio: k1 itself, or k3 =
+    e^{-l} - 1 + l (>= 0, quadratic near 0). The responses are dataset responses, not samples of the
+    policy, so this is a regulariser of the log-ratio, not an unbiased KL(pi || pi_ref).
+    """
+    n = (r.len_0 + r.len_1).clamp_min(1)
+    k1 = ((r.logp_0 - r.ref_0) + (r.logp_1 - r.ref_1)) / n
+    if estimator == "k1":
+        return k1, k1
+    if estimator == "k3":
+        return torch.expm1(-k1) + k1, k1
+    raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {estimator!r}")
+
+
+SafeVariantFn = Callable[[SafeRows, SafeParams], tuple[Tensor, dict[str, Tensor]]]
+
+
+@dataclass(frozen=True)
+class SafeVariant:
+    """A loss of the registry plus what it reads: the frozen helpful RM, the cost model, the per-response
+    safety labels, and whether lambda enters the loss (else the multiplier is only monitored)."""
+
+    fn: SafeVariantFn
+    needs_reward: bool
+    needs_cost: bool
+    needs_labels: bool
+    uses_lambda: bool
+
+
+SAFE_DPO_VARIANTS: Registry[SafeVariant] = Registry("safe_dpo.variant")
+
+
+def _mm_dpo(r: SafeRows, p: SafeParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """Safe-MM-DPO, ALGORITHMS 1.5 "best reconstruction":
+    loss_H = -log sigma(beta(delta_H) h_H) on the helpful pair, delta_H = R(y_w) - R(y_l);
+    loss_S = -log sigma(beta(delta_S) h_S) on the safety pair, delta_S = C(y_l) - C(y_w);
+    L = (loss_H + lam loss_S) / (1 + lam)."""
+    reward_w, reward_l = ordered(_need(r.reward_0, "reward", "mm_dpo"), _need(r.reward_1, "reward", "mm_dpo"), r.better)
+    cost_w, cost_l = ordered(_need(r.cost_0, "cost", "mm_dpo"), _need(r.cost_1, "cost", "mm_dpo"), r.safer)
+    beta_h = dynamic_beta(reward_w - reward_l, beta_base=p.beta, w=p.w, k=p.k)
+    beta_s = dynamic_beta(cost_l - cost_w, beta_base=p.beta, w=p.w, k=p.k)
+    h_h, h_s = implicit_margin(r, r.better), implicit_margin(r, r.safer)
+    loss_h, loss_s = -F.logsigmoid(beta_h * h_h), -F.logsigmoid(beta_s * h_s)
+    metrics = {"loss_H": loss_h.detach(), "loss_S": loss_s.detach(), "beta_H": beta_h, "beta_S": beta_s,
+               "margin_H": (beta_h * h_h).detach(), "margin_S": (beta_s * h_s).detach()}
+    return safe_dpo_loss(loss_h, loss_s, p.lam), metrics
+
+
+def _safedpo(r: SafeRows, p: SafeParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """SafeDPO (Kim et al. 2025, ALGORITHMS 1.6): the helpful pair, swapped when its chosen response is
+    unsafe and its rejected one safe; -log sigma(beta h' + (u_l' - u_w') Delta), u = 1 if unsafe."""
+    u_0 = _need(r.unsafe_0, "unsafe labels", "safedpo").to(r.logp_0.dtype)
+    u_1 = _need(r.unsafe_1, "unsafe labels", "safedpo").to(r.logp_0.dtype)
+    u_w, u_l = ordered(u_0, u_1, r.better)
+    swap = (u_w > u_l).long()  # chosen unsafe, rejected safe
+    first = torch.where(swap.bool(), 1 - r.better, r.better)
+    u_w, u_l = ordered(u_0, u_1, first)
+    h = implicit_margin(r, first)
+    losses = -F.logsigmoid(p.beta * h + (u_l - u_w) * p.safety_margin)
+    return losses, {"loss_H": losses.detach(), "swapped": swap.to(h.dtype), "margin_H": (p.beta * h).detach()}
+
+
+def _modpo(r: SafeRows, p: SafeParams) -> tuple[Tensor, dict[str, Tensor]]:
+    """MODPO-style margin (Zhou et al. 2023, ALGORITHMS 1.6) on the helpful pair with the safety reward
+    -C as the margin objective: -log sigma((beta h - w_1 [(-C(y_w)) - (-C(y_l))]) / w_0), w_1 = 1 - w_0."""
+    cost_w, cost_l = ordered(_need(r.cost_0, "cost", "modpo"), _need(r.cost_1, "cost", "modpo"), r.better)
+    w0 = p.modpo_weight
+    h = implicit_margin(r, r.better)
+    z = (p.beta * h - (1 - w0) * (cost_l - cost_w)) / w0
+    losses = -F.logsigmoid(z)
+    return losses, {"loss_H": losses.detach(), "margin_H": z.detach()}
+
+
+SAFE_DPO_VARIANTS.register("mm_dpo")(SafeVariant(_mm_dpo, needs_reward=True, needs_cost=True, needs_labels=False,
+                                                 uses_lambda=True))
+SAFE_DPO_VARIANTS.register("safedpo")(SafeVariant(_safedpo, needs_reward=False, needs_cost=False, needs_labels=True,
+                                                  uses_lambda=False))
+SAFE_DPO_VARIANTS.register("modpo")(SafeVariant(_modpo, needs_reward=False, needs_cost=True, needs_labels=False,
+                                                uses_lambda=False))
+
+
+def safe_rows_loss(rows: SafeRows, params: SafeParams, variant: str = "mm_dpo") -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-row loss ``(B,)`` of ``variant`` plus ``kl_coeff`` x the KL penalty, and detached ``(B,)``
+    metrics: ``loss_H`` (and ``loss_S`` for mm_dpo), ``KL`` (k1 per-token mean), variant extras."""
+    shape = rows.logp_0.shape
+    for name, t in zip(SafeRows._fields, rows):
+        if t is not None and t.shape != shape:
+            raise ValueError(f"safe_rows_loss: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if not params.beta > 0 or not 0 < params.modpo_weight <= 1 or params.kl_coeff < 0:
+        raise ValueError(f"safe_rows_loss: need beta > 0, 0 < modpo_weight <= 1, kl_coeff >= 0; got {params}")
+    losses, metrics = SAFE_DPO_VARIANTS.get(variant).fn(rows, params)
+    penalty, k1 = kl_term(rows, params.kl_estimator)
+    if params.kl_coeff:
+        losses = losses + params.kl_coeff * penalty
+    metrics["KL"] = k1.detach()
+    return losses, metrics

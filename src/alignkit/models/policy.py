@@ -27,6 +27,7 @@ from alignkit.ops.segments import segment_sum
 NOT_MODEL_INPUTS = frozenset({
     "targets", "labels", "seq_index", "response_lengths", "margin", "chosen_unsafe", "rejected_unsafe",
     "ref_logps", "old_logps", "advantages", "returns", "values", "rewards", "response_mask", "example_index",
+    "better_id", "safer_id", "frozen_reward", "frozen_cost",
 })
 
 

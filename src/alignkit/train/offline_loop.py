@@ -84,11 +84,14 @@ class OfflineTrainer:
             extra = algo.on_step_end(state.step, result.metrics)
             log.advance({"loss": result.loss})
             if state.step % cfg.logging.logging_steps == 0 or state.step == steps.total:
-                metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra)
+                metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra,
+                                     algo.console_keys)
             if self._due(cfg.training.eval_steps, state.step):
                 eval_metrics = self._evaluate(state.step)
             if self._due(cfg.checkpoint.save_steps, state.step):
                 self._save(state)
+            if cfg.checkpoint.save_each_epoch and state.consumed >= self.order.usable():
+                self.checkpointer.save_final(self.out / f"epoch_{state.epoch + 1}", dump_yaml(cfg))
         if self.eval_set:
             eval_metrics = self._evaluate(state.step)
         if cfg.checkpoint.save_steps:

@@ -174,6 +174,22 @@ def memory_line(device: torch.device) -> str:
     return f"Process memory (RSS): {psutil.Process().memory_info().rss / 2**30:.2f} GB (rank 0)"
 
 
+def memory_table(cfg: RunConfig, workload: Workload, strategy: Strategy) -> str:
+    """The memory estimator's per-component table (policy, optimizer, gradients, reference, frozen
+    models, activations) for this run's engine, as the seed guides print one at start-up."""
+    from alignkit.distributed.auto import memory_inputs
+    from alignkit.distributed.plan import estimate, format_table
+
+    stage = getattr(strategy, "zero_stage", None)
+    name = strategy.frozen_plan() or (f"zero{stage}" if stage in (1, 2) else "ddp")
+    try:
+        inputs = memory_inputs(cfg, workload, n_gpus=strategy.dp_size, device=strategy.device.type)
+    except ValueError as e:  # a hub id or an unknown architecture: the run goes on without a table
+        return f"Memory estimate by component: not available ({e})"
+    return "Memory estimate by component (the estimator's, per device):\n" + format_table(
+        inputs, {name: estimate(inputs, name)})
+
+
 def check_output_dir(path: Path) -> None:
     """Create ``output_dir`` and write a probe file in it, so a place rank 0 cannot write to is one line
     naming it and why, before any model is loaded (not a traceback from the first write)."""
@@ -218,6 +234,8 @@ def run_train(cfg: RunConfig) -> TrainResult:
         plan = session.plan.with_steps(len(train_set), cfg.training)
         models = session.build_models(logger=logger)
         logger.info(memory_line(strategy.device))
+        if algo.memory_table:
+            logger.info(memory_table(cfg, session.workload, strategy))
         result = OfflineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
     if cfg.logging.plot and strategy.is_main:  # a failure here is a warning line: the run has finished
         plot_after_run(out, cfg.logging.report_to)

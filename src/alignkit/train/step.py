@@ -182,14 +182,14 @@ class Window:
 
 
 def log_window(log: RunLogger, strategy: Strategy, window: Window, state: TrainState, epoch: float, lr: float,
-               result: StepResult, extra: dict[str, float]) -> dict[str, float]:
+               result: StepResult, extra: dict[str, float], headline: tuple[str, ...] = ()) -> dict[str, float]:
     """One log line / JSONL row for the window that ends at ``state.step``; resets the window."""
     w = window.metrics(strategy)
     norms = result.grad_norms
     first = next(iter(norms), None)
     metrics = {"epoch": epoch, "loss": w.pop("loss"), "lr": lr, "grad_norm": norms.get(first, 0.0) if first else 0.0,
                **{f"grad_norm/{r}": v for r, v in list(norms.items())[1:]}, **w, **extra}
-    log.log_metrics(state.step, metrics)
+    log.log_metrics(state.step, metrics, headline=headline)
     window.reset()
     return metrics
 

@@ -1,0 +1,120 @@
+"""The Lagrange multiplier of a cost constraint J_C <= d, estimated on the policy's own samples
+(Safe RLHF, ALGORITHMS 1.3 and 1.5 defect 6).
+
+:class:`Multiplier` holds ln lambda and the window of recent sample costs; :meth:`Multiplier.update`
+takes the costs of every rank's samples (the same list on every rank), lets rank 0 apply
+``lagrange_update`` to the window mean and broadcasts rank 0's state, so every rank holds the same
+lambda and window. :func:`sample_costs` generates responses for prompts from the policy (under
+``strategy.full_params``) and scores them with the frozen cost model exactly as training pairs are
+encoded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from alignkit.constants import IGNORE_INDEX
+from alignkit.data.collate import TokenCollator
+from alignkit.data.io import Row
+from alignkit.data.preference import as_chat, truncate_prompt_response
+from alignkit.data.tokenize import encode_prompt_response
+from alignkit.distributed import comm
+from alignkit.losses.safe_dpo import lagrange_update
+from alignkit.models.policy import model_inputs
+
+
+@dataclass
+class Multiplier:
+    """ln lambda, clamped above at ln lambda_max, and a window of the last ``window`` sample costs."""
+
+    log_lambda: float
+    threshold: float
+    lr: float
+    lambda_max: float
+    window: int = 128
+    costs: deque[float] = field(default_factory=deque)
+    j_c: float | None = None  # mean of the window at the last update
+    updates: int = 0
+
+    @property
+    def value(self) -> float:
+        return math.exp(self.log_lambda)
+
+    def update(self, costs: list[float]) -> None:
+        """Add every rank's sample costs (identical on every rank), update on rank 0, broadcast."""
+        if comm.rank() == 0:
+            self.costs.extend(costs)
+            while len(self.costs) > self.window:
+                self.costs.popleft()
+            self.j_c = sum(self.costs) / len(self.costs)
+            self.log_lambda = lagrange_update(self.log_lambda, self.j_c, threshold=self.threshold, lr=self.lr,
+                                              lam_max=self.lambda_max)
+            self.updates += 1
+        self.load_state_dict(comm.broadcast_object(self.state_dict(), src=0))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"log_lambda": self.log_lambda, "cost_window": list(self.costs), "J_C": self.j_c,
+                "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        self.log_lambda = float(state["log_lambda"])
+        self.costs = deque(float(c) for c in state["cost_window"])
+        self.j_c = None if state["J_C"] is None else float(state["J_C"])
+        self.updates = int(state["updates"])
+
+
+@torch.no_grad()
+def sample_responses(lm: nn.Module, tokenizer: Any, prompts: list[list[int]], *, max_new_tokens: int,
+                     do_sample: bool, temperature: float) -> list[str]:
+    """Responses of the HF causal LM ``lm`` to token-id prompts (left-padded, one batch), special
+    tokens stripped. ``lm`` is put in eval mode for the call and restored."""
+    device = next(lm.parameters()).device
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    was_training = lm.training
+    lm.eval()
+    try:
+        out = lm.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
+                          do_sample=do_sample, temperature=temperature if do_sample else None, top_p=None, top_k=None,
+                          pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, use_cache=True)
+    finally:
+        lm.train(was_training)
+    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+
+
+@torch.no_grad()
+def score_responses(scorer: nn.Module, tokenizer: Any, prompts: list[Any], responses: list[str], *,
+                    chat_template: bool, max_length: int, device: torch.device) -> torch.Tensor:
+    """``(N,)`` scores of (prompt, response) sequences, encoded as the training pairs are."""
+    seqs = []
+    for p, r in zip(prompts, responses):
+        if chat_template or isinstance(p, list):
+            p, r = as_chat(p, "user"), as_chat(r, "assistant")
+        ids, mask = truncate_prompt_response(*encode_prompt_response(tokenizer, p, r, Row({}, "<generated>", 0)),
+                                             max_length)
+        seqs.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(ids)})
+    batch = TokenCollator(tokenizer.pad_token_id, packed=True)(seqs)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    return scorer(seq_index=batch["seq_index"], num_seqs=len(seqs), **model_inputs(batch)).float()
+
+
+def prompt_share(n_prompts: int, total: int, estimate: int, rank: int, world: int) -> list[int]:
+    """Indices (into ``n_prompts`` prompts) this rank generates for estimate number ``estimate``:
+    ``ceil(total / world)`` per rank, every rank the same count (sharded engines gather in lockstep),
+    walking through the prompt list so successive estimates see new prompts."""
+    per_rank = max(1, math.ceil(total / world))
+    start = estimate * per_rank * world + rank * per_rank
+    return [(start + i) % n_prompts for i in range(per_rank)]
