@@ -207,7 +207,7 @@ class PPO(OnlineAlgorithm):
             d.log_lambda, j_c, threshold=lag.threshold, lr=lag.lambda_lr, lam_max=lag.lambda_max)
         # the same on every rank by construction (global inputs); rank 0's value is the one all keep
         d.log_lambda = float(comm.broadcast_tensor(torch.tensor(new, dtype=torch.float64)))
-        return {"lambda": self.lam, "J_C": j_c, "cost_mean": self._cost_mean}
+        return {"lambda": self.lam, "J_C": j_c}
 
     def state_dict(self) -> dict[str, Any]:
         return {"log_lambda": self.dual.log_lambda, "costs": list(self.dual.costs)} if self.constrained else {}
