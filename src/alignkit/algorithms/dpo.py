@@ -12,8 +12,8 @@ Reference log-probs (``dpo.reference``):
   so no second copy is held in memory;
 * ``none``: reference-free (simpo).
 
-With ``dpo.precompute_ref_logps`` they are computed ONCE, in ``before_training``, and cached in
-the examples: every rank computes an interleaved share of the train and eval sets
+With ``dpo.precompute_ref_logps`` they are computed ONCE, in ``before_training``, and cached with
+the examples (``set_fields``: a side table next to the read-only Arrow rows): every rank computes an interleaved share of the train and eval sets
 (``rank, rank + W, ...``), then all ranks exchange their shares (``comm.all_gather_object``), so each
 rank holds the values of every example; this keeps working when the sampler reshuffles the shards
 every epoch. The reference role is then ``transient``: loaded only for this and freed afterwards.
@@ -37,6 +37,7 @@ import torch
 from alignkit.algorithms.base import Batch, Example, MetricSums, OfflineAlgorithm
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
+from alignkit.data.examples import set_fields
 from alignkit.data.pipelines import PairData
 from alignkit.data.preference import count_pairs
 from alignkit.distributed import comm
@@ -159,7 +160,7 @@ class DPO(OfflineAlgorithm):
             for k in range(n_batches):
                 bar.update()
                 idx = mine[k * bs : (k + 1) * bs]
-                batch = self.data.collate([data[i] for i in idx] if idx else data[:1])
+                batch = self.data.collate([data[i] for i in idx] if idx else [data[0]])
                 batch = {key: v.to(strategy.device) for key, v in batch.items()}
                 with strategy.autocast():
                     logps = self.reference_logps(models, batch)
@@ -168,7 +169,7 @@ class DPO(OfflineAlgorithm):
                 local += [(i, values[j], values[len(idx) + j]) for j, i in enumerate(idx)]
             for part in comm.all_gather_object(local):
                 for i, c, r in part:
-                    data[i]["ref_chosen_logps"], data[i]["ref_rejected_logps"] = c, r
+                    set_fields(data, i, ref_chosen_logps=c, ref_rejected_logps=r)
         bar.close()
         models.free("reference")
         log.info(

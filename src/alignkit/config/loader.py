@@ -175,6 +175,9 @@ def build_dataclass(cls: type, raw: dict[str, Any], prefix: str = "") -> Any:
             close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
             hint = f"; did you mean {((prefix + '.') if prefix else '') + close[0]!r}?" if close else ""
             raise ConfigError(f"unknown config key {full!r}{hint} (valid here: {', '.join(valid)})")
+    read_raw = getattr(cls, "read_raw", None)
+    if read_raw is not None:  # a section's own shorthand (data.train as {path, weight} entries)
+        raw = read_raw(raw, prefix or cls.__name__)
     kwargs: dict[str, Any] = {}
     if sections:
         kwargs["sections"] = {name: _convert(raw.get(name), sec, name) for name, sec in sections.items()}

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 from torch.utils.data import DataLoader
 
 from alignkit.algorithms.base import Batch, Example, OfflineAlgorithm
 from alignkit.config import RunConfig, dump_yaml
+from alignkit.data.examples import subset
 from alignkit.data.sampler import GlobalOrder
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.logging import RunLogger
@@ -42,6 +44,16 @@ class TrainResult:
     metrics: dict[str, float]
     eval_metrics: dict[str, float]
     losses: list[float]
+
+
+class _Rounds:
+    """A batch sampler over a one-pass iterable of index lists (DataLoader asks for an iterable)."""
+
+    def __init__(self, rounds: Iterator[list[int]]) -> None:
+        self.rounds = rounds
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.rounds
 
 
 class OfflineTrainer:
@@ -111,11 +123,14 @@ class OfflineTrainer:
         from ``state``'s position in the epoch's global order; ``state.consumed`` follows the batches."""
         ga = self.plan.batch.accumulation
         while True:
-            rounds = list(self.order.rounds(state.epoch, state.consumed))
-            loader = DataLoader(self.train_set, batch_sampler=[idx for idx, _ in rounds],
+            # two walks of the same rounds, both lazy: the loader's indices (read ahead by workers) and
+            # the position after each batch it returns
+            indices = (idx for idx, _ in self.order.rounds(state.epoch, state.consumed))
+            positions = (consumed for _, consumed in self.order.rounds(state.epoch, state.consumed))
+            loader = DataLoader(self.train_set, batch_sampler=_Rounds(indices),
                                 collate_fn=self.algo.data.collate, num_workers=self.cfg.data.num_workers)
             group: list[Batch] = []
-            for batch, (_, consumed) in zip(loader, rounds):
+            for batch, consumed in zip(loader, positions):
                 group.append(batch)
                 state.consumed = consumed
                 if len(group) == ga:
@@ -135,7 +150,7 @@ class OfflineTrainer:
         if steps.total >= steps.per_epoch:
             return self.train_set
         read = min(steps.total * b.accumulation * b.per_device * b.world_size, self.order.usable())
-        return [self.train_set[i] for i in sorted(self.order.order(0)[:read])]
+        return subset(self.train_set, np.sort(self.order.order(0)[:read]))
 
     # ------------------------------------------------------------------ helpers
     def _startup_lines(self) -> None:
