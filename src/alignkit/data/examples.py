@@ -42,7 +42,10 @@ class ExampleTable:
             raise IndexError(f"example {i} out of range ({len(self)} examples)")
         return i if self.index is None else int(self.index[i])
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def __getitem__(self, i: int | slice) -> Any:
+        """Example ``i`` as a dict; a slice gives a list of them (as a list of examples would)."""
+        if isinstance(i, slice):
+            return self.__getitems__(range(*i.indices(len(self))))
         return self.__getitems__([i])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
