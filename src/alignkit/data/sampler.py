@@ -62,7 +62,7 @@ class EvalSampler(Sampler[int]):
     (unlike DistributedSampler, which repeats up to W-1 examples and biases metrics)."""
 
     def __init__(self, n: int, num_replicas: int, rank: int) -> None:
-        self.idx = list(range(rank, n, num_replicas))
+        self.idx = range(rank, n, num_replicas)  # not a list: no memory per example
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.idx)
