@@ -110,6 +110,8 @@ class DPO(OfflineAlgorithm):
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer, PairData(tokenizer, cfg.data, pair=cfg.dpo.pair))
         self.reference = resolve_reference(cfg)
+        if cfg.data.streaming and cfg.dpo.precompute_ref_logps:
+            raise ConfigError("dpo.precompute_ref_logps: needs the whole training set ahead, not data.streaming")
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:

@@ -261,6 +261,10 @@ def validate(cfg: RunConfig) -> None:
     if not cfg.data.train:
         raise ConfigError("data.train: required (one or more .jsonl/.parquet files or builtin:NAME)")
     t = cfg.training
+    if cfg.data.streaming and t.max_steps is None:
+        raise ConfigError("data.streaming: needs training.max_steps (a stream's length is not known ahead)")
+    if cfg.data.streaming and cfg.data.max_train_examples is not None:
+        raise ConfigError("data.max_train_examples: not used with data.streaming (training.max_steps bounds the run)")
     if t.per_device_batch_size is None and t.global_batch_size is None:
         raise ConfigError("training: give training.per_device_batch_size or training.global_batch_size")
     if t.lr_scaling != "none" and t.reference_batch_size is None:
