@@ -150,8 +150,9 @@ def encode_pair(tokenizer: Any, p: PairText, row: Row, *, max_length: int, chat_
     if chat_template:
         prompt, chosen, rejected = as_chat(prompt, "user"), as_chat(chosen, "assistant"), as_chat(rejected, "assistant")
     out: dict[str, Any] = {}
+    memo: dict[str, list[int]] = {}  # the prompt's tokens serve both sides
     for side, response in (("chosen", chosen), ("rejected", rejected)):
-        ids, mask = encode_prompt_response(tokenizer, prompt, response, row)
+        ids, mask = encode_prompt_response(tokenizer, prompt, response, row, memo)
         if len(ids) > max_length:
             ids, mask = truncate_prompt_response(ids, mask, max_length)
             row.note(TRUNCATED)
