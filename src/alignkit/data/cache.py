@@ -178,6 +178,12 @@ def _build(src: Source, job: Job, typed: Any, build: Path, key_fields: dict[str,
     feats, fields = _out_features(job, sample)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the map workers fork after the tokenizer ran
     num_proc = max(1, min(job.num_proc, n_raw // 1000 or 1))
+    log.info(f"Preparing {src.name}: tokenising {n_raw} rows once with data.num_proc={num_proc} (other ranks wait, "
+             "up to distributed.timeout_minutes; `alignkit prepare CONFIG` does this ahead of a run)")
+    from alignkit import progress
+
+    # datasets' own bar where alignkit shows bars; elsewhere (logs to a file) the lines around it say enough
+    (datasets.enable_progress_bars if progress.use_bar() else datasets.disable_progress_bars)()
     out = rows.map(_convert_batch, batched=True, batch_size=500, with_indices=typed is not None,
                    remove_columns=rows.column_names, features=feats, num_proc=num_proc if num_proc > 1 else None,
                    fn_kwargs={"job": job, "name": src.name, "kind": src.kind, "fields": fields},
