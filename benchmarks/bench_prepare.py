@@ -4,13 +4,14 @@
 
 1. Writes ``--rows`` DPO rows of ``bench_data.make_rows`` (chat messages; prompt+chosen median ~153
    tokens) to ``OUT/pairs.jsonl`` (once; kept for later runs).
-2. ``alignkit prepare`` with ``data.num_proc`` 1 and 2, each into an empty cache: wall time.
-3. Warm start-up, in fresh processes on the num_proc=2 cache: the time to the training set
+2. ``alignkit prepare`` of the whole file with ``data.num_proc=2`` into an empty cache (wall time),
+   and of the first ``--slice-rows`` rows with num_proc 1 and 2 (the comparison, on a busy machine).
+3. Warm start-up, in fresh processes on the whole file's cache: the time to the training set
    (import, config, tokenizer, memory-mapped examples), and a whole ``alignkit train`` of one step
    (process start to exit), against the same on a 64-row file (an "empty" data set).
 4. RSS per rank, under torchrun with 2 processes: after the training set is built and after reading
    200 micro-batches of 8 pairs by the sampler's indices, against the 64-row file; and the list path
-   alignkit had before (every row tokenised into Python lists, in every rank) for comparison.
+   alignkit had before (every row tokenised into Python lists, in every rank) on the slice.
 
 Prints a table and writes ``OUT/result.json``. Uses the benchmark's ``tiny`` model (vocab 8192).
 """
@@ -120,9 +121,21 @@ def child(cfg: Path, phase: str, nproc: int = 1) -> list[dict]:
                   key=lambda r: r["rank"])
 
 
+def prepare(out: Path, model: Path, data: Path, cache: Path, nproc: int) -> float:
+    import shutil
+
+    shutil.rmtree(cache, ignore_errors=True)
+    took, _ = run([sys.executable, "-m", "alignkit", "prepare", str(config(out, model, data, cache)),
+                   f"data.num_proc={nproc}"])
+    print(f"prepare {data.name} num_proc={nproc}: {took:.1f}s", flush=True)
+    return round(took, 1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=500_000)
+    p.add_argument("--slice-rows", type=int, default=None,
+                   help="rows of the num_proc=1 prepare and of the list path (default --rows; fewer on a busy machine)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "prepare")
     p.add_argument("--skip-list-path", action="store_true", help="do not measure the old list path (slow)")
     a = p.parse_args()
@@ -133,24 +146,22 @@ def main() -> None:
     model = out / "tiny"
     if not (model / "config.json").is_file():
         build_tiny_model(model, size="tiny", seed=0)
-    big, small = out / "pairs.jsonl", out / "pairs64.jsonl"
+    n_slice = a.slice_rows or a.rows
+    big, small, part = out / "pairs.jsonl", out / "pairs64.jsonl", out / f"pairs{n_slice}.jsonl"
     t = time.perf_counter()
     write_rows(big, a.rows)
     write_rows(small, 64)
-    res: dict = {"rows": a.rows, "generate_s": round(time.perf_counter() - t, 1), "cpus": os.cpu_count(),
-                 "load": os.getloadavg()}
-    import shutil
+    write_rows(part, n_slice)
+    res: dict = {"rows": a.rows, "slice_rows": n_slice, "generate_s": round(time.perf_counter() - t, 1),
+                 "cpus": os.cpu_count(), "load_start": os.getloadavg()}
 
-    for nproc in (1, 2):
-        cache = out / f"cache-np{nproc}"
-        shutil.rmtree(cache, ignore_errors=True)
-        took, _ = run([sys.executable, "-m", "alignkit", "prepare", str(config(out, model, big, cache)),
-                       f"data.num_proc={nproc}"])
-        res[f"prepare_np{nproc}_s"] = round(took, 1)
-        print(f"prepare num_proc={nproc}: {took:.1f}s", flush=True)
-    save = lambda: (out / "result.json").write_text(json.dumps(res, indent=1), encoding="utf-8")  # noqa: E731
+    def save() -> None:
+        res["load_now"] = os.getloadavg()
+        (out / "result.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
+
+    warm = out / "cache-warm"
+    res[f"prepare_{a.rows}_np2_s"] = prepare(out, model, big, warm, 2)
     save()
-    warm = out / "cache-np2"
     cfg_big, cfg_small = config(out, model, big, warm), config(out, model, small, warm)
     run([sys.executable, "-m", "alignkit", "prepare", str(cfg_small)])
     res["startup_big"], res["startup_small"] = child(cfg_big, "cache"), child(cfg_small, "cache")
@@ -159,11 +170,15 @@ def main() -> None:
     res["ranks_big"], res["ranks_small"] = child(cfg_big, "cache", nproc=2), child(cfg_small, "cache", nproc=2)
     save()
     print(json.dumps(res, indent=1), flush=True)
+    for nproc in (1, 2):
+        if n_slice != a.rows or nproc == 1:
+            res[f"prepare_{n_slice}_np{nproc}_s"] = prepare(out, model, part, out / f"cache-np{nproc}", nproc)
+            save()
     if not a.skip_list_path:
-        res["list_path_big"] = child(cfg_big, "list")
-        res["list_path_small"] = child(cfg_small, "list")
+        cfg_part = config(out, model, part, warm)
+        res["list_path_slice"], res["list_path_small"] = child(cfg_part, "list"), child(cfg_small, "list")
         save()
-        print(json.dumps({k: res[k] for k in ("list_path_big", "list_path_small")}, indent=1))
+        print(json.dumps({k: res[k] for k in ("list_path_slice", "list_path_small")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,13 @@ def test_rank1_never_tokenises(micro_model: Path, tmp_path: Path) -> None:
     assert "rank 1 never tokenised" in proc.stdout
 
 
+def test_without_a_shared_file_system_each_node_prepares(micro_model: Path, tmp_path: Path) -> None:
+    proc = run_script(WORKERS / "prepare_once.py", nproc=2,
+                      args=[str(micro_model), str(tmp_path / "cache"), "two-nodes"])
+    assert_ok(proc)
+    assert "each node prepared its own copy" in proc.stdout
+
+
 def _losses(run: Path) -> list[float]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if "loss" in r]
