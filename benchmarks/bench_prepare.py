@@ -10,7 +10,8 @@
    (import, config, tokenizer, memory-mapped examples), and a whole ``alignkit train`` of one step
    (process start to exit), against the same on a 64-row file (an "empty" data set).
 4. RSS per rank, under torchrun with 2 processes: after the training set is built and after reading
-   200 micro-batches of 8 pairs by the sampler's indices, against the 64-row file; and the list path
+   200 micro-batches of 8 pairs by the sampler's indices, against the 64-row file (anonymous memory
+   and file-backed pages of the memory-mapped cache apart); and the list path
    alignkit had before (every row tokenised into Python lists, in every rank) on the slice.
 
 Prints a table and writes ``OUT/result.json``. Uses the benchmark's ``tiny`` model (vocab 8192).
@@ -42,11 +43,18 @@ from alignkit.distributed import comm
 from alignkit.models.loading import load_tokenizer
 if "RANK" in os.environ:
     torch.distributed.init_process_group("gloo")
-rss = lambda: psutil.Process().memory_info().rss / 2**20
+def rss():
+    """RSS in MiB: total, anonymous (the process's own memory) and file-backed (pages of memory-mapped
+    files, e.g. the Arrow cache: shared by every rank that maps them, reclaimable page cache)."""
+    f = {k: int(v.split()[0]) / 1024 for k, v in
+         (x.split(":", 1) for x in open("/proc/self/status").read().splitlines() if x.startswith("Rss"))}
+    return {"rss": round(psutil.Process().memory_info().rss / 2**20), "anon": round(f.get("RssAnon", 0)),
+            "file": round(f.get("RssFile", 0) + f.get("RssShmem", 0))}
 cfg = load_config(sys.argv[1], sys.argv[3:], notes=False)
 r0 = rss()
 algo = ALGORITHMS.get(cfg.algorithm)(cfg, load_tokenizer(cfg.model))
 r1 = rss()
+T1 = time.time()
 if sys.argv[2] == "list":  # the path before the cache: every row tokenised into a list in this process
     from alignkit.data.preference import load_pairs
     d = cfg.data
@@ -54,7 +62,7 @@ if sys.argv[2] == "list":  # the path before the cache: every row tokenised into
                           chat_template=d.chat_template, skip_invalid=False)
 else:
     train = algo.data.build_dataset(cfg.data.train, "train")
-ready = time.time() - T0
+ready, data_s = time.time() - T0, time.time() - T1
 r2 = rss()
 order = GlobalOrder(len(train), comm.world_size(), comm.rank(), 8, seed=0)
 for k, (idx, _) in enumerate(order.rounds(0)):
@@ -62,8 +70,8 @@ for k, (idx, _) in enumerate(order.rounds(0)):
         break
     algo.data.collate([train[i] for i in idx])
 r3 = rss()
-print("RESULT " + json.dumps({"rank": comm.rank(), "n": len(train), "ready_s": round(ready, 2),
-      "rss_before_data_mb": round(r1), "rss_after_data_mb": round(r2), "rss_after_reading_mb": round(r3)}),
+print("RESULT " + json.dumps({"rank": comm.rank(), "n": len(train), "ready_s": round(ready, 2), "data_s": round(data_s, 2),
+      "mb_before_data": r1, "mb_after_data": r2, "mb_after_reading": r3}),
       flush=True)
 '''
 
@@ -138,6 +146,8 @@ def main() -> None:
                    help="rows of the num_proc=1 prepare and of the list path (default --rows; fewer on a busy machine)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "prepare")
     p.add_argument("--skip-list-path", action="store_true", help="do not measure the old list path (slow)")
+    p.add_argument("--reuse-warm", action="store_true", help="keep OUT/cache-warm (and its prepare time) if complete")
+    p.add_argument("--skip-slice", action="store_true", help="skip the num_proc 1 / 2 comparison on the slice")
     a = p.parse_args()
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -160,7 +170,10 @@ def main() -> None:
         (out / "result.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
 
     warm = out / "cache-warm"
-    res[f"prepare_{a.rows}_np2_s"] = prepare(out, model, big, warm, 2)
+    if a.reuse_warm and any(warm.glob("pairs.jsonl-*/manifest.json")):
+        res = {**json.loads((out / "result.json").read_text()), **res}  # keep the earlier prepare time
+    else:
+        res[f"prepare_{a.rows}_np2_s"] = prepare(out, model, big, warm, 2)
     save()
     cfg_big, cfg_small = config(out, model, big, warm), config(out, model, small, warm)
     run([sys.executable, "-m", "alignkit", "prepare", str(cfg_small)])
@@ -170,7 +183,7 @@ def main() -> None:
     res["ranks_big"], res["ranks_small"] = child(cfg_big, "cache", nproc=2), child(cfg_small, "cache", nproc=2)
     save()
     print(json.dumps(res, indent=1), flush=True)
-    for nproc in (1, 2):
+    for nproc in (1, 2) if not a.skip_slice else ():
         if n_slice != a.rows or nproc == 1:
             res[f"prepare_{n_slice}_np{nproc}_s"] = prepare(out, model, part, out / f"cache-np{nproc}", nproc)
             save()
