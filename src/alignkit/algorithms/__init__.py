@@ -2,17 +2,22 @@
 
 from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
 from alignkit.algorithms.dpo import DPO
+from alignkit.algorithms.grpo import GRPO, RLOO, DrGRPO
+from alignkit.algorithms.online import OnlineAlgorithm
+from alignkit.algorithms.ppo import PPO, PPOLag
 from alignkit.algorithms.reward import CostModel, RewardModel
 from alignkit.algorithms.sft import SFT
 from alignkit.config.schema import RunConfig
 from alignkit.models.roles import Workload
 from alignkit.registry import Registry
 
-ALGORITHMS: Registry[type[OfflineAlgorithm]] = Registry("algorithm")
+ALGORITHMS: Registry[type[OfflineAlgorithm] | type[OnlineAlgorithm]] = Registry("algorithm")
 ALGORITHMS.register("sft")(SFT)
 ALGORITHMS.register("reward_model")(RewardModel)
 ALGORITHMS.register("cost_model")(CostModel)
 ALGORITHMS.register("dpo")(DPO)
+for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag):  # the online loop's algorithms
+    ALGORITHMS.register(_online.name)(_online)
 
 
 
@@ -22,4 +27,4 @@ def workload_of(cfg: RunConfig) -> Workload:
     return Workload(tuple(algo.model_specs(cfg)), algo.sequences_per_example)
 
 
-__all__ = ["ALGORITHMS", "MetricSums", "OfflineAlgorithm", "workload_of"]
+__all__ = ["ALGORITHMS", "MetricSums", "OfflineAlgorithm", "OnlineAlgorithm", "workload_of"]

@@ -15,7 +15,7 @@ Metrics: ``accuracy`` (pairwise; for the cost model, the unsafer response costs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Optional
 
 import torch
 
@@ -29,6 +29,19 @@ from alignkit.losses.cost import cost_model_loss
 from alignkit.losses.reward import bradley_terry_loss
 from alignkit.models.policy import forward_scores
 from alignkit.models.roles import ModelSpec, Models
+from alignkit.rollout.rewards import REWARD_FUNCTIONS
+
+
+@dataclass
+class RewardFunctionConfig:
+    name: str = f("", "A builtin reward function or 'module:function'.")
+    weight: float = f(1.0, "Weight of this function in the total reward.")
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("reward.functions: each entry needs a name (a builtin or 'module:function')")
+        if ":" not in self.name and self.name not in REWARD_FUNCTIONS:
+            REWARD_FUNCTIONS.get(self.name)  # the one-line error with the closest name
 
 
 @register_section("reward")
@@ -43,6 +56,17 @@ class RewardConfig:
     center_coeff: float = f(0.0, "reward_model: centring term center_coeff * (r_c + r_r)^2 per pair "
                             "(TRL center_rewards_coefficient).", ge=0)
     reg_coeff: float = f(0.0, "L2 regulariser reg_coeff * mean(score^2) over both responses (Safe RLHF).", ge=0)
+    # --- online algorithms (grpo, rloo, dr_grpo, ppo, ppo_lag): how completions are scored ---
+    functions: list[RewardFunctionConfig] = f(
+        [], "Online: reward functions with weights, e.g. [{name: exact_match, weight: 1.0}, {name: "
+        "'my_pkg.rewards:fn', weight: 0.5}]; builtins: " + ", ".join(REWARD_FUNCTIONS.names()) + ".")
+    model: Optional[str] = f(None, "Online: a trained reward model (a reward_model run's final dir) added to the "
+                             "functions with weight model_weight.")
+    model_weight: float = f(1.0, "Online: weight of reward.model's score.")
+    length_penalty: float = f(0.0, "Online: subtract length_penalty x completion tokens / rollout.max_new_tokens.", ge=0)
+    placement: Literal["local", "main"] = f(
+        "local", "Online: where reward functions run: local = each rank scores its own samples; main = gathered "
+        "to rank 0, scored there, each rank receiving the scores of ITS OWN samples.")
 
 
 def scalar_spec(cfg: RunConfig, role: str) -> ModelSpec:

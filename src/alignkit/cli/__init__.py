@@ -14,13 +14,13 @@ import sys
 import time
 from typing import Callable
 
-from alignkit.cli import migrate_command, plot_command, run_commands, tool_commands
+from alignkit.cli import generate_command, migrate_command, plot_command, run_commands, tool_commands
 from alignkit.errors import UserError
 
 #: what is reported as one line; everything else is a bug and shows its traceback
 USER_ERRORS = (UserError, FileNotFoundError)
 #: modules whose ``register(sub)`` adds their sub-commands, in the order ``--help`` lists them
-COMMAND_MODULES = (run_commands, migrate_command, tool_commands, plot_command)
+COMMAND_MODULES = (run_commands, migrate_command, tool_commands, plot_command, generate_command)
 
 
 def _strip_launcher_args(argv: list[str]) -> list[str]:

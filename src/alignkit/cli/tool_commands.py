@@ -41,7 +41,8 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 def cmd_data_synth(args: argparse.Namespace) -> int:
     from alignkit.data.synth import generate
 
-    generate(args.kind, args.n, args.seed, Path(args.out), split=args.split)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    generate(args.kind, args.n, args.seed, Path(args.out), split=args.split, tasks=tasks)
     where = f" ({args.split} split)" if args.split else ""
     print(f"wrote {args.n} {args.kind} rows{where} to {args.out}")
     return 0
@@ -83,7 +84,9 @@ def register(sub: Any) -> None:
     sp = sub.add_parser("data", help="data utilities")
     dsub = sp.add_subparsers(dest="data_command", required=True)
     ss = dsub.add_parser("synth", help="generate synthetic data with programmatically checkable answers")
-    ss.add_argument("--kind", required=True, help="sft | sft-pc | pref | safety")
+    ss.add_argument("--kind", required=True, help="sft | sft-pc | pref | safety | prompts (online algorithms: prompt + answer)")
+    ss.add_argument("--tasks", default=None,
+                    help="comma-separated tasks: add, reverse, upper, digits (default: the first three; prompts: digits)")
     ss.add_argument("--n", type=int, default=1000)
     ss.add_argument("--seed", type=int, default=0)
     ss.add_argument("--out", required=True, help="output .jsonl or .parquet")

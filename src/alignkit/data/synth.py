@@ -63,7 +63,10 @@ from alignkit.data.judges import (
 from alignkit.errors import ConfigError
 
 TASKS: tuple[str, ...] = ("add", "reverse", "upper")
-KINDS: tuple[str, ...] = ("sft", "sft-pc", "pref", "safety")
+#: every task a generator accepts; ``digits`` (single-digit sums answered with the bare number, e.g.
+#: ``"What is 3+4?"`` -> ``"7"``) is the online algorithms' verifiable task, not in the SFT defaults
+ALL_TASKS: tuple[str, ...] = TASKS + ("digits",)
+KINDS: tuple[str, ...] = ("sft", "sft-pc", "pref", "safety", "prompts")
 SPLITS: tuple[str, ...] = ("train", "eval")
 
 #: One in ``_EVAL_BUCKETS`` task instances is held out for the eval split.
@@ -104,17 +107,23 @@ def _question(rng: random.Random, task: str) -> tuple[str, str]:
     if task == "add":
         a, b = rng.randint(10, 99), rng.randint(10, 99)
         return f"What is {a}+{b}?", f"{a}+{b}={a + b}. The answer is {a + b}."
+    if task == "digits":
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        return f"What is {a}+{b}?", str(a + b)
     if task == "reverse":
         letters = rng.sample(_LETTERS, rng.randint(3, 5))  # distinct, so a reversal is never a no-op
         return f"Reverse the letters: {' '.join(letters)}", " ".join(reversed(letters))
     if task == "upper":
         words = [rng.choice(WORDS) for _ in range(rng.randint(1, 3))]
         return f"Uppercase: {' '.join(words)}", " ".join(words).upper()
-    raise ConfigError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+    raise ConfigError(f"unknown task {task!r}; choose from {', '.join(ALL_TASKS)}")
 
 
 def _wrong_answer(rng: random.Random, task: str, question: str, answer: str) -> str:
     """A plausible answer to ``question`` that ``judge_correct`` rejects."""
+    if task == "digits":
+        total = int(answer)
+        return str(total + rng.choice((-1, 1, 2)) if total > 0 else 1)
     if task == "add":
         a, b = (int(x) for x in ADD_RE.search(question).groups())  # type: ignore[union-attr]
         wrong = a + b + rng.choice((-10, -2, -1, 1, 2, 10))  # a + b >= 20, so wrong stays positive
@@ -158,8 +167,8 @@ def _preamble(rng: random.Random) -> str:
 def _task_rows(n: int, seed: int, tasks: Sequence[str], split: str | None) -> list[tuple]:
     """``n`` draws of (task, prompt, answer, wrong answer); the shared core of the task generators."""
     for t in tasks:
-        if t not in TASKS:
-            raise ConfigError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
+        if t not in ALL_TASKS:
+            raise ConfigError(f"unknown task {t!r}; choose from {', '.join(ALL_TASKS)}")
     rng = random.Random(seed)
     out = []
     while len(out) < n:
@@ -194,6 +203,13 @@ def make_preference_rows(n: int, seed: int = 0, tasks: Sequence[str] = TASKS, *,
         {"prompt": p, "chosen": a, "rejected": w, "task": t}
         for t, p, a, w in _task_rows(n, seed, tasks, split)
     ]
+
+
+def make_prompt_rows(n: int, seed: int = 0, tasks: Sequence[str] = ("digits",), *,
+                     split: str | None = None) -> list[dict[str, Any]]:
+    """``n`` prompt rows of the online algorithms ``{"prompt", "answer", "task"}`` (``exact_match``
+    compares a completion with ``answer``; ``judge_correct`` accepts the tasks' usual answer forms)."""
+    return [{"prompt": p, "answer": a, "task": t} for t, p, a, _ in _task_rows(n, seed, tasks, split)]
 
 
 # --- safety world -----------------------------------------------------------------------------
@@ -313,13 +329,18 @@ _GENERATORS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "sft-pc": make_prompt_completion_rows,
     "pref": make_preference_rows,
     "safety": make_safety_rows,
+    "prompts": make_prompt_rows,
 }
 
 
-def generate(kind: str, n: int, seed: int, out: str | Path, *, split: str | None = None) -> Path:
-    """Write ``n`` rows of ``kind`` (``sft | sft-pc | pref | safety``) to ``out``; returns the path."""
+def generate(kind: str, n: int, seed: int, out: str | Path, *, split: str | None = None,
+             tasks: Sequence[str] | None = None) -> Path:
+    """Write ``n`` rows of ``kind`` (``sft | sft-pc | pref | safety | prompts``) to ``out``; returns the path."""
     if kind not in _GENERATORS:
         raise ConfigError(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
     if n < 0:
         raise ConfigError(f"n must be >= 0, got {n}")
-    return write_rows(_GENERATORS[kind](n, seed, split=split), out)
+    if tasks is not None and kind == "safety":
+        raise ConfigError("--tasks does not apply to the safety world")
+    extra = {"tasks": tuple(tasks)} if tasks is not None else {}
+    return write_rows(_GENERATORS[kind](n, seed, split=split, **extra), out)

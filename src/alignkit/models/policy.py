@@ -71,3 +71,10 @@ def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Te
 def forward_scores(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """``(S,)`` scalar-head scores, one per sequence of ``seq_index`` (reward / cost / value models)."""
     return model(seq_index=batch["seq_index"], num_seqs=int(batch["response_lengths"].shape[0]), **model_inputs(batch))
+
+
+def token_values(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(N,)`` a scalar-head model's value at every target position (a PPO critic's V(s_t)), in the
+    row-major order of :func:`forward_logps`."""
+    return model(seq_index=batch["seq_index"], num_seqs=int(batch["response_lengths"].shape[0]),
+                 positions=batch["targets"] != IGNORE_INDEX, **model_inputs(batch))

@@ -22,7 +22,7 @@ from alignkit.registry import Registry
 if TYPE_CHECKING:
     from alignkit.distributed.strategy.base import Handle
 
-ROLES = ("policy", "reference", "reward", "cost", "value", "target")
+ROLES = ("policy", "reference", "reward", "cost", "value", "cost_value", "target")
 KINDS = ("lm", "scalar", "vlm")
 
 

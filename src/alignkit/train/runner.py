@@ -23,6 +23,7 @@ import torch
 from alignkit import progress
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.algorithms.base import OfflineAlgorithm
+from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config import RunConfig, to_dict
 from alignkit.config.schema import ModelConfig
 from alignkit.data.streaming import RowStream
@@ -38,6 +39,7 @@ from alignkit.models.roles import Models, ModelSpec, Workload, build_model
 from alignkit.plot import plot_after_run
 from alignkit.train.checkpoint import resolve_resume, role_dir
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
+from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
 from alignkit.train.optim import build_optimizer
 from alignkit.train.run_plan import RunPlan, plan_run
 
@@ -55,7 +57,7 @@ def set_seed(seed: int) -> None:
 class Session:
     cfg: RunConfig
     env: DistEnv
-    algo: OfflineAlgorithm
+    algo: OfflineAlgorithm | OnlineAlgorithm
     workload: Workload
     plan: RunPlan
     strategy: Strategy
@@ -187,10 +189,10 @@ def check_output_dir(path: Path) -> None:
         raise ConfigError(f"output_dir {str(path)!r}: cannot write there ({why})") from None
 
 
-def open_stream(cfg: RunConfig, algo: OfflineAlgorithm, strategy: Strategy) -> RowStream:
+def open_stream(cfg: RunConfig, algo: OfflineAlgorithm | OnlineAlgorithm, strategy: Strategy) -> RowStream:
     """``data.streaming``: this rank's share of data.train's rows, converted as they are read."""
     convert = getattr(algo.data, "convert_row", None)
-    if convert is None:
+    if convert is None or isinstance(algo, OnlineAlgorithm):
         raise ConfigError(f"data.streaming: the {cfg.algorithm} data pipeline cannot convert single rows; "
                           "prepare the data set instead (data.streaming: false)")
     d = cfg.data
@@ -212,17 +214,25 @@ def run_train(cfg: RunConfig) -> TrainResult:
         import yaml
 
         (out / "config.yaml").write_text(yaml.safe_dump(scrub(to_dict(cfg)), sort_keys=False), encoding="utf-8")
+    if isinstance(algo, OnlineAlgorithm):
+        check_groups(session.plan, cfg)  # before the data are read: a config error is cheap to report
     train_set = open_stream(cfg, algo, strategy) if cfg.data.streaming else algo.data.build_dataset(cfg.data.train, "train")
     eval_set = algo.data.build_dataset(cfg.data.eval, "eval") if cfg.data.eval else []
     for split, name in (("train", "training"), ("eval", "evaluation")):  # rows dropped or changed, by cause
         for line in algo.data.row_counts[split].lines(name) if split in algo.data.row_counts else []:
             logger.info(line)
-    # a stream's length is unknown: its plan is training.max_steps steps (load_config requires it)
-    n_train = session.plan.batch.global_batch * (cfg.training.max_steps or 0) if cfg.data.streaming else len(train_set)
-    plan = session.plan.with_steps(n_train, cfg.training)
-    models = session.build_models(logger=logger)
-    logger.info(memory_line(strategy.device))
-    result = OfflineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
+    if isinstance(algo, OnlineAlgorithm):
+        plan = online_steps(len(train_set), session.plan, cfg)
+        models = session.build_models(logger=logger)
+        logger.info(memory_line(strategy.device))
+        result = OnlineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
+    else:
+        # a stream's length is unknown: its plan is training.max_steps steps (load_config requires it)
+        n_train = session.plan.batch.global_batch * (cfg.training.max_steps or 0) if cfg.data.streaming else len(train_set)
+        plan = session.plan.with_steps(n_train, cfg.training)
+        models = session.build_models(logger=logger)
+        logger.info(memory_line(strategy.device))
+        result = OfflineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
     if cfg.logging.plot and strategy.is_main:  # a failure here is a warning line: the run has finished
         plot_after_run(out, cfg.logging.report_to)
     logger.info(f"Run finished: outputs in {out}")

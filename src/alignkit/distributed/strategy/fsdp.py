@@ -108,6 +108,9 @@ class FSDPStrategy(Strategy):
         if not units:
             yield module
             return
+        # FSDP2 picks its root at the first forward; a generate call on the inner HF model would make an
+        # inner unit the root and break the training forward after it: initialise from the real root
+        units[0]._get_fsdp_state()._lazy_init()
         # FSDP2 keeps the per-unit setting on each unit's param group; off for the duration
         saved = [_reshard_setting(u) for u in units]
         for u in units:

@@ -1,0 +1,138 @@
+"""GRPO, RLOO and Dr. GRPO (ALGORITHMS 3): group-relative advantages, no critic.
+
+Per iteration: the rewards of every completion of every rank (gathered in global order, groups
+contiguous) -> the estimator by name (``grpo``: (r - mean_g) / (std + 1e-4) with ``scale_rewards``
+group | batch | none; ``rloo``: leave-one-out baseline; ``dr_grpo``: r - mean_g) -> this rank's slice,
+one advantage per completion shared by its tokens. Loss per token: the clipped surrogate (token or
+sequence-level ratios, clip-higher with ``epsilon_high``) plus ``beta`` x the k3 KL to the reference
+(a loss term, GRPO's form); aggregated by ``loss_aggregation`` (``sequence_mean``: GRPO's 1/|o_i|;
+``token_mean``: DAPO; ``constant``: Dr. GRPO's sum / (sequences x max_new_tokens)) with the step's
+global normaliser.
+
+With ``rollout.update_epochs: 1`` the whole iteration is one optimizer step, so the policy that
+sampled is the policy being updated: the old log-probs are the current ones, detached (ratio 1, the
+clipping inactive), and the extra forward is skipped, as TRL does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+import torch
+
+from alignkit.algorithms.base import Batch, MetricSums
+from alignkit.algorithms.online import Aggregation, OnlineAlgorithm, policy_specs, resolve_reference
+from alignkit.config.schema import RunConfig, f
+from alignkit.config.sections import register_section
+from alignkit.losses.kl import kl_estimate
+from alignkit.losses.rl import aggregate, clipped_surrogate
+from alignkit.models.policy import forward_logps
+from alignkit.models.roles import ModelSpec, Models
+from alignkit.rollout.advantages import ADVANTAGES
+from alignkit.rollout.experience import Sample, flat, token_seq
+from alignkit.rollout.score import nan_stats
+
+
+@register_section("grpo")
+@dataclass
+class GRPOConfig:
+    beta: float = f(0.0, "KL coefficient: + beta x KL(pi || pi_ref) per token in the loss (0 = no reference "
+                    "model; TRL's default; DeepSeekMath used 0.04).", ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = f("k3", "KL estimator of the loss term (k3: unbiased, >= 0).")
+    epsilon: float = f(0.2, "Clip range: ratio in [1 - epsilon, 1 + epsilon_high].", gt=0)
+    epsilon_high: Optional[float] = f(None, "Upper clip (DAPO clip-higher, e.g. 0.28); null = epsilon.", gt=0)
+    scale_rewards: Literal["group", "batch", "none"] = f(
+        "group", "grpo: divide the centred rewards by the group's std (group), the iteration's (batch) or not (none).")
+    loss_aggregation: Aggregation = f(
+        "auto", "sequence_mean (GRPO: mean over each completion's tokens, then over completions), token_mean "
+        "(DAPO: over all tokens of the step), constant (Dr. GRPO: token sum / (completions x max_new_tokens)); "
+        "auto = constant for dr_grpo, else sequence_mean.")
+    importance_sampling_level: Literal["token", "sequence"] = f(
+        "token", "Importance ratio per token, or per sequence (GSPO: exp of the mean token log-ratio).")
+    reference: Literal["auto", "model", "lora_base"] = f(
+        "auto", "Reference for the KL term (beta > 0): a frozen model (model.ref_name_or_path or the policy start) "
+        "or the LoRA base with adapters off; auto = lora_base with model.lora.")
+
+
+class GroupRelative(OnlineAlgorithm):
+    """``grpo`` / ``rloo`` / ``dr_grpo``: the estimator is the algorithm's name."""
+
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
+        super().__init__(cfg, tokenizer)
+        g = cfg.grpo
+        self.reference = resolve_reference(cfg, g.reference, needed=g.beta > 0)
+        self.aggregation = g.loss_aggregation if g.loss_aggregation != "auto" else (
+            "constant" if self.name == "dr_grpo" else "sequence_mean")
+
+    @classmethod
+    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
+        specs = policy_specs(cfg, resolve_reference(cfg, cfg.grpo.reference, needed=cfg.grpo.beta > 0))
+        if cfg.reward.model:
+            specs.append(ModelSpec("reward", cfg.reward.model, "scalar"))
+        return specs
+
+    def make_experience(self, models: Models, samples: list[Sample], batches: list[Batch],
+                        scores: dict[str, torch.Tensor], mine: slice, strategy: Any) -> MetricSums:
+        g, G = self.cfg.grpo, self.cfg.rollout.num_generations
+        scale = "none" if self.name == "dr_grpo" else g.scale_rewards
+        adv = ADVANTAGES.get(self.name)(scores["reward"], G, scale_rewards=scale)  # (global,), same on every rank
+        for s, a in zip(samples, adv[mine].tolist()):
+            s["advantages"] = [a] * len(s["completion_ids"])
+        if self.reference != "none":
+            for s, ref in zip(samples, self.token_logps(models, batches, strategy, role="reference")):
+                s["ref_logps"] = ref
+        if self.cfg.rollout.update_epochs > 1:
+            for s, old in zip(samples, self.token_logps(models, batches, strategy)):
+                s["old_logps"] = old
+        return group_stats(scores["reward"], adv, G)
+
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        g = self.cfg.grpo
+        logps = forward_logps(models["policy"], batch)
+        old = flat(batch, "old_logps") if "old_logps" in batch else logps.detach()
+        seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
+        per_token, clipped = clipped_surrogate(logps, old, flat(batch, "advantages"), eps_low=g.epsilon,
+                                               eps_high=g.epsilon_high or g.epsilon, seq=seq, num_seqs=S,
+                                               level=g.importance_sampling_level)
+        m = MetricSums()
+        if "ref_logps" in batch:
+            kl = kl_estimate(logps, flat(batch, "ref_logps"), g.kl_estimator)
+            per_token = per_token + g.beta * kl
+            m.add_mean("kl", kl.detach())
+        m.add_mean("clip_fraction", clipped)
+        m.add_mean("entropy", -logps.detach())  # sampled estimate: E[-log pi(y_t)] over generated tokens
+        return aggregate(per_token, seq, S, mode=self.aggregation, normalizer=normalizer), m
+
+    def units(self, batch: Batch) -> int:
+        if self.aggregation == "token_mean":
+            return int(batch["response_lengths"].sum())
+        seqs = int(batch["response_lengths"].shape[0])
+        return seqs * self.cfg.rollout.max_new_tokens if self.aggregation == "constant" else seqs
+
+
+def group_stats(rewards: torch.Tensor, adv: torch.Tensor, group_size: int) -> MetricSums:
+    """Iteration statistics from the gathered rewards and advantages (the same on every rank)."""
+    m = MetricSums()
+    mean, std, n = nan_stats(rewards)
+    m.add("reward_std", std, 1)
+    m.add("reward_scored", n / max(1, rewards.numel()), 1)
+    r = rewards.view(-1, group_size)
+    flat_groups = torch.nan_to_num(r, nan=0.0)
+    m.add("frac_reward_zero_std", float((flat_groups.std(1) == 0).double().mean()) if group_size > 1 else 1.0, 1)
+    m.add("advantage_mean", float(adv.mean()), 1)
+    m.add("advantage_std", float(adv.std()) if adv.numel() > 1 else 0.0, 1)
+    m.add("advantage_abs_max", float(adv.abs().max()), 1)
+    return m
+
+
+class GRPO(GroupRelative):
+    name = "grpo"
+
+
+class RLOO(GroupRelative):
+    name = "rloo"
+
+
+class DrGRPO(GroupRelative):
+    name = "dr_grpo"

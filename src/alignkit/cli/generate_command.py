@@ -1,0 +1,98 @@
+"""``alignkit generate CONFIG_OR_MODEL FILE``: completions of a prompt file, for inspection.
+
+CONFIG_OR_MODEL is a run config (the model is its ``OUTPUT_DIR/final`` when that exists, else
+``model.name_or_path``; ``rollout.max_new_tokens`` / ``temperature`` are the defaults) or a model
+directory (or hub id). FILE holds rows with ``prompt`` (a string or a message list); each output row
+is the input row plus ``completion`` (or ``completions`` with ``--num-generations`` > 1), and, with
+``--reward``, the named reward function's score of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _model_and_defaults(target: str) -> tuple[str, int, float]:
+    if target.endswith((".yaml", ".yml")):
+        from alignkit.config import load_config
+
+        cfg = load_config(target, [])
+        final = Path(cfg.output_dir) / "final"
+        model = str(final) if (final / "config.json").is_file() or (final / "adapter_config.json").is_file() \
+            else cfg.model.name_or_path
+        return model, cfg.rollout.max_new_tokens, cfg.rollout.temperature
+    return target, 32, 0.0
+
+
+def _load(model_dir: str) -> tuple[Any, Any]:
+    """A causal LM (full or LoRA adapter directory) and its tokenizer, frozen, for generation."""
+    from alignkit.config.schema import ModelConfig
+    from alignkit.models.adapters import adapter_base, is_adapter_dir, load_lm
+    from alignkit.models.loading import load_tokenizer
+    from alignkit.models.sources import model_errors
+
+    cfg = ModelConfig(name_or_path=model_dir)
+    if is_adapter_dir(model_dir) and not (Path(model_dir) / "tokenizer_config.json").is_file():
+        cfg.tokenizer = adapter_base(model_dir)
+    with model_errors(model_dir):
+        model = load_lm(cfg, trainable=False)
+    model.eval().requires_grad_(False)
+    return model, load_tokenizer(cfg)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from alignkit.data.io import read_rows, require_field
+    from alignkit.rollout.generate import generate
+    from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, call, resolve
+
+    model_dir, max_new, temperature = _model_and_defaults(args.target)
+    max_new = args.max_new_tokens or max_new
+    temperature = temperature if args.temperature is None else args.temperature
+    rows = read_rows(args.file)
+    prompts = [require_field(r, "prompt") for r in rows]
+    model, tok = _load(model_dir)
+    n = args.num_generations
+    flat = [p for p in prompts for _ in range(n)]
+    texts = generate(model, tok, flat, max_new_tokens=max_new, batch_size=args.batch_size, do_sample=temperature > 0,
+                     temperature=temperature or 1.0)
+    scores: list[float] | None = None
+    if args.reward:
+        fn = WeightedFunction(args.reward, 1.0, resolve(args.reward) if args.reward not in REWARD_FUNCTIONS
+                              else REWARD_FUNCTIONS.get(args.reward))
+        fields = {k: [r.data.get(k) for r in rows for _ in range(n)] for k in sorted({k for r in rows for k in r.data})
+                  if k != "prompt"}
+        scores = call(fn, flat, texts, fields)
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        for i, row in enumerate(rows):
+            rec: dict[str, Any] = dict(row.data)
+            mine = texts[i * n : (i + 1) * n]
+            rec["completion" if n == 1 else "completions"] = mine[0] if n == 1 else mine
+            if scores is not None:
+                got = scores[i * n : (i + 1) * n]
+                rec["score" if n == 1 else "scores"] = got[0] if n == 1 else got
+            out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    if scores is not None:
+        ok = [s for s in scores if s == s]
+        print(f"{args.reward}: mean {sum(ok) / max(1, len(ok)):.4f} over {len(ok)} completions", file=sys.stderr)
+    return 0
+
+
+def register(sub: Any) -> None:
+    sp = sub.add_parser("generate", help="write completions of a prompt file (a run config's final model, or a model dir)")
+    sp.add_argument("target", metavar="CONFIG_OR_MODEL", help="a run config (.yaml) or a model directory / hub id")
+    sp.add_argument("file", help=".jsonl / .json / .parquet rows with 'prompt'")
+    sp.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
+    sp.add_argument("--max-new-tokens", type=int, default=None, help="default: the config's rollout.max_new_tokens, else 32")
+    sp.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the config's, else 0)")
+    sp.add_argument("--num-generations", type=int, default=1, help="completions per prompt")
+    sp.add_argument("--batch-size", type=int, default=32)
+    sp.add_argument("--reward", default=None, help="also score each completion with this reward function (e.g. exact_match)")
+    sp.set_defaults(func=cmd_generate)

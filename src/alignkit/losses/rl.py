@@ -1,0 +1,69 @@
+"""Policy-gradient and value losses of the online algorithms (ALGORITHMS 3 and 4), as pure functions.
+
+Every function works on the FLAT token layout the log-prob forward returns: ``(N,)`` tensors over
+the completion tokens of a micro-batch in row-major order, with ``seq`` ``(N,)`` the sequence each
+token belongs to. Per-token losses come back unreduced; :func:`aggregate` turns them into the
+micro-batch's share of the step loss with a normaliser the loop computed over ALL micro-batches and
+ranks of the step (never discovered here).
+
+* clipped surrogate (PPO / GRPO):  -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A), rho =
+  exp(logp - logp_old) per token, or per sequence (GSPO: rho_i = exp(mean_t (logp - logp_old)),
+  shared by the sequence's tokens); ``eps_high > eps_low`` is DAPO's clip-higher.
+* clipped value loss (PPO): 0.5 max((V - R)^2, (V_old + clip(V - V_old, +-eps_v) - R)^2).
+* aggregation: ``token_mean`` = sum over tokens / global tokens; ``sequence_mean`` = sum over
+  sequences of the sequence's token mean / global sequences (GRPO's 1/|o_i|); ``constant`` = sum over
+  tokens / (global sequences x max_new_tokens) (Dr. GRPO: no length bias).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from alignkit.ops.segments import segment_sum
+
+AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
+
+
+def clipped_surrogate(logps: Tensor, old_logps: Tensor, advantages: Tensor, *, eps_low: float, eps_high: float,
+                      seq: Tensor | None = None, num_seqs: int = 0, level: str = "token") -> tuple[Tensor, Tensor]:
+    """Per-token clipped policy loss ``(N,)`` and a per-token "was clipped" flag ``(N,)`` (float).
+
+    logps, old_logps, advantages: ``(N,)``. ``level="sequence"`` needs ``seq`` and ``num_seqs``."""
+    log_ratio = logps - old_logps
+    if level == "sequence":
+        if seq is None:
+            raise ValueError("sequence-level ratios need the token -> sequence map")
+        lengths = segment_sum(torch.ones_like(log_ratio), seq, num_seqs).clamp_min(1)
+        seq_mean = segment_sum(log_ratio, seq, num_seqs) / lengths  # (S,)
+        # the sequence ratio, with each token's gradient flowing through its own term (GSPO-token form)
+        log_ratio = seq_mean[seq].detach() + log_ratio - log_ratio.detach()
+    elif level != "token":
+        raise ValueError(f"importance ratio level must be 'token' or 'sequence', got {level!r}")
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    was_clipped = (clipped < unclipped).float().detach()
+    return loss, was_clipped
+
+
+def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, *, clip: float) -> Tensor:
+    """Per-token ``0.5 max((V - R)^2, (V_old + clip(V - V_old, -clip, clip) - R)^2)``; clip <= 0 = unclipped."""
+    plain = (values - returns).square()
+    if clip <= 0:
+        return 0.5 * plain
+    v_clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    return 0.5 * torch.maximum(plain, (v_clipped - returns).square())
+
+
+def aggregate(per_token: Tensor, seq: Tensor, num_seqs: int, *, mode: str, normalizer: float) -> Tensor:
+    """This micro-batch's share of the step loss: a sum over its tokens (``token_mean``,
+    ``constant``) or over its sequences' token means (``sequence_mean``), divided by ``normalizer``
+    (the step's global tokens, sequences, or sequences x max_new_tokens, over dp_size)."""
+    if mode in ("token_mean", "constant"):
+        return per_token.sum() / normalizer
+    if mode == "sequence_mean":
+        lengths = segment_sum(torch.ones_like(per_token), seq, num_seqs).clamp_min(1)
+        return (segment_sum(per_token, seq, num_seqs) / lengths).sum() / normalizer
+    raise ValueError(f"loss aggregation must be one of {AGGREGATIONS}, got {mode!r}")

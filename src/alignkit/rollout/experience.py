@@ -1,0 +1,81 @@
+"""Rollout samples -> training micro-batches.
+
+A sample is one completion of one prompt: ``prompt_ids``, ``completion_ids`` and per-token lists
+(one value per completion token: ``old_logps``, ``ref_logps``, ``advantages``, ``returns``,
+``values``, ...) plus per-sequence scalars (``reward``, ...). :func:`collate_samples` right-pads them
+into the layout of the log-prob forward: ``targets[b, p]`` is the token after position p for the
+completion positions only (the prompt never carries loss), and every per-token field is a ``(B, T)``
+float tensor holding its values at exactly those positions, so ``flat(batch, name)`` lines up with
+``forward_logps``' ``(N,)`` output token for token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from alignkit.constants import IGNORE_INDEX
+
+#: per-token fields a sample may carry (one float per completion token)
+TOKEN_FIELDS = ("old_logps", "ref_logps", "advantages", "returns", "values", "cost_advantages", "cost_returns",
+                "cost_values")
+#: per-sequence float fields
+SEQUENCE_FIELDS = ("rewards", "costs")
+
+Sample = dict[str, Any]
+
+
+def collate_samples(samples: list[Sample], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """``(B, T)`` input_ids / attention_mask / targets / seq_index, ``(B,)`` response_lengths, and
+    every per-token / per-sequence field the samples carry."""
+    lengths = [len(s["prompt_ids"]) + len(s["completion_ids"]) for s in samples]
+    B, T = len(samples), max(lengths)
+    ids = torch.full((B, T), pad_token_id, dtype=torch.long)
+    targets = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    token_fields = [f for f in TOKEN_FIELDS if f in samples[0]]
+    extra = {f: torch.zeros((B, T), dtype=torch.float32) for f in token_fields}
+    for b, s in enumerate(samples):
+        p, c = len(s["prompt_ids"]), len(s["completion_ids"])
+        ids[b, : p + c] = torch.tensor(s["prompt_ids"] + s["completion_ids"])
+        attn[b, : p + c] = 1
+        # position t predicts token t + 1: completion token j is predicted at position p - 1 + j
+        targets[b, p - 1 : p - 1 + c] = torch.tensor(s["completion_ids"])
+        for f in token_fields:
+            extra[f][b, p - 1 : p - 1 + c] = torch.as_tensor(s[f], dtype=torch.float32)
+    batch = {"input_ids": ids, "attention_mask": attn, "targets": targets,
+             "seq_index": torch.arange(B).unsqueeze(1).expand(-1, T).masked_fill(attn == 0, -1),
+             "response_lengths": torch.tensor([len(s["completion_ids"]) for s in samples]), **extra}
+    for f in SEQUENCE_FIELDS:
+        if f in samples[0]:
+            batch[f] = torch.tensor([float(s[f]) for s in samples], dtype=torch.float32)
+    return batch
+
+
+def completion_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(B, T)`` bool: the positions whose target is a completion token."""
+    return batch["targets"] != IGNORE_INDEX
+
+
+def flat(batch: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """A per-token field as ``(N,)`` in the row-major order of ``forward_logps``."""
+    return batch[name][completion_mask(batch)]
+
+
+def token_seq(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(N,)`` the sequence (row) of each completion token."""
+    return batch["seq_index"][completion_mask(batch)]
+
+
+def per_sequence(values: torch.Tensor, batch: dict[str, torch.Tensor]) -> list[list[float]]:
+    """Split a ``(N,)`` flat tensor back into one list per sequence (in row order)."""
+    return [chunk.tolist() for chunk in torch.split(values.detach().float().cpu(), batch["response_lengths"].tolist())]
+
+
+def micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
+    return [samples[i : i + size] for i in range(0, len(samples), size)]
+
+
+def tokens_in(batch: dict[str, torch.Tensor]) -> int:
+    return int(batch["attention_mask"].sum())

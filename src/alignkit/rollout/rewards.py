@@ -1,0 +1,130 @@
+"""Reward (and cost) functions by name, combined with weights.
+
+A reward function receives the iteration's prompts (as the user wrote them), the completions (text)
+and the rows' other fields (``answer``, ...) as keyword lists, and returns one float per completion,
+or ``None`` where it cannot score (that sample is then masked out of the statistics, never scored 0).
+Builtins are registered below; a user's own is named ``"my_pkg.rewards:fn"`` (the current directory
+and PYTHONPATH are searched). Errors are one line naming the function.
+
+The combination of several functions: the weighted sum of those that scored a sample; NaN (masked)
+when none did.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from alignkit.data.judges import is_unsafe, judge_correct
+from alignkit.errors import ConfigError, UserError
+from alignkit.registry import Registry
+
+RewardFn = Callable[..., Sequence[float | None]]
+REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function")
+
+
+class RewardFunctionError(UserError):
+    """A reward function raised or returned something unusable."""
+
+
+def _strip(text: str) -> str:
+    return text.split("<|im_end|>")[0].strip()
+
+
+@REWARD_FUNCTIONS.register("exact_match")
+def exact_match(prompts: list[Any], completions: list[str], *, answer: list[Any] | None = None,
+                **_: Any) -> list[float | None]:
+    """1.0 when the stripped completion equals the row's ``answer`` (as text), else 0.0; None without one."""
+    answers = answer or [None] * len(completions)
+    return [None if a is None else float(_strip(c) == str(a).strip()) for c, a in zip(completions, answers)]
+
+
+@REWARD_FUNCTIONS.register("judge_correct")
+def judged_correct(prompts: list[Any], completions: list[str], **_: Any) -> list[float | None]:
+    """1.0 when the synthetic tasks' program judge accepts the answer (``alignkit.data.judges``)."""
+    return [float(judge_correct(_text(p), c)) for p, c in zip(prompts, completions)]
+
+
+@REWARD_FUNCTIONS.register("unsafe")
+def unsafe(prompts: list[Any], completions: list[str], **_: Any) -> list[float | None]:
+    """A cost: 1.0 when the toy safety world's judge calls the answer unsafe, else 0.0."""
+    return [float(is_unsafe(_text(p), c)) for p, c in zip(prompts, completions)]
+
+
+@REWARD_FUNCTIONS.register("length")
+def length(prompts: list[Any], completions: list[str], **_: Any) -> list[float | None]:
+    """Words in the completion (weight it negatively for a length penalty in words)."""
+    return [float(len(_strip(c).split())) for c in completions]
+
+
+def _text(prompt: Any) -> str:
+    if isinstance(prompt, list):  # a message list: the judges read the text of every turn
+        return "\n".join(str(m.get("content", "")) for m in prompt)
+    return str(prompt)
+
+
+@dataclass(frozen=True)
+class WeightedFunction:
+    name: str
+    weight: float
+    fn: RewardFn
+
+
+def resolve(name: str) -> RewardFn:
+    """A registered function, or a user's ``module:function`` (cwd and PYTHONPATH searched)."""
+    if ":" not in name:
+        return REWARD_FUNCTIONS.get(name)
+    module, _, attr = name.partition(":")
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"reward.functions: cannot load {name!r} ({type(e).__name__}: {e}); expected "
+                          "'module:function' importable from the current directory or PYTHONPATH") from None
+    if not callable(fn):
+        raise ConfigError(f"reward.functions: {name!r} is not callable")
+    return fn
+
+
+def call(fn: WeightedFunction, prompts: list[Any], completions: list[str], fields: dict[str, list[Any]]) -> list[float]:
+    """One function's scores as floats (NaN = unscorable); any misbehaviour is one line naming it."""
+    try:
+        out = fn.fn(prompts, completions, **fields)
+    except Exception as e:  # a user's function: say which one and why, without our traceback
+        raise RewardFunctionError(f"reward function {fn.name!r} raised {type(e).__name__}: {e}") from e
+    try:
+        values = list(out)
+    except TypeError:
+        raise RewardFunctionError(f"reward function {fn.name!r} returned {type(out).__name__}, expected a list of "
+                                  f"{len(completions)} floats or None") from None
+    if len(values) != len(completions):
+        raise RewardFunctionError(f"reward function {fn.name!r} returned {len(values)} values for "
+                                  f"{len(completions)} completions")
+    scores = []
+    for v in values:
+        if v is None:
+            scores.append(math.nan)
+            continue
+        try:
+            scores.append(float(v))
+        except (TypeError, ValueError):
+            raise RewardFunctionError(f"reward function {fn.name!r} returned {v!r}, expected a float or None") from None
+    return scores
+
+
+def combine(per_function: dict[str, list[float]], weights: dict[str, float]) -> list[float]:
+    """Weighted sum of the functions that scored each sample; NaN when none did."""
+    names = list(per_function)
+    if not names:
+        return []
+    out = []
+    for i in range(len(per_function[names[0]])):
+        scored = [(weights[n], per_function[n][i]) for n in names if not math.isnan(per_function[n][i])]
+        out.append(sum(w * v for w, v in scored) if scored else math.nan)
+    return out

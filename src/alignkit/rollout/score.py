@@ -1,0 +1,123 @@
+"""Scoring one iteration's completions: reward (or cost) functions, a trained scalar model, a length
+penalty; then gathering the scores of every rank in global order.
+
+``placement: local``: each rank scores its own samples. ``placement: main``: the prompts, completions
+and row fields of every rank are gathered to rank 0, scored there (one call of each function over
+the whole iteration, e.g. a judge that batches), and each rank receives the scores of ITS OWN samples
+(the seed's broadcast of rank 0's scores to every rank is the bug this avoids). A trained reward or
+cost model always scores locally: every rank holds it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from alignkit.distributed import comm
+from alignkit.models.policy import forward_scores
+from alignkit.models.roles import Models
+from alignkit.rollout.rewards import RewardFunctionError, WeightedFunction, call, combine, resolve
+
+
+@dataclass
+class ScoreInputs:
+    """This rank's samples: prompts as written, completion texts and token counts, row fields, and the
+    collated micro-batches of (prompt + completion) for a scalar model (on the device)."""
+
+    prompts: list[Any]
+    completions: list[str]
+    lengths: list[int]
+    fields: list[dict[str, Any]]
+    batches: list[dict[str, torch.Tensor]]
+
+
+class Scorer:
+    """One signal (``reward`` or ``cost``): weighted functions + an optional model role + a length penalty."""
+
+    def __init__(self, signal: str, functions: Sequence[Any], *, model_role: str | None = None, model_weight: float = 1.0,
+                 length_penalty: float = 0.0, max_new_tokens: int = 1, placement: str = "local") -> None:
+        self.signal = signal
+        self.functions = [WeightedFunction(f.name, f.weight, resolve(f.name)) for f in functions]
+        self.model_role, self.model_weight = model_role, model_weight
+        self.length_penalty, self.max_new_tokens, self.placement = length_penalty, max_new_tokens, placement
+
+    @property
+    def components(self) -> list[str]:
+        return [f.name for f in self.functions] + (["model"] if self.model_role else [])
+
+    def score(self, models: Models, inputs: ScoreInputs, strategy: Any) -> dict[str, list[float]]:
+        """Per component (function name, ``model``) this rank's scores, and ``total`` (NaN = masked)."""
+        parts = self._functions(inputs)
+        if self.model_role:
+            parts["model"] = self._model_scores(models, inputs, strategy)
+        weights = {f.name: f.weight for f in self.functions} | {"model": self.model_weight}
+        total = combine(parts, weights) if parts else [0.0] * len(inputs.completions)
+        if self.length_penalty:
+            total = [t - self.length_penalty * n / self.max_new_tokens for t, n in zip(total, inputs.lengths)]
+        parts["total"] = total
+        return parts
+
+    def _functions(self, inputs: ScoreInputs) -> dict[str, list[float]]:
+        if not self.functions:
+            return {}
+        if self.placement == "main" and comm.world_size() > 1:
+            return self._on_main(inputs)
+        return {f.name: call(f, inputs.prompts, inputs.completions, _by_field(inputs.fields)) for f in self.functions}
+
+    def _on_main(self, inputs: ScoreInputs) -> dict[str, list[float]]:
+        shares = comm.all_gather_object((inputs.prompts, inputs.completions, inputs.fields))
+        scored: list[dict[str, list[float]]] | str | None = None
+        if comm.rank() == 0:
+            prompts = [p for s in shares for p in s[0]]
+            completions = [c for s in shares for c in s[1]]
+            fields = _by_field([f for s in shares for f in s[2]])
+            try:
+                whole = {f.name: call(f, prompts, completions, fields) for f in self.functions}
+            except RewardFunctionError as e:  # every rank must learn of it, or the others wait forever
+                whole, scored = {}, str(e)
+            if scored is None:
+                scored, start = [], 0
+                for s in shares:  # each rank's slice of the scores, in rank order
+                    n = len(s[1])
+                    scored.append({k: v[start : start + n] for k, v in whole.items()})
+                    start += n
+        scored = comm.broadcast_object(scored)
+        if isinstance(scored, str):
+            error = RewardFunctionError(scored)
+            error.same_on_every_rank = True
+            raise error
+        return scored[comm.rank()]
+
+    @torch.no_grad()
+    def _model_scores(self, models: Models, inputs: ScoreInputs, strategy: Any) -> list[float]:
+        out: list[float] = []
+        for batch in inputs.batches:
+            with strategy.autocast():
+                out += forward_scores(models[self.model_role], batch).float().cpu().tolist()
+        return out
+
+
+def _by_field(fields: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Row fields as keyword lists (a field missing in some rows is None there)."""
+    names = sorted({k for f in fields for k in f})
+    return {k: [f.get(k) for f in fields] for k in names}
+
+
+def gather_scores(local: dict[str, list[float]]) -> dict[str, torch.Tensor]:
+    """Every component's scores of every rank, concatenated in rank order (``(global,)`` float64)."""
+    names = sorted(local)
+    mat = torch.tensor([local[n] for n in names], dtype=torch.float64).T.contiguous()  # (n_local, K)
+    whole = comm.all_gather_tensor(mat)
+    return {n: whole[:, i] for i, n in enumerate(names)}
+
+
+def nan_stats(values: torch.Tensor) -> tuple[float, float, int]:
+    """(mean, std, count) of the non-NaN values; NaN mean/std when none."""
+    ok = values[~torch.isnan(values)]
+    if ok.numel() == 0:
+        return math.nan, math.nan, 0
+    std = float(ok.std()) if ok.numel() > 1 else 0.0
+    return float(ok.mean()), std, int(ok.numel())

@@ -1,0 +1,292 @@
+"""The online training loop shared by every online algorithm (GRPO / RLOO / Dr.GRPO, PPO, PPO-Lag).
+
+One iteration (module docstring of ``algorithms/online.py`` for the batch semantics):
+
+1. prompts: the next ``global_batch / num_generations`` prompts of the epoch's seeded global order,
+   each repeated ``num_generations`` times; rank r takes the r-th contiguous slice of completions;
+2. rollout: the engine generates this rank's completions from the policy's full parameters, gathered
+   once (``Strategy.full_params``), in eval mode with the KV cache on;
+3. scores: every signal (reward, cost) of this rank's samples, then gathered from every rank in
+   global order (the algorithm's statistics use the whole iteration);
+4. experience: the algorithm fills its per-token fields (log-probs, values, advantages);
+5. update: ``rollout.update_epochs`` optimizer steps, each over all of this rank's samples in
+   ``per_device`` micro-batches through the shared step code (global normaliser, ``no_sync``, one
+   reduction of the step's metrics).
+
+Checkpoints fall on iteration ends and carry every trainable role, the schedules, every rank's RNG
+(so a resumed run samples the same completions), the prompt position and the algorithm's state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alignkit.algorithms.base import Batch, MetricSums
+from alignkit.algorithms.online import OnlineAlgorithm
+from alignkit.config import RunConfig, dump_yaml
+from alignkit.data.sampler import GlobalOrder
+from alignkit.distributed import comm
+from alignkit.distributed.strategy.base import Strategy
+from alignkit.logging import RunLogger
+from alignkit.models.roles import Models
+from alignkit.rollout.engine import SamplingParams, build_engine
+from alignkit.rollout.experience import Sample, collate_samples, micro_batches, tokens_in
+from alignkit.rollout.score import ScoreInputs, gather_scores, nan_stats
+from alignkit.train.offline_loop import TrainResult
+from alignkit.train.optim import build_scheduler
+from alignkit.train.run_plan import RunPlan
+from alignkit.train.step import (
+    Checkpointer,
+    NonfiniteGuard,
+    StepResult,
+    TrainState,
+    Window,
+    accumulate,
+    log_window,
+    optimizer_step,
+    reduce_step,
+    to_device,
+)
+
+
+class OnlineTrainer:
+    def __init__(self, cfg: RunConfig, algo: OnlineAlgorithm, strategy: Strategy, models: Models, plan: RunPlan,
+                 prompts: list[dict[str, Any]], eval_prompts: list[dict[str, Any]], logger: RunLogger) -> None:
+        assert plan.steps is not None, "the run plan needs its step counts (online_steps)"
+        self.cfg, self.algo, self.strategy, self.models, self.plan = cfg, algo, strategy, models, plan
+        self.prompts, self.eval_prompts, self.log = prompts, eval_prompts, logger
+        self.G = cfg.rollout.num_generations
+        b = plan.batch
+        self.n_local = b.per_device * b.accumulation
+        self.per_iteration = b.global_batch // self.G
+        self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
+        self.engine = build_engine(cfg.rollout.engine, algo.tokenizer)
+        self.scorers = algo.scorers()
+        self.out = Path(cfg.output_dir)
+        self.checkpointer = Checkpointer(self.out, strategy, models, config_yaml=dump_yaml(cfg), tokenizer=algo.tokenizer,
+                                         save_total_limit=cfg.checkpoint.save_total_limit, log=logger, batch=b)
+
+    # ------------------------------------------------------------------ main
+    def fit(self) -> TrainResult:
+        cfg, log, total = self.cfg, self.log, self.plan.steps.total
+        for handle in self.models.handles.values():
+            handle.scheduler = build_scheduler(handle.optimizer, cfg.training, total)
+        self._startup_lines()
+        # every rank samples its own completions: a prompt whose group spans ranks must not get the
+        # same completions twice (rank 0 keeps the run's seed, so one process samples as before)
+        torch.manual_seed(cfg.training.seed + 1_000_003 * self.strategy.dp_rank)
+        state = self.checkpointer.resume(cfg.checkpoint.resume_from, weights_only=cfg.checkpoint.resume_weights_only)
+        self.algo.load_state_dict(state.algo)
+        window, losses, metrics, eval_metrics = Window(), [], {}, {}
+        guard = NonfiniteGuard(cfg.training.nonfinite, cfg.training.max_nonfinite_steps, log)
+        if self.eval_prompts and cfg.training.eval_steps and state.step == 0:
+            eval_metrics = self._evaluate(0)  # where the policy starts: the curve's first point
+        log.start_progress(total, initial=state.step)
+        self.models.train()
+        while state.step < total:
+            lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
+            samples, stats, rollout_s = self._rollout(state)
+            start = time.perf_counter()
+            results = []
+            for _ in range(self.cfg.rollout.update_epochs):
+                if state.step >= total:
+                    break
+                results.append(self._step(samples))
+                state.step += 1
+                guard.observe(state.step, results[-1])
+                losses.append(results[-1].loss)
+            update_s = time.perf_counter() - start
+            result = results[-1]
+            stats.add("rollout_s", rollout_s, 1)
+            stats.add("update_s", update_s, 1)
+            stats.add("train_tokens_per_s", sum(r.tokens for r in results) / max(update_s, 1e-9), 1)
+            for r in results:
+                window.add(r)
+            window.sums.merge(stats)  # identical on every rank already: not reduced again
+            extra = self.algo.on_iteration_end(state.step, {**result.metrics, **stats.means()})
+            log.advance({"loss": result.loss, "reward": stats.means().get("reward_mean", math.nan)})
+            if self._crossed(cfg.logging.logging_steps, state.step, len(results)) or state.step == total:
+                metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra)
+                self._log_samples(state.step, samples)
+            if self.eval_prompts and self._crossed(cfg.training.eval_steps, state.step, len(results)) and state.step < total:
+                eval_metrics = self._evaluate(state.step)
+            if self._crossed(cfg.checkpoint.save_steps, state.step, len(results)) and state.step < total:
+                self._save(state)
+        if self.eval_prompts:
+            eval_metrics = self._evaluate(state.step)
+        if cfg.checkpoint.save_steps:
+            self._save(state)
+        final_dir = self.out / "final" if cfg.checkpoint.save_final else None
+        if final_dir is not None:
+            self.checkpointer.save_final(final_dir, dump_yaml(cfg))
+        log.close()
+        return TrainResult(final_dir, metrics, eval_metrics, losses)
+
+    def _step(self, samples: list[Sample]) -> StepResult:
+        pad = self.algo.tokenizer.pad_token_id
+        group = [collate_samples(mb, pad) for mb in micro_batches(samples, self.plan.batch.per_device)]
+        strategy, models = self.strategy, self.models
+        losses, sums, tokens = accumulate(strategy, models, group, self.algo.loss, self.algo.units, tokens_in)
+        norms, dropped = optimizer_step(strategy, models, self.cfg.training.max_grad_norm, losses)
+        return reduce_step(strategy, models, losses, sums, tokens, norms, dropped)
+
+    # ------------------------------------------------------------------ rollout
+    def _next_prompts(self, state: TrainState) -> list[int]:
+        """The iteration's prompt indices (global), advancing the position in the epoch's order."""
+        order = self.order.order(state.epoch)
+        if state.consumed + self.per_iteration > len(order):
+            state.epoch, state.consumed = state.epoch + 1, 0
+            order = self.order.order(state.epoch)
+        idx = order[state.consumed : state.consumed + self.per_iteration].tolist()  # order() is a numpy array
+        state.consumed += self.per_iteration
+        return idx
+
+    def _rollout(self, state: TrainState) -> tuple[list[Sample], MetricSums, float]:
+        start = time.perf_counter()
+        completions = [i for i in self._next_prompts(state) for _ in range(self.G)]
+        rank = self.strategy.dp_rank
+        mine = slice(rank * self.n_local, (rank + 1) * self.n_local)
+        rows = [self.prompts[i] for i in completions[mine]]
+        r = self.cfg.rollout
+        params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
+        gens = self._generate([row["prompt_ids"] for row in rows], params)
+        samples = [{"prompt_ids": row["prompt_ids"], "completion_ids": ids} for row, ids in zip(rows, gens.completion_ids)]
+        texts = self.algo.tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
+        gen_s = time.perf_counter() - start
+        pad, device = self.algo.tokenizer.pad_token_id, self.strategy.device
+        batches = [to_device(collate_samples(mb, pad), device) for mb in micro_batches(samples, self.plan.batch.per_device)]
+        inputs = ScoreInputs([row["prompt"] for row in rows], texts, [len(c) for c in gens.completion_ids],
+                             [row["fields"] for row in rows], batches)
+        scores: dict[str, torch.Tensor] = {}
+        for name, scorer in self.scorers.items():
+            for part, values in gather_scores(scorer.score(self.models, inputs, self.strategy)).items():
+                scores[name if part == "total" else f"{name}/{part}"] = values
+        stats = self.algo.make_experience(self.models, samples, batches, scores, mine, self.strategy)
+        for s, row, text in zip(samples, rows, texts):
+            s["prompt"], s["completion"] = row["prompt"], text
+        self._rollout_stats(stats, scores, gens.truncated, [len(c) for c in gens.completion_ids], gen_s)
+        return samples, stats, time.perf_counter() - start
+
+    def _generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Any:
+        policy = self.models.handles["policy"].module
+        if self.cfg.rollout.gather_full_params or not self.strategy.frozen_plan():
+            with self.strategy.full_params(policy) as plain:
+                return self.engine.generate(plain.hf_model, prompt_ids, params)
+        # too big to gather: generate on the sharded model, every rank stepping until all are done
+        return self.engine.generate(self.strategy.unwrap(policy).hf_model, prompt_ids, params, synced=True)
+
+    def _rollout_stats(self, stats: MetricSums, scores: dict[str, torch.Tensor], truncated: list[bool],
+                       lengths: list[int], gen_s: float) -> None:
+        """Reward means (total and per function) and length / truncation / speed of the whole iteration."""
+        for name, values in scores.items():
+            mean = nan_stats(values)[0]
+            stats.add(f"{name}_mean" if "/" not in name else name, mean, 1)
+        local = torch.tensor([sum(lengths), len(lengths), sum(truncated), gen_s], dtype=torch.float64)
+        total = comm.all_reduce_sum(local[:3])
+        gen_max = comm.all_reduce_max(local[3:])
+        stats.add("completion_length", float(total[0]) / max(1.0, float(total[1])), 1)
+        stats.add("truncated_fraction", float(total[2]) / max(1.0, float(total[1])), 1)
+        stats.add("gen_tokens_per_s", float(total[0]) / max(float(gen_max[0]), 1e-9), 1)
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def _evaluate(self, step: int) -> dict[str, float]:
+        """Greedy completions of every eval prompt exactly once (interleaved shares), scored by the reward
+        signal; sums and counts reduced over ranks."""
+        world, rank = self.strategy.dp_size, self.strategy.dp_rank
+        rows = self.eval_prompts[rank::world]
+        params = SamplingParams(self.cfg.rollout.max_new_tokens, 0.0, batch_size=self.cfg.rollout.generation_batch_size)
+        gens = self._generate([r["prompt_ids"] for r in rows], params) if rows else None
+        sums = torch.zeros(3, dtype=torch.float64)
+        if rows:
+            texts = self.algo.tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
+            pad, device = self.algo.tokenizer.pad_token_id, self.strategy.device
+            samples = [{"prompt_ids": r["prompt_ids"], "completion_ids": c} for r, c in zip(rows, gens.completion_ids)]
+            batches = [to_device(collate_samples(mb, pad), device) for mb in micro_batches(samples, self.plan.batch.per_device)]
+            inputs = ScoreInputs([r["prompt"] for r in rows], texts, [len(c) for c in gens.completion_ids],
+                                 [r["fields"] for r in rows], batches)
+            scorer = self.scorers["reward"]
+            placement, scorer.placement = scorer.placement, "local"  # ranks may hold different counts here
+            try:
+                total = torch.tensor(scorer.score(self.models, inputs, self.strategy)["total"], dtype=torch.float64)
+            finally:
+                scorer.placement = placement
+            ok = ~torch.isnan(total)
+            sums = torch.tensor([float(total[ok].sum()), float(ok.sum()), float(sum(len(c) for c in gens.completion_ids))],
+                                dtype=torch.float64)
+        sums = comm.all_reduce_sum(sums)
+        metrics = {"reward_mean": float(sums[0]) / max(1.0, float(sums[1])),
+                   "completion_length": float(sums[2]) / max(1, len(self.eval_prompts))}
+        self.log.log_metrics(step, metrics, prefix="eval/")
+        return metrics
+
+    # ------------------------------------------------------------------ helpers
+    def _startup_lines(self) -> None:
+        b, steps, r = self.plan.batch, self.plan.steps, self.cfg.rollout
+        self.log.info(f"Effective batch size: {b.global_batch} completions (per_device={b.per_device} x "
+                      f"accumulation={b.accumulation} x {self.strategy.dp_size} processes) = {self.per_iteration} "
+                      f"prompts x {self.G} generations per iteration")
+        self.log.info(f"Training: {len(self.prompts)} prompts, {steps.per_epoch} optimizer steps per epoch, {steps.total} "
+                      f"steps in all ({r.update_epochs} per iteration), lr={self.plan.lr:.3g}, "
+                      f"max_new_tokens={r.max_new_tokens}, temperature={r.temperature}, engine={r.engine}")
+
+    def _epoch(self, state: TrainState) -> float:
+        return state.epoch + state.consumed / max(1, self.order.usable())
+
+    @staticmethod
+    def _crossed(every: int | None, step: int, taken: int) -> bool:
+        """Whether a multiple of ``every`` lies in the ``taken`` steps that ended at ``step``."""
+        return bool(every) and (step // every) > ((step - taken) // every)
+
+    def _log_samples(self, step: int, samples: list[Sample]) -> None:
+        n = self.cfg.rollout.log_samples
+        if not n or not self.strategy.is_main or "jsonl" not in self.cfg.logging.report_to:
+            return
+        with (self.out / "samples.jsonl").open("a", encoding="utf-8") as fh:
+            for s in samples[:n]:
+                fh.write(json.dumps({"step": step, "prompt": s["prompt"], "completion": s["completion"],
+                                     "advantage": s["advantages"][0] if s.get("advantages") else None},
+                                    ensure_ascii=False) + "\n")
+
+    def _save(self, state: TrainState) -> None:
+        state.algo = self.algo.state_dict()
+        self.checkpointer.save(state)
+
+
+def check_groups(plan: RunPlan, cfg: RunConfig) -> None:
+    """The global batch (completions) must hold whole groups of ``num_generations``."""
+    from alignkit.errors import ConfigError
+
+    G, b = cfg.rollout.num_generations, plan.batch
+    if b.global_batch % G:
+        raise ConfigError(f"training.global_batch_size ({b.global_batch} completions = per_device {b.per_device} x "
+                          f"accumulation {b.accumulation} x {b.world_size} processes) must be a multiple of "
+                          f"rollout.num_generations ({G})")
+
+
+def online_steps(n_prompts: int, plan: RunPlan, cfg: RunConfig) -> RunPlan:
+    """The run plan with its step counts: one epoch = every prompt once (in whole iterations)."""
+    import dataclasses
+
+    from alignkit.errors import DataError
+    from alignkit.train.run_plan import StepPlan
+
+    check_groups(plan, cfg)
+    G, b = cfg.rollout.num_generations, plan.batch
+    per_iteration = b.global_batch // G
+    iterations = n_prompts // per_iteration
+    if iterations == 0:
+        raise DataError(f"the prompt set has {n_prompts} prompts, fewer than the {per_iteration} one iteration needs")
+    per_epoch = iterations * cfg.rollout.update_epochs
+    t = cfg.training
+    total = t.max_steps if t.max_steps is not None else max(1, math.ceil(per_epoch * t.epochs))
+    return dataclasses.replace(plan, steps=StepPlan(iterations * b.accumulation, per_epoch, total))
+
+
+__all__ = ["OnlineTrainer", "check_groups", "online_steps", "Batch"]

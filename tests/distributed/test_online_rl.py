@@ -1,0 +1,57 @@
+"""Online RL across ranks (worker: tests/distributed/workers/online_rl.py): advantages from gathered
+rewards equal the one-process computation when groups span ranks; ``placement: main`` returns each rank
+its own scores; whitening statistics, reward statistics and lambda are identical on every rank; a
+resumed online run continues exactly (same losses, same final weights of every role)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_ok, run_script
+
+pytestmark = pytest.mark.distributed
+
+WORKER = Path(__file__).parent / "workers" / "online_rl.py"
+
+
+def test_statistics_across_ranks(micro_model: Path, tmp_path: Path) -> None:
+    assert_ok(run_script(WORKER, nproc=2, timeout=300, args=[str(micro_model), str(tmp_path), "stats"]))
+    r0, r1 = (json.loads((tmp_path / f"stats_{r}.json").read_text()) for r in (0, 1))
+    for r in (r0, r1):
+        assert r["gathered_equal"]
+        assert r["grpo"] == r["rloo"] == r["dr_grpo"] == 0.0  # the split group gives the one-process advantages
+        assert r["placement_main_equal_local"]  # rank 0 scored everything, each rank got ITS OWN scores
+    assert r0["local_total"] == [1.0, 2.0, 3.0]  # length (1..3 words) + 2 x exact_match (no match)
+    assert r1["local_total"] == [6.0, 5.0, 6.0]  # 4 words + 2 x match; 5; 6
+    assert r0["whiten_std"] == r1["whiten_std"]
+    whitened = [v for r in (r0, r1) for s in r["whitened"] for v in s]
+    assert abs(sum(whitened)) < 1e-9 and abs(sum(v * v for v in whitened) / len(whitened) - 1) < 1e-6
+
+
+CASES = {"ppo_lag-ddp": ("ppo_lag", "ddp", 2), "grpo-fsdp": ("grpo", "fsdp", 2), "rloo-single": ("rloo", "single", 1)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_online_resume_is_exact_and_ranks_agree(micro_model: Path, tmp_path: Path, case: str) -> None:
+    algo, strategy, nproc = CASES[case]
+    assert_ok(run_script(WORKER, nproc=nproc, timeout=500, args=[str(micro_model), str(tmp_path), "resume", algo, strategy]))
+    report = json.loads((tmp_path / "report.json").read_text())
+    straight, resumed = report["straight"], report["resumed"]
+    assert len(straight) == 8 and len(resumed) == 4
+    assert max(abs(a - b) for a, b in zip(straight[4:], resumed)) <= 1e-6, (straight, resumed)
+    assert report["weights"] and max(report["weights"].values()) <= 1e-6, report["weights"]
+    expected = {"final", "final_value", "final_cost_value"} if algo == "ppo_lag" else {"final"}
+    assert set(report["weights"]) == expected
+    rows = report["logged"]
+    assert all("reward_mean" in r and "step" in r for r in rows if "loss" in r)
+    if nproc == 2:  # every statistic that steers training is the same on both ranks
+        for run in ("straight", "resumed"):
+            a, b = (json.loads((tmp_path / f"ranks_{run}_{r}.json").read_text()) for r in (0, 1))
+            assert a == b and len(a) == (4 if run == "straight" else 2)
+    if algo == "ppo_lag":
+        lam = [r["lambda"] for r in rows if "lambda" in r]
+        assert lam[0] > 1.0  # the length cost (~3 words) exceeds the threshold (2): lambda rises
