@@ -62,6 +62,15 @@ def write_config(path: Path, cfg: dict[str, Any]) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tokenised data sets are cached in a folder of this test session (children inherit it), not in
+    the user's ~/.cache: runs in parallel sessions never share or clean each other's cache."""
+    path = tmp_path_factory.mktemp("data_cache")
+    os.environ["ALIGNKIT_DATA_CACHE"] = str(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def micro_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ~0.2M-parameter random Llama + tokenizer in HF format (built once per session)."""

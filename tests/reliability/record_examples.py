@@ -15,6 +15,7 @@ from typing import Any
 from alignkit.algorithms import ALGORITHMS
 from alignkit.algorithms.sft import SFT
 from alignkit.config import RunConfig, load_config
+from alignkit.data.examples import set_fields
 from alignkit.distributed.comm import exit_process
 from alignkit.train.runner import run_train
 
@@ -29,8 +30,8 @@ class Recorded(SFT):
 
         def build_dataset(specs: list[str], split: str) -> list[dict[str, Any]]:
             examples = build(specs, split)
-            for i, e in enumerate(examples):
-                e["example_id"] = i  # the collators ignore fields they do not know
+            for i in range(len(examples)):
+                set_fields(examples, i, example_id=i)  # the collators ignore fields they do not know
             return examples
 
         def record(examples: list[dict[str, Any]]) -> Any:

@@ -182,7 +182,7 @@ def test_global_order_partitions_and_resumes_at_any_world_size() -> None:
         rest = [i for rnd in _epoch(n, w2, pd2, epoch=2, consumed=12) for part in rnd for i in part]
         assert seen.isdisjoint(rest) and len(rest) == len(set(rest))
         assert seen | set(rest) == set(GlobalOrder(n, w2, 0, pd2, seed=1).order(2)[: (n // w2) * w2]) | seen
-    assert GlobalOrder(n, w, 0, pd, seed=1).order(3) != GlobalOrder(n, w, 0, pd, seed=1).order(2)  # reshuffled
+    assert list(GlobalOrder(n, w, 0, pd, seed=1).order(3)) != list(GlobalOrder(n, w, 0, pd, seed=1).order(2))  # reshuffled
 
 
 def test_eval_sampler_exactly_once() -> None:

@@ -12,8 +12,8 @@ Reference log-probs (``dpo.reference``):
   so no second copy is held in memory;
 * ``none``: reference-free (simpo).
 
-With ``dpo.precompute_ref_logps`` they are computed ONCE, in ``before_training``, and cached in
-the examples: every rank computes an interleaved share of the train and eval sets
+With ``dpo.precompute_ref_logps`` they are computed ONCE, in ``before_training``, and cached with
+the examples (``set_fields``: a side table next to the read-only Arrow rows): every rank computes an interleaved share of the train and eval sets
 (``rank, rank + W, ...``), then all ranks exchange their shares (``comm.all_gather_object``), so each
 rank holds the values of every example; this keeps working when the sampler reshuffles the shards
 every epoch. The reference role is then ``transient``: loaded only for this and freed afterwards.
@@ -37,6 +37,7 @@ import torch
 from alignkit.algorithms.base import Batch, Example, MetricSums, OfflineAlgorithm
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
+from alignkit.data.examples import set_fields
 from alignkit.data.pipelines import PairData
 from alignkit.data.preference import count_pairs
 from alignkit.distributed import comm
@@ -121,7 +122,7 @@ def cache_pair_values(collate: Callable[[list[Example]], Batch], sets: tuple[lis
         for k in range(n_batches):
             bar.update()
             idx = mine[k * batch_size : (k + 1) * batch_size]
-            batch = collate([data[i] for i in idx] if idx else data[:1])
+            batch = collate([data[i] for i in idx] if idx else [data[0]])
             batch = {key: v.to(strategy.device) for key, v in batch.items()}
             with torch.no_grad(), strategy.autocast():
                 out = values(batch)
@@ -131,7 +132,7 @@ def cache_pair_values(collate: Callable[[list[Example]], Batch], sets: tuple[lis
                 local += [(i, second, vals[len(idx) + j]) for j, i in enumerate(idx)]
         for part in comm.all_gather_object(local):
             for i, key, v in part:
-                data[i][key] = v
+                set_fields(data, i, **{key: v})
     bar.close()
 
 
@@ -143,6 +144,8 @@ class DPO(OfflineAlgorithm):
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer, PairData(tokenizer, cfg.data, pair=cfg.dpo.pair))
         self.reference = resolve_reference(cfg)
+        if cfg.data.streaming and cfg.dpo.precompute_ref_logps:
+            raise ConfigError("dpo.precompute_ref_logps: needs the whole training set ahead, not data.streaming")
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:

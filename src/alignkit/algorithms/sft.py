@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -67,8 +68,8 @@ class SFT(OfflineAlgorithm):
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         d, opts = cfg.data, cfg.sft
-        super().__init__(cfg, tokenizer, TokenData(
-            tokenizer, d, lambda row: sft_example(tokenizer, row, max_length=d.max_length, loss_on=opts.loss_on)))
+        convert = functools.partial(sft_example, tokenizer, max_length=d.max_length, loss_on=opts.loss_on)
+        super().__init__(cfg, tokenizer, TokenData(tokenizer, d, convert, fmt=f"sft:loss_on={opts.loss_on}"))
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:

@@ -1,4 +1,4 @@
-"""Commands that take a run config: train, validate, launch, estimate, eval."""
+"""Commands that take a run config: train, validate, launch, estimate, eval, prepare."""
 
 from __future__ import annotations
 
@@ -55,6 +55,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from alignkit.train.prepare_cli import prepare_command
+
+    prepare_command(args.config, args.overrides)
+    return 0
+
+
 def _launch_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
                     help="processes on this node (default: its GPU count, 1 without GPUs)")
@@ -100,3 +107,7 @@ def register(sub: Any) -> None:
                     help="model or adapter dir to evaluate (default: OUTPUT_DIR/final if it exists, else model.name_or_path)")
     sp.add_argument("--out", default=None, help="also write the metrics as one JSON line to this file")
     sp.set_defaults(func=cmd_eval)
+
+    sp = sub.add_parser("prepare", help="read and tokenise the config's data sets into the cache ahead of training")
+    with_config(sp)
+    sp.set_defaults(func=cmd_prepare)

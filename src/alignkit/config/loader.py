@@ -175,6 +175,9 @@ def build_dataclass(cls: type, raw: dict[str, Any], prefix: str = "") -> Any:
             close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
             hint = f"; did you mean {((prefix + '.') if prefix else '') + close[0]!r}?" if close else ""
             raise ConfigError(f"unknown config key {full!r}{hint} (valid here: {', '.join(valid)})")
+    read_raw = getattr(cls, "read_raw", None)
+    if read_raw is not None:  # a section's own shorthand (data.train as {path, weight} entries)
+        raw = read_raw(raw, prefix or cls.__name__)
     kwargs: dict[str, Any] = {}
     if sections:
         kwargs["sections"] = {name: _convert(raw.get(name), sec, name) for name, sec in sections.items()}
@@ -258,6 +261,10 @@ def validate(cfg: RunConfig) -> None:
     if not cfg.data.train:
         raise ConfigError("data.train: required (one or more .jsonl/.parquet files or builtin:NAME)")
     t = cfg.training
+    if cfg.data.streaming and t.max_steps is None:
+        raise ConfigError("data.streaming: needs training.max_steps (a stream's length is not known ahead)")
+    if cfg.data.streaming and cfg.data.max_train_examples is not None:
+        raise ConfigError("data.max_train_examples: not used with data.streaming (training.max_steps bounds the run)")
     if t.per_device_batch_size is None and t.global_batch_size is None:
         raise ConfigError("training: give training.per_device_batch_size or training.global_batch_size")
     if t.lr_scaling != "none" and t.reference_batch_size is None:

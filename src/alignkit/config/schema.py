@@ -9,8 +9,12 @@ registered in :mod:`alignkit.config.sections`.
 
 from __future__ import annotations
 
+import difflib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
+
+from alignkit.errors import ConfigError
 
 
 def f(default: Any = None, help: str = "", **rules: Any) -> Any:  # noqa: A002 - mirrors argparse
@@ -51,8 +55,21 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    train: list[str] = f([], "Training files (.jsonl / .json / .parquet) or builtin:NAME.")
-    eval: list[str] = f([], "Evaluation files; empty = no evaluation.")
+    train: list[str] = f([], "Training data: files (.jsonl / .json / .parquet), load_from_disk folders, Hub names "
+                         "(org/name) or builtin:NAME; a list of {path, weight} mixes them by weight.")
+    train_weights: list[float] = f([], "Mixture weights of data.train's entries (what {path, weight} sets); "
+                                   "empty = every example once.")
+    train_split: str = f("train", "Split of a Hub name or a load_from_disk folder in data.train.")
+    train_config: Optional[str] = f(None, "Config (subset) of a Hub name in data.train.")
+    eval: list[str] = f([], "Evaluation data (as data.train); empty = no evaluation.")
+    eval_split: str = f("test", "Split of a Hub name or a load_from_disk folder in data.eval.")
+    eval_config: Optional[str] = f(None, "Config (subset) of a Hub name in data.eval.")
+    num_proc: int = f(1, "Processes that tokenise a data set the first time (the result is cached).", gt=0)
+    cache_dir: Optional[str] = f(None, "Where tokenised data sets are cached; default $ALIGNKIT_DATA_CACHE or "
+                                 "~/.cache/alignkit/data. Must be shared by the nodes of a run or it is "
+                                 "prepared once per node.")
+    streaming: bool = f(False, "Read data.train as a stream sharded across ranks (no preparation, in file "
+                        "order); needs training.max_steps. Evaluation data is prepared as usual.")
     max_length: int = f(512, "Longest tokenized example; longer ones are truncated.", gt=0)
     packing: bool = f(False, "SFT: pack short examples into rows of max_length (padding-free).")
     skip_invalid: bool = f(False, "Skip malformed rows (counted in the log) instead of failing.")
@@ -63,6 +80,44 @@ class DataConfig:
     num_workers: int = f(0, "DataLoader worker processes.", ge=0)
     max_train_examples: Optional[int] = f(None, "Use only the first N training rows.", gt=0)
     max_eval_examples: Optional[int] = f(None, "Use only the first N evaluation rows.", gt=0)
+
+    @classmethod
+    def read_raw(cls, raw: dict[str, Any], prefix: str) -> dict[str, Any]:
+        """``train: [{path, weight}, ...]`` (or one mapping) -> ``train`` paths and ``train_weights``."""
+        train = raw.get("train")
+        if isinstance(train, dict):
+            train = [train]
+        if not isinstance(train, list) or not any(isinstance(x, dict) for x in train):
+            return raw
+        if raw.get("train_weights"):
+            raise ConfigError(f"{prefix}.train_weights: give weights in {prefix}.train's entries or here, not both")
+        paths, weights = [], []
+        for i, item in enumerate(train):
+            key = f"{prefix}.train[{i}]"
+            item = {"path": item} if isinstance(item, str) else item
+            if not isinstance(item, dict):
+                raise ConfigError(f"{key}: expected a path or a mapping {{path, weight}}, got {item!r}")
+            unknown = sorted(set(item) - {"path", "weight"})
+            if unknown:
+                close = difflib.get_close_matches(str(unknown[0]), ["path", "weight"], n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{key}: unknown key {unknown[0]!r}{hint}; an entry has path and weight")
+            if not isinstance(item.get("path"), str) or not item["path"]:
+                raise ConfigError(f"{key}.path: required (a file, folder, Hub name or builtin:NAME)")
+            weight = item.get("weight", 1.0)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0 \
+                    or not math.isfinite(weight):
+                raise ConfigError(f"{key}.weight: expected a number > 0, got {weight!r}")
+            paths.append(item["path"])
+            weights.append(float(weight))
+        return {**raw, "train": paths, "train_weights": weights}
+
+    def __post_init__(self) -> None:
+        if self.train_weights and len(self.train_weights) != len(self.train):
+            raise ConfigError(f"data.train_weights: {len(self.train_weights)} weights for {len(self.train)} "
+                              "data.train entries; give one weight per entry")
+        if any(not (w > 0 and math.isfinite(w)) for w in self.train_weights):
+            raise ConfigError(f"data.train_weights: every weight must be a number > 0, got {self.train_weights}")
 
 
 @dataclass

@@ -4,6 +4,12 @@
 * :class:`PairData`: a (chosen, rejected) pair per example (reward/cost models, the DPO family), the
   2B sequences of a micro-batch in one padding-free packed row, loss unit = pair.
 
+With a row format (``fmt``: the conversion and its options, part of the cache key) a pipeline's
+examples come from the Arrow cache (:mod:`alignkit.data.cache`, :mod:`alignkit.data.assemble`): read
+and tokenised once, by rank 0, memory-mapped by every rank, as an
+:class:`~alignkit.data.examples.ExampleTable`. Without one (a pipeline that gives no ``fmt``) rows
+are converted into a list in memory on every rank, as before.
+
 Both keep, per split, what happened to rows that did not become examples unchanged in ``row_counts``
 (:class:`~alignkit.data.io.RowCounts`: dropped or kept-but-changed, by cause) and the number dropped in
 ``skipped``.
@@ -18,26 +24,66 @@ import torch
 from alignkit.config.schema import DataConfig
 from alignkit.data.collate import TokenCollator, count_loss_tokens
 from alignkit.data.io import Row, RowCounts, convert_rows
-from alignkit.data.preference import PairCollator, count_pairs, load_pairs
+from alignkit.data.preference import PairCollator, count_pairs, pair_converter
 
 
 def _limit(cfg: DataConfig, split: str) -> int | None:
     return cfg.max_train_examples if split == "train" else cfg.max_eval_examples
 
 
+def token_features() -> Any:
+    import datasets
+
+    ids = datasets.Sequence(datasets.Value("int32"))
+    return datasets.Features({"input_ids": ids, "labels": ids})
+
+
+def pair_features() -> Any:
+    import datasets
+
+    ids = datasets.Sequence(datasets.Value("int32"))
+    return datasets.Features({"chosen_ids": ids, "chosen_labels": ids, "rejected_ids": ids, "rejected_labels": ids,
+                              "margin": datasets.Value("float64"), "chosen_unsafe": datasets.Value("bool"),
+                              "rejected_unsafe": datasets.Value("bool")})
+
+
+def cached_examples(tokenizer: Any, cfg: DataConfig, specs: list[str], split: str, convert: Callable[[Row], Any],
+                    fmt: str, features: Any) -> tuple[Any, RowCounts]:
+    """The examples of ``specs`` from the cache (prepared first if it lacks them), and the row counts."""
+    from alignkit.data.assemble import cache_root, load_examples
+    from alignkit.data.cache import Job
+
+    job = Job(convert, fmt, features, tokenizer, cfg.max_length, cfg.num_proc)
+    train = split == "train"
+    weights = cfg.train_weights if train and list(specs) == list(cfg.train) else None
+    return load_examples(specs, job, root=cache_root(cfg.cache_dir), skip_invalid=cfg.skip_invalid,
+                         limit=_limit(cfg, split), split=cfg.train_split if train else cfg.eval_split,
+                         config=cfg.train_config if train else cfg.eval_config, weights=weights or None)
+
+
 class TokenData:
     """Single sequences ``{input_ids, labels}`` made by ``convert(row)`` (None = nothing to learn)."""
 
-    def __init__(self, tokenizer: Any, cfg: DataConfig, convert: Callable[[Row], dict[str, Any] | None]) -> None:
-        self.tokenizer, self.cfg, self.convert = tokenizer, cfg, convert
+    def __init__(self, tokenizer: Any, cfg: DataConfig, convert: Callable[[Row], dict[str, Any] | None],
+                 fmt: str | None = None, features: Any = None) -> None:
+        self.tokenizer, self.cfg, self.convert, self.fmt = tokenizer, cfg, convert, fmt
+        self.features = token_features() if fmt is not None and features is None else features
         self.skipped: dict[str, int] = {}
         self.row_counts: dict[str, RowCounts] = {}
 
-    def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
-        examples, counts = convert_rows(specs, self.convert, skip_invalid=self.cfg.skip_invalid,
-                                        limit=_limit(self.cfg, split))
+    def build_dataset(self, specs: list[str], split: str) -> Any:
+        if self.fmt is None:
+            examples, counts = convert_rows(specs, self.convert, skip_invalid=self.cfg.skip_invalid,
+                                            limit=_limit(self.cfg, split))
+        else:
+            examples, counts = cached_examples(self.tokenizer, self.cfg, specs, split, self.convert, self.fmt,
+                                               self.features)
         self.row_counts[split], self.skipped[split] = counts, counts.total_dropped
         return examples
+
+    def convert_row(self, row: Row) -> dict[str, Any] | None:
+        """One row -> its example (streaming reads rows one at a time)."""
+        return self.convert(row)
 
     def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         return TokenCollator(self.tokenizer.pad_token_id, packed=self.cfg.packing)(examples)
@@ -60,12 +106,21 @@ class PairData:
         self.skipped: dict[str, int] = {}
         self.row_counts: dict[str, RowCounts] = {}
 
-    def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
+    @property
+    def fmt(self) -> str:
+        return (f"pairs:pair={self.pair}:chat_template={self.cfg.chat_template}:"
+                f"safety_labels={self.needs_safety_labels}")
+
+    def convert_row(self, row: Row) -> dict[str, Any] | None:
         d = self.cfg
-        examples, counts = load_pairs(
-            self.tokenizer, specs, max_length=d.max_length, pair=self.pair, chat_template=d.chat_template,
-            skip_invalid=d.skip_invalid, limit=_limit(d, split), need_safety_labels=self.needs_safety_labels,
-        )
+        return pair_converter(self.tokenizer, max_length=d.max_length, pair=self.pair, chat_template=d.chat_template,
+                              need_safety_labels=self.needs_safety_labels)(row)
+
+    def build_dataset(self, specs: list[str], split: str) -> Any:
+        d = self.cfg
+        convert = pair_converter(self.tokenizer, max_length=d.max_length, pair=self.pair,
+                                 chat_template=d.chat_template, need_safety_labels=self.needs_safety_labels)
+        examples, counts = cached_examples(self.tokenizer, d, specs, split, convert, self.fmt, pair_features())
         self.row_counts[split], self.skipped[split] = counts, counts.total_dropped
         return examples
 

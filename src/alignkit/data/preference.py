@@ -150,8 +150,9 @@ def encode_pair(tokenizer: Any, p: PairText, row: Row, *, max_length: int, chat_
     if chat_template:
         prompt, chosen, rejected = as_chat(prompt, "user"), as_chat(chosen, "assistant"), as_chat(rejected, "assistant")
     out: dict[str, Any] = {}
+    memo: dict[str, list[int]] = {}  # the prompt's tokens serve both sides
     for side, response in (("chosen", chosen), ("rejected", rejected)):
-        ids, mask = encode_prompt_response(tokenizer, prompt, response, row)
+        ids, mask = encode_prompt_response(tokenizer, prompt, response, row, memo)
         if len(ids) > max_length:
             ids, mask = truncate_prompt_response(ids, mask, max_length)
             row.note(TRUNCATED)
@@ -231,13 +232,26 @@ def load_pairs(
     DataError naming its file and line.
     """
 
-    def convert(row: Row) -> dict[str, Any] | None:
-        p = pair_from_row(row, pair)
-        if need_safety_labels and (p.chosen_unsafe is None or p.rejected_unsafe is None):
+    convert = pair_converter(tokenizer, max_length=max_length, pair=pair, chat_template=chat_template,
+                             need_safety_labels=need_safety_labels)
+    return convert_rows(specs, convert, skip_invalid=skip_invalid, limit=limit)
+
+
+@dataclass
+class pair_converter:  # noqa: N801 - used as a function; a class so that datasets.map workers can pickle it
+    """``row -> pair example or None`` (see :func:`load_pairs`)."""
+
+    tokenizer: Any
+    max_length: int
+    pair: str
+    chat_template: bool
+    need_safety_labels: bool = False
+
+    def __call__(self, row: Row) -> dict[str, Any] | None:
+        p = pair_from_row(row, self.pair)
+        if self.need_safety_labels and (p.chosen_unsafe is None or p.rejected_unsafe is None):
             raise DataError(
                 f"{row.where()}: the cost model needs per-response safety labels "
                 "(is_response_0_safe/is_response_1_safe, or is_chosen_safe/is_rejected_safe)"
             )
-        return encode_pair(tokenizer, p, row, max_length=max_length, chat_template=chat_template)
-
-    return convert_rows(specs, convert, skip_invalid=skip_invalid, limit=limit)
+        return encode_pair(self.tokenizer, p, row, max_length=self.max_length, chat_template=self.chat_template)

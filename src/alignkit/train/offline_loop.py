@@ -12,11 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 from torch.utils.data import DataLoader
 
 from alignkit.algorithms.base import Batch, Example, OfflineAlgorithm
 from alignkit.config import RunConfig, dump_yaml
+from alignkit.data.examples import subset
 from alignkit.data.sampler import GlobalOrder
+from alignkit.data.streaming import RowStream
+from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
@@ -44,6 +48,16 @@ class TrainResult:
     losses: list[float]
 
 
+class _Rounds:
+    """A batch sampler over a one-pass iterable of index lists (DataLoader asks for an iterable)."""
+
+    def __init__(self, rounds: Iterator[list[int]]) -> None:
+        self.rounds = rounds
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.rounds
+
+
 class OfflineTrainer:
     def __init__(self, cfg: RunConfig, algo: OfflineAlgorithm, strategy: Strategy, models: Models, plan: RunPlan,
                  train_set: list[Example], eval_set: list[Example], logger: RunLogger) -> None:
@@ -52,8 +66,10 @@ class OfflineTrainer:
         self.train_set, self.eval_set, self.log = train_set, eval_set, logger
         self.steps = plan.steps
         self.out = Path(cfg.output_dir)
-        self.order = GlobalOrder(len(train_set), strategy.dp_size, strategy.dp_rank, plan.batch.per_device,
-                                 seed=cfg.training.seed)
+        #: data.streaming: the rank's row stream instead of a global order over a prepared set
+        self.stream = train_set if isinstance(train_set, RowStream) else None
+        self.order = None if self.stream else GlobalOrder(len(train_set), strategy.dp_size, strategy.dp_rank,
+                                                          plan.batch.per_device, seed=cfg.training.seed)
         self.checkpointer = Checkpointer(self.out, strategy, models, config_yaml=dump_yaml(cfg), tokenizer=algo.tokenizer,
                                          save_total_limit=cfg.checkpoint.save_total_limit, log=logger,
                                          batch=plan.batch)
@@ -66,6 +82,8 @@ class OfflineTrainer:
             handle.scheduler = build_scheduler(handle.optimizer, cfg.training, steps.total)
         self._startup_lines()
         state = self.checkpointer.resume(cfg.checkpoint.resume_from, weights_only=cfg.checkpoint.resume_weights_only)
+        if self.stream is not None:
+            self.stream.restore(state.stream)
         algo.load_state_dict(state.algo)
         window, losses = Window(), []
         guard = NonfiniteGuard(cfg.training.nonfinite, cfg.training.max_nonfinite_steps, log)
@@ -113,12 +131,18 @@ class OfflineTrainer:
         """Yields the micro-batches of one optimizer step at a time (fewer at an epoch's end), continuing
         from ``state``'s position in the epoch's global order; ``state.consumed`` follows the batches."""
         ga = self.plan.batch.accumulation
+        if self.stream is not None:
+            yield from self._streamed_batches(ga)
+        assert self.order is not None
         while True:
-            rounds = list(self.order.rounds(state.epoch, state.consumed))
-            loader = DataLoader(self.train_set, batch_sampler=[idx for idx, _ in rounds],
+            # two walks of the same rounds, both lazy: the loader's indices (read ahead by workers) and
+            # the position after each batch it returns
+            indices = (idx for idx, _ in self.order.rounds(state.epoch, state.consumed))
+            positions = (consumed for _, consumed in self.order.rounds(state.epoch, state.consumed))
+            loader = DataLoader(self.train_set, batch_sampler=_Rounds(indices),
                                 collate_fn=self.algo.data.collate, num_workers=self.cfg.data.num_workers)
             group: list[Batch] = []
-            for batch, (_, consumed) in zip(loader, rounds):
+            for batch, consumed in zip(loader, positions):
                 group.append(batch)
                 state.consumed = consumed
                 if len(group) == ga:
@@ -129,28 +153,44 @@ class OfflineTrainer:
             state.epoch += 1
             state.consumed = 0
 
+    def _streamed_batches(self, ga: int) -> Iterator[list[Batch]]:
+        """data.streaming: ``ga`` micro-batches of the rank's next examples at a time (the stream's
+        position follows; it is saved with each checkpoint)."""
+        assert self.stream is not None
+        per_device, collate = self.plan.batch.per_device, self.algo.data.collate
+        while True:
+            yield [collate(self.stream.next_examples(per_device)) for _ in range(ga)]
+
     def examples_used(self) -> list[Example]:
         """The training examples the planned steps read, over all ranks (the same list on every rank):
         all of them once the run passes an epoch, else the first micro-batches of epoch 0's shards.
         What ``before_training`` prepares (e.g. cached reference log-probs), so a short run of a large
         file does not precompute rows it never reads."""
         steps, b = self.steps, self.plan.batch
+        if self.order is None:  # a stream: nothing is known ahead
+            return []
         if steps.total >= steps.per_epoch:
             return self.train_set
         read = min(steps.total * b.accumulation * b.per_device * b.world_size, self.order.usable())
-        return [self.train_set[i] for i in sorted(self.order.order(0)[:read])]
+        return subset(self.train_set, np.sort(self.order.order(0)[:read]))
 
     # ------------------------------------------------------------------ helpers
     def _startup_lines(self) -> None:
         b, t, steps = self.plan.batch, self.cfg.training, self.steps
+        if self.stream is not None:
+            self.log.info(f"Training data streamed from {', '.join(self.cfg.data.train)} in file order, rows shared "
+                          f"round-robin by {self.strategy.dp_size} processes")
         self.log.info(f"Effective batch size: {b.global_batch} (per_device={b.per_device} x "
                       f"accumulation={b.accumulation} x {self.strategy.dp_size} processes)")
+        size = ("a stream of examples" if self.stream is not None else
+                f"{len(self.train_set)} examples, {steps.per_epoch} optimizer steps per epoch")
         self.log.info(
-            f"Training: {len(self.train_set)} examples, {steps.per_epoch} optimizer steps per epoch, {steps.total} "
-            f"steps in all, lr={self.plan.lr:.3g} ({t.lr_scheduler}), "
+            f"Training: {size}, {steps.total} steps in all, lr={self.plan.lr:.3g} ({t.lr_scheduler}), "
             f"dtype={str(self.strategy.compute_dtype).replace('torch.', '')}")
 
     def _epoch(self, state: TrainState) -> float:
+        if self.order is None:
+            return float(self.stream.pos.epoch) if self.stream is not None else 0.0
         return state.epoch + state.consumed / self.order.usable()
 
     def _due(self, every: int | None, step: int) -> bool:
@@ -168,4 +208,6 @@ class OfflineTrainer:
 
     def _save(self, state: TrainState) -> None:
         state.algo = self.algo.state_dict()
+        if self.stream is not None:
+            state.stream = comm.all_gather_object(self.stream.state())
         self.checkpointer.save(state)

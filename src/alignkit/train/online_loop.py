@@ -143,7 +143,7 @@ class OnlineTrainer:
         if state.consumed + self.per_iteration > len(order):
             state.epoch, state.consumed = state.epoch + 1, 0
             order = self.order.order(state.epoch)
-        idx = order[state.consumed : state.consumed + self.per_iteration]
+        idx = order[state.consumed : state.consumed + self.per_iteration].tolist()  # order() is a numpy array
         state.consumed += self.per_iteration
         return idx
 

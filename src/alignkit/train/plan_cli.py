@@ -28,7 +28,10 @@ def print_plan(config: str, overrides: list[str], *, world_size: int | None = No
                                world_size=env.world_size, max_grad_norm=cfg.training.max_grad_norm, dtype=dtype)
     backend = pick_backend(cfg.distributed.backend, device) if env.world_size > 1 else "none"
     algo = ALGORITHMS.get(cfg.algorithm)(cfg, load_tokenizer(cfg.model))
-    n_train = len(algo.data.build_dataset(cfg.data.train, "train"))
+    if cfg.data.streaming:  # a stream's length is unknown: training.max_steps steps (load_config requires it)
+        n_train = plan.global_batch * (cfg.training.max_steps or 0)
+    else:
+        n_train = len(algo.data.build_dataset(cfg.data.train, "train"))
     steps = run.with_steps(n_train, cfg.training).steps
     assert steps is not None
     print("# resolved config")

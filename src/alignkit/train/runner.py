@@ -26,6 +26,7 @@ from alignkit.algorithms.base import OfflineAlgorithm
 from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config import RunConfig, to_dict
 from alignkit.config.schema import ModelConfig
+from alignkit.data.streaming import RowStream
 from alignkit.distributed.auto import frozen_roles, frozen_sharding
 from alignkit.distributed.env import DistEnv, read_env
 from alignkit.distributed.preflight import preflight
@@ -204,6 +205,17 @@ def check_output_dir(path: Path) -> None:
         raise ConfigError(f"output_dir {str(path)!r}: cannot write there ({why})") from None
 
 
+def open_stream(cfg: RunConfig, algo: OfflineAlgorithm | OnlineAlgorithm, strategy: Strategy) -> RowStream:
+    """``data.streaming``: this rank's share of data.train's rows, converted as they are read."""
+    convert = getattr(algo.data, "convert_row", None)
+    if convert is None or isinstance(algo, OnlineAlgorithm):
+        raise ConfigError(f"data.streaming: the {cfg.algorithm} data pipeline cannot convert single rows; "
+                          "prepare the data set instead (data.streaming: false)")
+    d = cfg.data
+    return RowStream(d.train, convert, rank=strategy.dp_rank, world=strategy.dp_size, skip_invalid=d.skip_invalid,
+                     split=d.train_split, config=d.train_config)
+
+
 def run_train(cfg: RunConfig) -> TrainResult:
     if read_env().is_main:  # only rank 0 writes
         check_output_dir(Path(cfg.output_dir))
@@ -220,7 +232,7 @@ def run_train(cfg: RunConfig) -> TrainResult:
         (out / "config.yaml").write_text(yaml.safe_dump(scrub(to_dict(cfg)), sort_keys=False), encoding="utf-8")
     if isinstance(algo, OnlineAlgorithm):
         check_groups(session.plan, cfg)  # before the data are read: a config error is cheap to report
-    train_set = algo.data.build_dataset(cfg.data.train, "train")
+    train_set = open_stream(cfg, algo, strategy) if cfg.data.streaming else algo.data.build_dataset(cfg.data.train, "train")
     eval_set = algo.data.build_dataset(cfg.data.eval, "eval") if cfg.data.eval else []
     for split, name in (("train", "training"), ("eval", "evaluation")):  # rows dropped or changed, by cause
         for line in algo.data.row_counts[split].lines(name) if split in algo.data.row_counts else []:
@@ -231,7 +243,9 @@ def run_train(cfg: RunConfig) -> TrainResult:
         logger.info(memory_line(strategy.device))
         result = OnlineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
     else:
-        plan = session.plan.with_steps(len(train_set), cfg.training)
+        # a stream's length is unknown: its plan is training.max_steps steps (load_config requires it)
+        n_train = session.plan.batch.global_batch * (cfg.training.max_steps or 0) if cfg.data.streaming else len(train_set)
+        plan = session.plan.with_steps(n_train, cfg.training)
         models = session.build_models(logger=logger)
         logger.info(memory_line(strategy.device))
         if algo.memory_table:

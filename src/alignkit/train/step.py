@@ -39,6 +39,7 @@ class TrainState:
     epoch: int = 0
     consumed: int = 0  # examples of this epoch's global order already trained on (all ranks together)
     algo: dict[str, Any] = field(default_factory=dict)
+    stream: list[dict[str, int]] | None = None  # data.streaming: every rank's stream position
 
 
 @dataclass
@@ -229,6 +230,8 @@ class Checkpointer:
         b = self.batch
         trainer_state = {"step": state.step, "epoch": state.epoch, "consumed": state.consumed, "algo": state.algo,
                          "world_size": b.world_size, "per_device": b.per_device, "accumulation": b.accumulation}
+        if state.stream is not None:
+            trainer_state["stream"] = state.stream
         path = ckpt.save_checkpoint(self.out, state.step, strategy=self.strategy, handles=self.models.handles,
                                     trainer_state=trainer_state, config_yaml=self.config_yaml,
                                     tokenizer=self.tokenizer, save_total_limit=self.limit)
@@ -260,7 +263,8 @@ class Checkpointer:
         dropped = self.log.rewind_metrics(saved["step"])
         if dropped:
             self.log.info(f"metrics.jsonl: dropped {dropped} rows logged after step {saved['step']} by the interrupted run")
-        return TrainState(saved["step"], saved["epoch"], consumed_of(saved, self.batch.per_device), saved.get("algo", {}))
+        return TrainState(saved["step"], saved["epoch"], consumed_of(saved, self.batch.per_device), saved.get("algo", {}),
+                          saved.get("stream"))
 
     def _note_layout(self, saved: dict[str, Any]) -> None:
         """Say what changed when the run resumes with another batch layout or world size."""
