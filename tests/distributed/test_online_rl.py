@@ -31,14 +31,19 @@ def test_statistics_across_ranks(micro_model: Path, tmp_path: Path) -> None:
     assert abs(sum(whitened)) < 1e-9 and abs(sum(v * v for v in whitened) / len(whitened) - 1) < 1e-6
 
 
-CASES = {"ppo_lag-ddp": ("ppo_lag", "ddp", 2), "grpo-fsdp": ("grpo", "fsdp", 2), "rloo-single": ("rloo", "single", 1)}
+CASES = {"ppo_lag-ddp": ("ppo_lag", "ddp", 2, []), "grpo-fsdp": ("grpo", "fsdp", 2, []),
+         "grpo-zero3": ("grpo", "deepspeed", 2, ["distributed.deepspeed.zero_stage=3"]),
+         "rloo-single": ("rloo", "single", 1, [])}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_online_resume_is_exact_and_ranks_agree(micro_model: Path, tmp_path: Path, case: str) -> None:
-    algo, strategy, nproc = CASES[case]
-    assert_ok(run_script(WORKER, nproc=nproc, timeout=500, args=[str(micro_model), str(tmp_path), "resume", algo, strategy]))
+    algo, strategy, nproc, extra = CASES[case]
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+    assert_ok(run_script(WORKER, nproc=nproc, timeout=500,
+                         args=[str(micro_model), str(tmp_path), "resume", algo, strategy, *extra]))
     report = json.loads((tmp_path / "report.json").read_text())
     straight, resumed = report["straight"], report["resumed"]
     assert len(straight) == 8 and len(resumed) == 4

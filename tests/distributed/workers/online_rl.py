@@ -8,7 +8,7 @@ global whitening statistics are the same on every rank. Writes ``stats_RANK.json
 checkpoint-2; every rank writes what it saw (its lambda, the iteration statistics) to
 ``ranks_RUN_RANK.json``; rank 0 compares losses and final weights in ``report.json``.
 
-Usage: ``[torchrun --nproc_per_node=2] online_rl.py MODEL_DIR OUT_DIR MODE [ALGO] [STRATEGY]``
+Usage: ``[torchrun --nproc_per_node=2] online_rl.py MODEL_DIR OUT_DIR MODE [ALGO] [STRATEGY] [OVERRIDE ...]``
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def record_ranks(out: Path, run: str) -> None:
     online_loop.OnlineTrainer._rollout = spy
 
 
-def resume_mode(model_dir: str, out: Path, algo: str, strategy: str) -> None:
+def resume_mode(model_dir: str, out: Path, algo: str, strategy: str, *extra: str) -> None:
     from alignkit.data.synth import make_prompt_rows, write_rows
     from safetensors.torch import load_file
 
@@ -108,13 +108,14 @@ def resume_mode(model_dir: str, out: Path, algo: str, strategy: str) -> None:
         write_rows(make_prompt_rows(40, seed=0), prompts)
     comm_barrier()
     record_ranks(out, "straight")
-    straight = run_train(config(model_dir, prompts, out / "straight", algo, strategy, world))
+    straight = run_train(config(model_dir, prompts, out / "straight", algo, strategy, world, *extra))
     if rank0:
         shutil.copytree(out / "straight" / "checkpoint-4", out / "resumed" / "checkpoint-4")
         (out / "resumed" / "latest").write_text("checkpoint-4")
     comm_barrier()
     record_ranks(out, "resumed")
-    resumed = run_train(config(model_dir, prompts, out / "resumed", algo, strategy, world, "checkpoint.resume_from=latest"))
+    resumed = run_train(config(model_dir, prompts, out / "resumed", algo, strategy, world, *extra,
+                               "checkpoint.resume_from=latest"))
     if rank0:
         report = {"straight": straight.losses, "resumed": resumed.losses, "weights": {}}
         for folder in sorted(p.name for p in (out / "straight").iterdir() if p.name.startswith("final")):
@@ -138,5 +139,5 @@ if __name__ == "__main__":
     if mode == "stats":
         stats_mode(Path(out_dir))
     else:
-        resume_mode(model_dir, Path(out_dir), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else "ddp")
+        resume_mode(model_dir, Path(out_dir), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else "ddp", *sys.argv[6:])
     exit_process(0, barrier=True)
