@@ -34,7 +34,8 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     from alignkit.models.tiny import build_tiny_model
 
     out = build_tiny_model(args.out_dir, arch=args.arch, size=args.size, vocab_size=args.vocab_size, seed=args.seed)
-    print(f"wrote a random {args.size} {args.arch} model and its tokenizer to {out}")
+    what = "processor (image processor + tokenizer)" if args.arch == "llava" else "tokenizer"
+    print(f"wrote a random {args.size} {args.arch} model and its {what} to {out}")
     return 0
 
 
@@ -75,7 +76,8 @@ def register(sub: Any) -> None:
 
     sp = sub.add_parser("tiny-model", help="write a tiny random model + tokenizer in Hugging Face format")
     sp.add_argument("out_dir")
-    sp.add_argument("--arch", default="llama")
+    sp.add_argument("--arch", default="llama", choices=["llama", "llava"],
+                    help="llava: a vision-language model (small CLIP vision tower + projector + the tiny Llama)")
     sp.add_argument("--size", default="tiny", choices=["micro", "tiny", "small"])
     sp.add_argument("--vocab-size", type=int, default=None)
     sp.add_argument("--seed", type=int, default=0)
