@@ -7,6 +7,7 @@ from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.algorithms.ppo import PPO, PPOLag
 from alignkit.algorithms.reward import CostModel, RewardModel
 from alignkit.algorithms.sft import SFT
+from alignkit.algorithms.vlm import VLMSFT
 from alignkit.config.schema import RunConfig
 from alignkit.models.roles import Workload
 from alignkit.registry import Registry
@@ -18,6 +19,7 @@ ALGORITHMS.register("cost_model")(CostModel)
 ALGORITHMS.register("dpo")(DPO)
 for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag):  # the online loop's algorithms
     ALGORITHMS.register(_online.name)(_online)
+ALGORITHMS.register("vlm_sft")(VLMSFT)
 
 
 

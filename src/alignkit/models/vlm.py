@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 from torch import nn
