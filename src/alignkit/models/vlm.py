@@ -37,14 +37,34 @@ def part_of(name: str) -> str:
     return "language_model"
 
 
+def unused_by_llava(model: nn.Module, name: str) -> bool:
+    """Whether LLaVA's forward never uses this vision-tower parameter: the tower's pooling head
+    (``post_layernorm``, SigLIP's ``head``) and the encoder layers after ``vision_feature_layer``
+    (LLaVA-1.5 reads layer -2, so the last layer is unused). Trained, they would get no gradient,
+    which DDP reports as an error; so they stay frozen."""
+    if part_of(name) != "vision_tower":
+        return False
+    if ".post_layernorm." in name or ".head." in name:
+        return True
+    m = re.search(r"encoder\.layers\.(\d+)\.", name)
+    cfg = getattr(model, "config", None)
+    if m is None or cfg is None or not hasattr(cfg, "vision_config"):
+        return False
+    n_layers = cfg.vision_config.num_hidden_layers
+    feature = getattr(cfg, "vision_feature_layer", -1)
+    used = [f if f >= 0 else n_layers + 1 + f for f in (feature if isinstance(feature, list) else [feature])]
+    return int(m.group(1)) >= max(used)  # hidden_states[k] is the output of layer k-1
+
+
 def train_only(model: nn.Module, parts: Iterable[str]) -> None:
-    """``requires_grad`` True exactly on the parameters of ``parts`` (a subset of :data:`PARTS`)."""
+    """``requires_grad`` True exactly on the parameters of ``parts`` (a subset of :data:`PARTS`) that the
+    forward uses (:func:`unused_by_llava`)."""
     keep = set(parts)
     unknown = keep - set(PARTS)
     if unknown:
         raise ValueError(f"unknown VLM parts {sorted(unknown)}; parts are {PARTS}")
     for name, p in model.named_parameters():
-        p.requires_grad_(part_of(name) in keep)
+        p.requires_grad_(part_of(name) in keep and not unused_by_llava(model, name))
 
 
 def part_counts(model: nn.Module) -> dict[str, tuple[int, int]]:
@@ -65,8 +85,8 @@ def describe_trainable(model: nn.Module) -> str:
             bits.append(f"{part} frozen ({total:,})")
         elif train == total:
             bits.append(f"{part} {train:,} trainable")
-        else:  # LoRA: adapters train, the base stays
-            bits.append(f"{part} {train:,} of {total:,} trainable (LoRA)")
+        else:  # LoRA adapters of a frozen base; a vision tower's unused pooling head
+            bits.append(f"{part} {train:,} of {total:,} trainable")
     return "; ".join(bits)
 
 
