@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-from PIL import Image
 
 from alignkit.config import load_config
 from alignkit.config.schema import ModelConfig
