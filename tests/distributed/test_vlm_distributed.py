@@ -1,4 +1,4 @@
-"""vlm_sft over 2 gloo processes: DDP == one process (same final weights) for the sft stage with a frozen
+"""vlm_sft over 2 gloo processes: DDP == FSDP2 == one process (same final weights) for the sft stage with a frozen
 vision tower, padded on one side and packed on the other; the frozen parts are saved untouched; and the
 seed guides' `bash scripts/train_multi_gpu.sh configs/vlm_pretrain.yaml pretrain` runs the shipped config."""
 
@@ -40,13 +40,14 @@ def test_ddp_vlm_equals_single_process(micro_llava: Path, shapes_dir: Path, tmp_
         "logging": {"logging_steps": 1, "report_to": ["jsonl"], "plot": False},
     }
     runs = {}
-    for name, nproc, packed in (("single", 1, False), ("ddp", 2, True)):
-        cfg = derive_config(base, tmp_path / name, data__packing=packed)
+    for name, nproc, packed in (("single", 1, False), ("ddp", 2, True), ("fsdp", 2, False)):
+        cfg = derive_config(base, tmp_path / name, data__packing=packed, distributed__strategy=name)
         proc = run_cli(["train", str(write_config(tmp_path / f"{name}.yaml", cfg))], nproc=nproc)
         assert_ok(proc)
         runs[name] = final_weights(tmp_path / name)
     assert "vision_tower frozen" in proc.stderr and "projector 8,320 trainable" in proc.stderr
     assert max_delta(runs["single"], runs["ddp"]) < 2e-5
+    assert max_delta(runs["single"], runs["fsdp"]) < 2e-5
     start = load_file(str(micro_llava / "model.safetensors"))
     for k, v in runs["ddp"].items():
         assert torch.equal(v, start[k]) == (part_of(k) == "vision_tower"), k

@@ -46,7 +46,8 @@ def tiny_vlm_tokenizer(vocab_size: int) -> object:
     return tok
 
 
-def build_tiny_llava(out_dir: str | Path, size: str = "tiny", vocab_size: int | None = None, seed: int = 0) -> Path:
+def build_tiny_llava(out_dir: str | Path, size: str = "tiny", vocab_size: int | None = None, seed: int = 0,
+                     patch_size: int = PATCH_SIZE) -> Path:
     """Build and save a random LLaVA (``size`` picks the Llama, see ``tiny.SIZES``) and its processor.
 
     Deterministic: the same arguments give the same files. Returns ``out_dir``.
@@ -66,7 +67,7 @@ def build_tiny_llava(out_dir: str | Path, size: str = "tiny", vocab_size: int | 
     text = tiny_config(tokenizer, size)
     hidden, layers, heads, inter = VISION_SIZES[size]
     vision = CLIPVisionConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                              num_attention_heads=heads, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE,
+                              num_attention_heads=heads, image_size=IMAGE_SIZE, patch_size=patch_size,
                               projection_dim=hidden)
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=image_token_id,
@@ -78,7 +79,7 @@ def build_tiny_llava(out_dir: str | Path, size: str = "tiny", vocab_size: int | 
                                                pad_token_id=tokenizer.pad_token_id)
     images = CLIPImageProcessorPil(  # PIL/numpy: needs no torchvision
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
-    processor = LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=PATCH_SIZE,
+    processor = LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=patch_size,
                                vision_feature_select_strategy="default", chat_template=VLM_CHAT_TEMPLATE,
                                image_token=IMAGE_TOKEN, num_additional_image_tokens=1)
     out.mkdir(parents=True, exist_ok=True)
