@@ -202,3 +202,33 @@ def test_pretrain_run_saves_for_transformers_and_its_projector_loads_into_sft(mi
         want_v = saved.state_dict()[k] if part_of(k) == "projector" else base_state[k]
         assert torch.equal(v, want_v), k
     assert not all(torch.equal(state[k], base_state[k]) for k in state if part_of(k) == "projector")
+
+
+def test_lora_sft_run_merges_into_a_plain_llava(micro_llava: Path, shapes: Path, processor: Any, tmp_path: Path) -> None:
+    """A LoRA sft stage saves the adapter with its trained projector; ``alignkit merge-lora`` makes a plain
+    LLaVA + processor whose log-probs equal the adapter model's."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from alignkit.cli import main
+    from alignkit.train.runner import run_train
+
+    out = tmp_path / "lora"
+    run_train(_cfg(micro_llava, shapes, "vlm.stage=sft", "model.lora.r=4", f"output_dir={out}", "training.max_steps=2",
+                   "training.learning_rate=1e-2", "logging.report_to=[jsonl]", "logging.plot=false"))
+    assert (out / "final" / "adapter_config.json").is_file()
+    assert main(["merge-lora", str(out / "final"), str(tmp_path / "merged")]) == 0
+    merged = LlavaForConditionalGeneration.from_pretrained(tmp_path / "merged").eval()
+    AutoProcessor.from_pretrained(tmp_path / "merged")
+    adapter = build_model(ModelSpec("policy", str(out / "final"), "vlm"), ModelConfig(name_or_path=str(out / "final")),
+                          torch.float32, None).eval()
+    base = LlavaForConditionalGeneration.from_pretrained(micro_llava)
+    proj = {k: v for k, v in merged.state_dict().items() if part_of(k) == "projector"}
+    assert proj and not all(torch.equal(v, base.state_dict()[k]) for k, v in proj.items())  # the trained projector
+    batch = _batch(processor, shapes, n=2)
+    with torch.no_grad():
+        logits = merged(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        pixel_values=batch["pixel_values"]).logits
+        got = forward_logps(adapter, batch)
+    keep = batch["targets"] != IGNORE_INDEX
+    want = torch.log_softmax(logits[keep].double(), -1).gather(1, batch["targets"][keep][:, None]).squeeze(1)
+    torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-4)
