@@ -20,6 +20,7 @@ from alignkit.errors import ConfigError, DataError
 from alignkit.models.loading import hf_model
 from alignkit.models.policy import forward_logps
 from alignkit.models.roles import ModelSpec, build_model
+from alignkit.models.tiny_vlm import IMAGE_SIZE, PATCH_SIZE
 from alignkit.models.vlm import PARTS, part_of, unused_by_llava
 from alignkit.train.optim import build_optimizer
 
@@ -99,7 +100,8 @@ def test_image_and_prompt_tokens_carry_no_loss(processor: Any, shapes: Path) -> 
     assert ex is not None
     ids, labels = ex["input_ids"], ex["labels"]
     image_id = processor.image_token_id
-    assert ids.count(image_id) == 64  # 32x32 image, 4x4 patches
+    n_image = (IMAGE_SIZE // PATCH_SIZE) ** 2  # one token per patch
+    assert ids.count(image_id) == n_image
     assert all(lab == IGNORE_INDEX for t, lab in zip(ids, labels) if t == image_id)
     tok = processor.tokenizer
     trained = tok.decode([t for t in labels if t != IGNORE_INDEX])
@@ -108,7 +110,7 @@ def test_image_and_prompt_tokens_carry_no_loss(processor: Any, shapes: Path) -> 
     every = vlm_example(processor, row, image_root=None, max_length=160, loss_on="all")
     assert every is not None and all(lab == IGNORE_INDEX for t, lab in zip(every["input_ids"], every["labels"])
                                      if t == image_id)
-    assert sum(lab != IGNORE_INDEX for lab in every["labels"]) == len(ids) - 64
+    assert sum(lab != IGNORE_INDEX for lab in every["labels"]) == len(ids) - n_image
 
 
 def test_messages_rows_with_image_parts_match_llava_rows(processor: Any, shapes: Path) -> None:

@@ -36,6 +36,9 @@ POSITIONS: dict[str, tuple[int, int]] = {"top left": (0, 0), "top right": (16, 0
 QUESTION_KINDS: tuple[str, ...] = ("colour", "shape", "count", "where")
 STAGES: tuple[str, ...] = ("pretrain", "sft")
 _NUMBERS = {1: "1", 2: "2", 3: "3"}
+#: side of a shape's bounding box in pixels (its cell is 16): big enough that a circle's corners differ
+#: from a square's in more than a few pixels
+SIZES: tuple[int, int] = (11, 13)
 
 Scene = list[dict[str, str]]
 
@@ -66,7 +69,7 @@ def draw(scene: Scene, rng: random.Random) -> Any:
     pen = ImageDraw.Draw(img)
     for o in scene:
         x0, y0 = POSITIONS[o["position"]]
-        size = rng.randint(9, 13)
+        size = rng.randint(*SIZES)
         x, y = x0 + rng.randint(1, 15 - size), y0 + rng.randint(1, 15 - size)
         box, colour = (x, y, x + size, y + size), COLOURS[o["colour"]]
         if o["shape"] == "circle":
