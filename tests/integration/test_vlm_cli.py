@@ -45,3 +45,15 @@ def test_stage_flag_and_a_corrupt_image_row(micro_llava: Path, micro_model: Path
     line = _one_error_line(run_cli(["train", str(REPO / "configs" / "vlm_pretrain.yaml"),
                                     f"model.name_or_path={micro_model}", *common[1:]]))
     assert "has no image processor with an image token" in line
+
+
+def test_generate_answers_image_rows_with_a_vlm(micro_llava: Path, tmp_path: Path) -> None:
+    """``alignkit generate MODEL rows.json``: a LLaVA model answers each image row after its last user turn."""
+    from alignkit.cli import main
+
+    data = generate_vlm(3, 0, tmp_path / "eval.json", stage="sft", split="eval")
+    out = tmp_path / "gen.jsonl"
+    assert main(["generate", str(micro_llava), str(data), "--out", str(out), "--max-new-tokens", "4"]) == 0
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [g["id"] for g in got] == [r["id"] for r in json.loads(data.read_text())]
+    assert all(isinstance(g["completion"], str) for g in got)

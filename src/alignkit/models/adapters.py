@@ -89,7 +89,7 @@ def merge_lora(adapter_dir: str | Path, out_dir: str | Path, *, base: str | None
 
         with quiet_load_report():
             model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1)
-    elif _is_vision_language(base_path):  # a LLaVA-family model (vlm_sft with model.lora): model + processor
+    elif is_vision_language(base_path):  # a LLaVA-family model (vlm_sft with model.lora): model + processor
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         model = AutoModelForImageTextToText.from_pretrained(base_path)
@@ -112,7 +112,7 @@ def merge_lora(adapter_dir: str | Path, out_dir: str | Path, *, base: str | None
     return out
 
 
-def _is_vision_language(path: str | Path) -> bool:
+def is_vision_language(path: str | Path) -> bool:
     """Whether the model at ``path`` has a vision tower (its config has a ``vision_config``)."""
     from transformers import AutoConfig
 

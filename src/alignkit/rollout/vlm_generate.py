@@ -6,6 +6,7 @@ The text twin is :func:`alignkit.rollout.generate.generate`; here the processor 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -57,8 +58,6 @@ def shapes_accuracy(model: nn.Module, processor: Any, rows: Sequence[dict[str, A
                     *, batch_size: int = 64) -> dict[str, float]:
     """Exact-match accuracy of greedy answers to the shapes task's eval rows (one question each), per
     question kind and over all (:mod:`alignkit.data.synth_vlm` judges them from each row's scene)."""
-    from pathlib import Path
-
     from alignkit.data.synth_vlm import judge, question_kind
     from alignkit.data.vlm import open_image
 
@@ -75,3 +74,40 @@ def shapes_accuracy(model: nn.Module, processor: Any, rows: Sequence[dict[str, A
         hits.setdefault(question_kind(q), []).append(ok)
         hits.setdefault("all", []).append(ok)
     return {k: sum(v) / len(v) for k, v in hits.items()}
+
+
+def image_prompts(rows: Sequence[Any], image_root: str | None) -> tuple[list[list[dict[str, str]]], list[list[Any]]]:
+    """Prompts and images of image-text rows (:mod:`alignkit.data.vlm` formats): each chat up to its last
+    user turn (a trailing assistant answer is dropped), its images read (a bad one names the row)."""
+    from alignkit.data.vlm import chat_and_images, open_image, resolve_image
+    from alignkit.errors import DataError
+
+    prompts, images = [], []
+    for row in rows:
+        messages, refs = chat_and_images(row)
+        while messages and messages[-1]["role"] == "assistant":
+            messages = messages[:-1]
+        if not messages:
+            raise DataError(f"{row.where()}: no user turn to answer")
+        prompts.append(messages)
+        images.append([open_image(resolve_image(r, row, image_root), row.where("image")) for r in refs])
+    return prompts, images
+
+
+def load_vlm_for_generation(model_dir: str) -> tuple[nn.Module, Any]:
+    """A LLaVA-family model (full or LoRA adapter directory) and its processor, frozen."""
+    from transformers import AutoProcessor
+
+    from alignkit.config.schema import ModelConfig
+    from alignkit.models.adapters import adapter_base, is_adapter_dir
+    from alignkit.models.sources import model_errors
+    from alignkit.models.vlm import load_vlm_model
+
+    with model_errors(model_dir):
+        model = load_vlm_model(ModelConfig(name_or_path=model_dir), model_dir, torch.float32, trainable=False)
+        src = model_dir
+        if is_adapter_dir(model_dir) and not (Path(model_dir) / "processor_config.json").is_file():
+            src = adapter_base(model_dir)
+        processor = AutoProcessor.from_pretrained(src)
+    model.eval().requires_grad_(False)
+    return model, processor
