@@ -57,7 +57,8 @@ def generate_with_images(
 def shapes_accuracy(model: nn.Module, processor: Any, rows: Sequence[dict[str, Any]], image_root: str,
                     *, batch_size: int = 64) -> dict[str, float]:
     """Exact-match accuracy of greedy answers to the shapes task's eval rows (one question each), per
-    question kind and over all (:mod:`alignkit.data.synth_vlm` judges them from each row's scene)."""
+    question kind, over colour + shape questions (``colour_shape``) and over all (:mod:`alignkit.data.synth_vlm`
+    judges them from each row's scene)."""
     from alignkit.data.synth_vlm import judge, question_kind
     from alignkit.data.vlm import open_image
 
@@ -71,8 +72,11 @@ def shapes_accuracy(model: nn.Module, processor: Any, rows: Sequence[dict[str, A
     hits: dict[str, list[bool]] = {}
     for r, q, a in zip(rows, questions, answers):
         ok = judge(r["scene"], q, a)
-        hits.setdefault(question_kind(q), []).append(ok)
+        kind = question_kind(q)
+        hits.setdefault(kind, []).append(ok)
         hits.setdefault("all", []).append(ok)
+        if kind in ("colour", "shape"):  # the issue's measure: colour and shape questions together
+            hits.setdefault("colour_shape", []).append(ok)
     return {k: sum(v) / len(v) for k, v in hits.items()}
 
 
