@@ -92,3 +92,11 @@ def sft_config(micro_model: Path, tmp_path: Path) -> dict[str, Any]:
         "logging": {"logging_steps": 1, "report_to": ["jsonl"]},
         "checkpoint": {"save_final": False},
     }
+
+
+@pytest.fixture(scope="session")
+def micro_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random LLaVA (CLIP tower on 32x32 images, the micro Llama, projector) + processor (built once)."""
+    from alignkit.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "micro-llava", arch="llava", size="micro", seed=0)

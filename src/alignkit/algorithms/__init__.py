@@ -8,6 +8,7 @@ from alignkit.algorithms.ppo import PPO, PPOLag
 from alignkit.algorithms.reward import CostModel, RewardModel
 from alignkit.algorithms.safe_dpo import SafeDPO
 from alignkit.algorithms.sft import SFT
+from alignkit.algorithms.vlm import VLMSFT
 from alignkit.config.schema import RunConfig
 from alignkit.models.roles import Workload
 from alignkit.registry import Registry
@@ -20,6 +21,7 @@ ALGORITHMS.register("dpo")(DPO)
 ALGORITHMS.register("safe_dpo")(SafeDPO)
 for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag):  # the online loop's algorithms
     ALGORITHMS.register(_online.name)(_online)
+ALGORITHMS.register("vlm_sft")(VLMSFT)
 
 
 

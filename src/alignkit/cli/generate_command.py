@@ -2,7 +2,9 @@
 
 CONFIG_OR_MODEL is a run config (the model is its ``OUTPUT_DIR/final`` when that exists, else
 ``model.name_or_path``; ``rollout.max_new_tokens`` / ``temperature`` are the defaults) or a model
-directory (or hub id). FILE holds rows with ``prompt`` (a string or a message list); each output row
+directory (or hub id). FILE holds rows with ``prompt`` (a string or a message list) -- for a vision-language model, image-text
+rows (LLaVA ``conversations`` or ``messages`` with image parts, answered after their last user turn,
+greedily); each output row
 is the input row plus ``completion`` (or ``completions`` with ``--num-generations`` > 1), and, with
 ``--reward``, the named reward function's score of each.
 """
@@ -44,6 +46,12 @@ def _load(model_dir: str) -> tuple[Any, Any]:
     return model, load_tokenizer(cfg)
 
 
+def _is_vision_language(model_dir: str) -> bool:
+    from alignkit.models.adapters import adapter_base, is_adapter_dir, is_vision_language
+
+    return is_vision_language(adapter_base(model_dir) if is_adapter_dir(model_dir) else model_dir)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from alignkit.data.io import read_rows, require_field
     from alignkit.rollout.generate import generate
@@ -53,12 +61,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     max_new = args.max_new_tokens or max_new
     temperature = temperature if args.temperature is None else args.temperature
     rows = read_rows(args.file)
-    prompts = [require_field(r, "prompt") for r in rows]
-    model, tok = _load(model_dir)
     n = args.num_generations
-    flat = [p for p in prompts for _ in range(n)]
-    texts = generate(model, tok, flat, max_new_tokens=max_new, batch_size=args.batch_size, do_sample=temperature > 0,
-                     temperature=temperature or 1.0)
+    if _is_vision_language(model_dir):  # image-text rows (LLaVA JSON / messages with image parts), greedy
+        from alignkit.rollout.vlm_generate import generate_with_images, image_prompts, load_vlm_for_generation
+
+        prompts, images = image_prompts(rows, args.image_root)
+        model, processor = load_vlm_for_generation(model_dir)
+        texts = generate_with_images(model, processor, [p for p in prompts for _ in range(n)],
+                                     [i for i in images for _ in range(n)], max_new_tokens=max_new,
+                                     batch_size=args.batch_size)
+        flat = [json.dumps(p) for p in prompts for _ in range(n)]
+    else:
+        prompts = [require_field(r, "prompt") for r in rows]
+        model, tok = _load(model_dir)
+        flat = [p for p in prompts for _ in range(n)]
+        texts = generate(model, tok, flat, max_new_tokens=max_new, batch_size=args.batch_size,
+                         do_sample=temperature > 0, temperature=temperature or 1.0)
     scores: list[float] | None = None
     if args.reward:
         fn = WeightedFunction(args.reward, 1.0, resolve(args.reward) if args.reward not in REWARD_FUNCTIONS
@@ -94,5 +112,7 @@ def register(sub: Any) -> None:
     sp.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the config's, else 0)")
     sp.add_argument("--num-generations", type=int, default=1, help="completions per prompt")
     sp.add_argument("--batch-size", type=int, default=32)
+    sp.add_argument("--image-root", default=None,
+                    help="vision-language models: folder of the rows' image paths (default: the file's folder)")
     sp.add_argument("--reward", default=None, help="also score each completion with this reward function (e.g. exact_match)")
     sp.set_defaults(func=cmd_generate)

@@ -11,6 +11,8 @@ def with_config(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. training.learning_rate=1e-4")
     sp.add_argument("--algorithm", default=None, metavar="NAME",
                     help="the same as the override algorithm=NAME (the seed guides' `main.py --algorithm sft`)")
+    sp.add_argument("--stage", default=None, choices=["pretrain", "sft"],
+                    help="the VLM stage of a vlm_sft config: the same as the override vlm.stage=STAGE")
 
 
 def cmd_train(args: argparse.Namespace) -> int:

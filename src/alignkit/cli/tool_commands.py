@@ -34,16 +34,23 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     from alignkit.models.tiny import build_tiny_model
 
     out = build_tiny_model(args.out_dir, arch=args.arch, size=args.size, vocab_size=args.vocab_size, seed=args.seed)
-    print(f"wrote a random {args.size} {args.arch} model and its tokenizer to {out}")
+    what = "processor (image processor + tokenizer)" if args.arch == "llava" else "tokenizer"
+    print(f"wrote a random {args.size} {args.arch} model and its {what} to {out}")
     return 0
 
 
 def cmd_data_synth(args: argparse.Namespace) -> int:
+    where = f" ({args.split} split)" if args.split else ""
+    if args.kind == "vlm":  # images too: written to images/ beside the rows
+        from alignkit.data.synth_vlm import generate_vlm
+
+        out = generate_vlm(args.n, args.seed, Path(args.out), stage=args.stage, split=args.split)
+        print(f"wrote {args.n} vlm {args.stage} rows{where} to {out} and their images to {out.parent / 'images'}")
+        return 0
     from alignkit.data.synth import generate
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     generate(args.kind, args.n, args.seed, Path(args.out), split=args.split, tasks=tasks)
-    where = f" ({args.split} split)" if args.split else ""
     print(f"wrote {args.n} {args.kind} rows{where} to {args.out}")
     return 0
 
@@ -75,7 +82,8 @@ def register(sub: Any) -> None:
 
     sp = sub.add_parser("tiny-model", help="write a tiny random model + tokenizer in Hugging Face format")
     sp.add_argument("out_dir")
-    sp.add_argument("--arch", default="llama")
+    sp.add_argument("--arch", default="llama", choices=["llama", "llava"],
+                    help="llava: a vision-language model (small CLIP vision tower + projector + the tiny Llama)")
     sp.add_argument("--size", default="tiny", choices=["micro", "tiny", "small"])
     sp.add_argument("--vocab-size", type=int, default=None)
     sp.add_argument("--seed", type=int, default=0)
@@ -84,12 +92,14 @@ def register(sub: Any) -> None:
     sp = sub.add_parser("data", help="data utilities")
     dsub = sp.add_subparsers(dest="data_command", required=True)
     ss = dsub.add_parser("synth", help="generate synthetic data with programmatically checkable answers")
-    ss.add_argument("--kind", required=True, help="sft | sft-pc | pref | safety | prompts (online algorithms: prompt + answer)")
+    ss.add_argument("--kind", required=True, help="sft | sft-pc | pref | safety | prompts (online algorithms: prompt + answer) | vlm (coloured shapes images)")
     ss.add_argument("--tasks", default=None,
                     help="comma-separated tasks: add, reverse, upper, digits (default: the first three; prompts: digits)")
     ss.add_argument("--n", type=int, default=1000)
     ss.add_argument("--seed", type=int, default=0)
-    ss.add_argument("--out", required=True, help="output .jsonl or .parquet")
+    ss.add_argument("--out", required=True, help="output .jsonl or .parquet (vlm: .json LLaVA list or .jsonl)")
+    ss.add_argument("--stage", choices=["pretrain", "sft"], default="sft",
+                    help="vlm only: pretrain = captions, sft = questions with checkable answers")
     ss.add_argument("--split", choices=["train", "eval"], default=None,
                     help="only task instances of this split (train and eval rows never share a question); default both")
     ss.set_defaults(func=cmd_data_synth)

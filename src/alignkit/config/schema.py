@@ -80,6 +80,9 @@ class DataConfig:
     num_workers: int = f(0, "DataLoader worker processes.", ge=0)
     max_train_examples: Optional[int] = f(None, "Use only the first N training rows.", gt=0)
     max_eval_examples: Optional[int] = f(None, "Use only the first N evaluation rows.", gt=0)
+    image_root: Optional[str] = f(
+        None, "Image-text rows (vlm_sft): folder their relative image paths start from; null = the data file's folder."
+    )
 
     @classmethod
     def read_raw(cls, raw: dict[str, Any], prefix: str) -> dict[str, Any]:

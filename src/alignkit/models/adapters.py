@@ -89,6 +89,16 @@ def merge_lora(adapter_dir: str | Path, out_dir: str | Path, *, base: str | None
 
         with quiet_load_report():
             model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1)
+    elif is_vision_language(base_path):  # a LLaVA-family model (vlm_sft with model.lora): model + processor
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        model = AutoModelForImageTextToText.from_pretrained(base_path)
+        merged = attach_adapter(model, adapter_dir, trainable=False).merge_and_unload()
+        out.mkdir(parents=True, exist_ok=True)
+        merged.save_pretrained(str(out), safe_serialization=True)
+        src = adapter_dir if (adapter_dir / "processor_config.json").is_file() else Path(base_path)
+        AutoProcessor.from_pretrained(str(src)).save_pretrained(str(out))
+        return out
     else:
         model = AutoModelForCausalLM.from_pretrained(base_path)
     merged = attach_adapter(model, adapter_dir, trainable=False).merge_and_unload()
@@ -100,6 +110,16 @@ def merge_lora(adapter_dir: str | Path, out_dir: str | Path, *, base: str | None
     except (OSError, ValueError):  # a base without a tokenizer: the model alone is still useful
         pass
     return out
+
+
+def is_vision_language(path: str | Path) -> bool:
+    """Whether the model at ``path`` has a vision tower (its config has a ``vision_config``)."""
+    from transformers import AutoConfig
+
+    try:
+        return hasattr(AutoConfig.from_pretrained(str(path)), "vision_config")
+    except (OSError, ValueError):
+        return False
 
 
 def load_lm(cfg: Any, *, name_or_path: str | None = None, dtype: Any = None, trainable: bool = True) -> nn.Module:

@@ -35,7 +35,10 @@ class ModelSpec:
     before training (e.g. to precompute reference log-probs) and freed before the first step.
     ``shares``: the role is served by another role's weights (``"policy"``: the policy's LoRA base
     with adapters off), so nothing is loaded for it. ``chunk_size``: rows of hidden states per
-    LM-head chunk (``lm``/``vlm``).
+    LM-head chunk (``lm``/``vlm``). ``train_parts`` (``vlm``): the parts that train (``vision_tower``,
+    ``projector``, ``language_model``; None = all), the rest frozen before the Strategy sees the model.
+    ``projector_from`` (``vlm``): a directory or file whose projector weights replace the loaded ones
+    (a pretrain stage's output).
     """
 
     role: str
@@ -46,6 +49,8 @@ class ModelSpec:
     transient: bool = False
     shares: str | None = None
     chunk_size: int = 1024
+    train_parts: tuple[str, ...] | None = None
+    projector_from: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -54,6 +59,8 @@ class ModelSpec:
             raise ValueError(f"ModelSpec.kind must be one of {KINDS}, got {self.kind!r}")
         if self.trainable and (self.transient or self.shares):
             raise ValueError("a trainable model cannot be transient or share another role's weights")
+        if self.kind != "vlm" and (self.train_parts is not None or self.projector_from):
+            raise ValueError("train_parts / projector_from apply to a vlm model only")
 
     @property
     def loaded(self) -> bool:
@@ -108,10 +115,11 @@ def build_scalar(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenize
 def build_vlm(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
     """A vision-language model (LLaVA family) with the same log-prob forward as ``lm``: its batches carry
     ``pixel_values`` (and ``image_sizes``, ...), which ``forward_logps`` passes through to the backbone."""
-    from alignkit.models.loading import load_vlm
     from alignkit.models.policy import CausalLMLogps
+    from alignkit.models.vlm import load_vlm_model
 
-    model = load_vlm(cfg, name_or_path=spec.source, dtype=dtype, trainable=spec.trainable)
+    model = load_vlm_model(cfg, spec.source, dtype, trainable=spec.trainable, train_parts=spec.train_parts,
+                           projector_from=spec.projector_from, lora=spec.lora)
     return CausalLMLogps(model, chunk_size=spec.chunk_size)
 
 

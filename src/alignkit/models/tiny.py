@@ -30,7 +30,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-ARCHS: tuple[str, ...] = ("llama",)
+#: ``llava``: a tiny vision-language model around the tiny Llama (:mod:`alignkit.models.tiny_vlm`).
+ARCHS: tuple[str, ...] = ("llama", "llava")
 
 #: Model shapes. ``vocab_size`` is the tokenizer target; the model uses ``len(tokenizer)``.
 SIZES: dict[str, dict[str, int]] = {
@@ -108,6 +109,8 @@ def tiny_config(tokenizer: PreTrainedTokenizerFast, size: str = "tiny", arch: st
     """The model config of ``size`` whose vocabulary and special ids match ``tokenizer``."""
     _check_choice("arch", arch, ARCHS)
     _check_choice("size", size, SIZES)
+    if arch != "llama":
+        raise ConfigError(f"tiny_config builds the Llama; {arch!r} models come from build_tiny_model")
     dims = {k: v for k, v in SIZES[size].items() if k != "vocab_size"}
     return LlamaConfig(
         vocab_size=len(tokenizer),
@@ -131,6 +134,10 @@ def build_tiny_model(out_dir: str | Path, arch: str = "llama", size: str = "tiny
     """
     _check_choice("arch", arch, ARCHS)
     _check_choice("size", size, SIZES)
+    if arch == "llava":
+        from alignkit.models.tiny_vlm import build_tiny_llava
+
+        return build_tiny_llava(out_dir, size=size, vocab_size=vocab_size, seed=seed)
     out = Path(out_dir)
     tokenizer = train_tokenizer(vocab_size or SIZES[size]["vocab_size"])
     config = tiny_config(tokenizer, size, arch)

@@ -1,0 +1,208 @@
+"""The VLM model adapter: which parts of a LLaVA-family model train, a projector from another run, LoRA
+on the language model only, and the start-up line that says what trains.
+
+A LLaVA model has three parts, told apart by parameter name (so peft-wrapped and older transformers
+layouts work alike): the ``vision_tower`` (CLIP / SigLIP), the ``projector`` (``multi_modal_projector``:
+vision features -> LM embeddings) and the ``language_model`` (decoder, embeddings and LM head).
+LLaVA-1.5's stages (ALGORITHMS.md section 5): pretrain trains the projector alone; sft the projector
+and the language model, the vision tower frozen unless asked. Frozen parameters have
+``requires_grad=False`` before the Strategy sees the model, so they are neither in the optimizer nor
+in DDP's gradient buckets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from alignkit.config.schema import ModelConfig
+from alignkit.errors import ModelError
+
+PARTS: tuple[str, ...] = ("vision_tower", "projector", "language_model")
+_VISION_KEYS = ("vision_tower.", "vision_model.")
+_PROJECTOR_KEYS = ("multi_modal_projector.", "mm_projector.")
+
+
+def part_of(name: str) -> str:
+    """The part a parameter (by its full name) belongs to."""
+    if any(k in name for k in _VISION_KEYS):
+        return "vision_tower"
+    if any(k in name for k in _PROJECTOR_KEYS):
+        return "projector"
+    return "language_model"
+
+
+def unused_by_llava(model: nn.Module, name: str) -> bool:
+    """Whether LLaVA's forward never uses this vision-tower parameter: the tower's pooling head
+    (``post_layernorm``, SigLIP's ``head``) and the encoder layers after ``vision_feature_layer``
+    (LLaVA-1.5 reads layer -2, so the last layer is unused). Trained, they would get no gradient,
+    which DDP reports as an error; so they stay frozen."""
+    if part_of(name) != "vision_tower":
+        return False
+    if ".post_layernorm." in name or ".head." in name:
+        return True
+    m = re.search(r"encoder\.layers\.(\d+)\.", name)
+    cfg = getattr(model, "config", None)
+    if m is None or cfg is None or not hasattr(cfg, "vision_config"):
+        return False
+    n_layers = cfg.vision_config.num_hidden_layers
+    feature = getattr(cfg, "vision_feature_layer", -1)
+    used = [f if f >= 0 else n_layers + 1 + f for f in (feature if isinstance(feature, list) else [feature])]
+    return int(m.group(1)) >= max(used)  # hidden_states[k] is the output of layer k-1
+
+
+def train_only(model: nn.Module, parts: Iterable[str]) -> None:
+    """``requires_grad`` True exactly on the parameters of ``parts`` (a subset of :data:`PARTS`) that the
+    forward uses (:func:`unused_by_llava`)."""
+    keep = set(parts)
+    unknown = keep - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown VLM parts {sorted(unknown)}; parts are {PARTS}")
+    for name, p in model.named_parameters():
+        p.requires_grad_(part_of(name) in keep and not unused_by_llava(model, name))
+
+
+def part_counts(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """part -> (trainable, total) parameters."""
+    out = {p: [0, 0] for p in PARTS}
+    for name, p in model.named_parameters():
+        c = out[part_of(name)]
+        c[1] += p.numel()
+        c[0] += p.numel() if p.requires_grad else 0
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def describe_trainable(model: nn.Module) -> str:
+    """``projector 8,256 of 8,256 trainable; language_model frozen (290,112); vision_tower frozen (...)``."""
+    bits = []
+    for part, (train, total) in part_counts(model).items():
+        if train == 0:
+            bits.append(f"{part} frozen ({total:,})")
+        elif train == total:
+            bits.append(f"{part} {train:,} trainable")
+        else:  # LoRA adapters of a frozen base; a vision tower's unused pooling head
+            bits.append(f"{part} {train:,} of {total:,} trainable")
+    return "; ".join(bits)
+
+
+# ------------------------------------------------------------------------------- projector weights
+def _projector_key(key: str) -> str | None:
+    """The key inside the projector module (``linear_1.weight``) of a saved tensor, or None."""
+    if "original_module." in key:  # peft's frozen copy beside modules_to_save
+        return None
+    key = re.sub(r"modules_to_save\.[^.]+\.", "", key)
+    for marker in _PROJECTOR_KEYS:
+        if marker in key:
+            inner = key.split(marker, 1)[1]
+            if marker == "mm_projector.":  # the original LLaVA mm_projector.bin: an nn.Sequential (0, GELU, 2)
+                inner = re.sub(r"^(\d+)\.", lambda m: f"linear_{int(m.group(1)) // 2 + 1}.", inner)
+            return inner
+    return None
+
+
+def read_projector(source: str | Path) -> dict[str, torch.Tensor]:
+    """The projector tensors of ``source``: a run's saved model or LoRA adapter directory (safetensors,
+    sharded or not), or a ``.safetensors`` / ``mm_projector.bin`` file (the original LLaVA pretrain output)."""
+    from safetensors import safe_open
+
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors")) or sorted(path.glob("mm_projector.bin"))
+    elif path.is_file():
+        files = [path]
+    else:
+        raise ModelError(f"vlm.projector_from: {source} does not exist")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        if f.suffix == ".bin":
+            state = torch.load(f, map_location="cpu", weights_only=True)
+            out.update({k2: v for k, v in state.items() if (k2 := _projector_key(k)) is not None})
+            continue
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():
+                inner = _projector_key(k)
+                if inner is not None:
+                    out[inner] = fh.get_tensor(k)
+    if not out:
+        raise ModelError(f"vlm.projector_from: no projector weights (multi_modal_projector.*) in {source}")
+    return out
+
+
+def projector_module(model: nn.Module) -> nn.Module:
+    for name, module in model.named_modules():
+        if name.endswith("multi_modal_projector"):
+            return module
+    raise ModelError(f"{type(model).__name__}: no multi_modal_projector module (not a LLaVA-family model?)")
+
+
+def load_projector(model: nn.Module, source: str | Path) -> int:
+    """Copy ``source``'s projector weights into ``model``'s projector; returns the number of tensors."""
+    weights = read_projector(source)
+    module = projector_module(model)
+    own = module.state_dict()
+    missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    if missing or extra:
+        raise ModelError(f"vlm.projector_from: {source} holds projector tensors {sorted(weights)}, the model's "
+                         f"projector has {sorted(own)}")
+    for k, v in weights.items():
+        if v.shape != own[k].shape:
+            raise ModelError(f"vlm.projector_from: {source}: {k} has shape {list(v.shape)}, the model's projector "
+                             f"{list(own[k].shape)} (a projector of another vision tower or LM size?)")
+    with torch.no_grad():
+        for k, v in weights.items():
+            own[k].copy_(v.to(own[k].dtype))
+    return len(weights)
+
+
+# ------------------------------------------------------------------------------- building
+def lora_on_language_model(model: nn.Module, cfg: ModelConfig, also_train: Iterable[str]) -> nn.Module:
+    """peft LoRA on the language model's ``cfg.lora.target_modules`` only (CLIP has q/k/v_proj too), with
+    the other trained parts (projector, vision tower) as peft ``modules_to_save``: trained in full and
+    saved with the adapter."""
+    from peft import LoraConfig, get_peft_model
+
+    from alignkit.models.loading import quiet_peft, upcast_trainable
+
+    assert cfg.lora is not None
+    targets = "|".join(re.escape(t) for t in cfg.lora.target_modules)
+    saved = {"projector": "multi_modal_projector", "vision_tower": "vision_tower"}
+    lcfg = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                      target_modules=rf".*language_model.*\.({targets})$",
+                      modules_to_save=[saved[p] for p in also_train if p in saved] or None)
+    if cfg.gradient_checkpointing:
+        model.enable_input_require_grads()
+    with quiet_peft():
+        return upcast_trainable(get_peft_model(model, lcfg))
+
+
+def load_vlm_model(cfg: ModelConfig, source: str, dtype: torch.dtype, *, trainable: bool,
+                   train_parts: tuple[str, ...] | None = None, projector_from: str | None = None,
+                   lora: bool = False) -> nn.Module:
+    """A LLaVA-family model from ``source`` (a model directory / hub id, or a LoRA adapter directory of one).
+
+    Trainable: ``projector_from`` replaces its projector; then only ``train_parts`` (None: all) train;
+    with ``lora`` the language model trains through new LoRA adapters instead of in full.
+    """
+    from alignkit.models.adapters import adapter_base, attach_adapter, is_adapter_dir
+    from alignkit.models.loading import load_vlm
+
+    plain = dataclasses.replace(cfg, lora=None)  # our own LoRA below: on the language model only
+    if is_adapter_dir(source):  # e.g. a LoRA sft stage's final/: base + its adapter (and projector copy)
+        base = load_vlm(plain, name_or_path=adapter_base(source), dtype=dtype, trainable=trainable)
+        return attach_adapter(base, source, trainable=trainable)
+    model = load_vlm(plain, name_or_path=source, dtype=dtype, trainable=trainable)
+    if not trainable:
+        return model
+    if projector_from:
+        load_projector(model, projector_from)
+    parts = tuple(train_parts) if train_parts is not None else PARTS
+    if lora and cfg.lora is not None:
+        train_only(model, ())
+        return lora_on_language_model(model, cfg, [p for p in parts if p != "language_model"])
+    train_only(model, parts)
+    return model

@@ -1,0 +1,69 @@
+"""vlm_sft over 2 gloo processes: DDP == FSDP2 == one process (same final weights) for the sft stage with a frozen
+vision tower, padded on one side and packed on the other; the frozen parts are saved untouched; and the
+seed guides' `bash scripts/train_multi_gpu.sh configs/vlm_pretrain.yaml pretrain` runs the shipped config."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from alignkit.data.synth_vlm import generate_vlm
+from alignkit.models.vlm import part_of
+from tests.conftest import REPO, assert_ok, child_env, free_port, run_cli, write_config
+from tests.distributed.runs import derive_config, final_weights, max_delta
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def shapes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("shapes")
+    generate_vlm(16, 0, root / "sft.json", stage="sft", split="train")
+    generate_vlm(16, 0, root / "pretrain.json", stage="pretrain", split="train")
+    return root
+
+
+def test_ddp_vlm_equals_single_process(micro_llava: Path, shapes_dir: Path, tmp_path: Path) -> None:
+    base: dict[str, Any] = {
+        "algorithm": "vlm_sft", "vlm": {"stage": "sft"}, "model": {"name_or_path": str(micro_llava)},
+        "data": {"train": str(shapes_dir / "sft.json"), "max_length": 160},
+        # eps=1e-6: see test_sft_distributed (Adam's division amplifies fp32 summation-order noise)
+        "training": {"global_batch_size": 4, "learning_rate": 2e-3, "max_steps": 3, "lr_scheduler": "constant",
+                     "adam_epsilon": 1e-6, "seed": 0},
+        "logging": {"logging_steps": 1, "report_to": ["jsonl"], "plot": False},
+    }
+    runs = {}
+    for name, nproc, packed in (("single", 1, False), ("ddp", 2, True), ("fsdp", 2, False)):
+        cfg = derive_config(base, tmp_path / name, data__packing=packed, distributed__strategy=name)
+        proc = run_cli(["train", str(write_config(tmp_path / f"{name}.yaml", cfg))], nproc=nproc)
+        assert_ok(proc)
+        runs[name] = final_weights(tmp_path / name)
+    assert "vision_tower frozen" in proc.stderr and "projector 8,320 trainable" in proc.stderr
+    assert max_delta(runs["single"], runs["ddp"]) < 2e-5
+    assert max_delta(runs["single"], runs["fsdp"]) < 2e-5
+    start = load_file(str(micro_llava / "model.safetensors"))
+    for k, v in runs["ddp"].items():
+        assert torch.equal(v, start[k]) == (part_of(k) == "vision_tower"), k
+
+
+def test_train_multi_gpu_script_runs_the_shipped_pretrain_config(micro_llava: Path, shapes_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    (tmp_path / "runs").mkdir()
+    os.symlink(micro_llava, tmp_path / "runs" / "tiny-llava")
+    (tmp_path / "data").mkdir()
+    os.symlink(shapes_dir, tmp_path / "data" / "shapes")
+    env = child_env(PYTHON=sys.executable, MASTER_PORT=str(free_port()))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "train_multi_gpu.sh"), str(REPO / "configs" / "vlm_pretrain.yaml"),
+                           "pretrain", "2", "training.max_steps=2", "logging.plot=false"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert_ok(proc)
+    assert "VLM stage pretrain: vision_tower frozen" in proc.stderr and "Strategy: ddp" in proc.stderr
+    final = tmp_path / "runs" / "vlm_pretrain" / "final"
+    assert (final / "model.safetensors").is_file() and (final / "processor_config.json").is_file()
