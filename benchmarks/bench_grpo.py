@@ -11,7 +11,7 @@ is the fraction of digits in the completion, so rewards vary within a group.
 Measured per side: seconds per optimizer step over the timed steps (after warm-up), completions/s
 (samples/s), generated tokens/s, peak RSS. Usage::
 
-    python benchmarks/bench_grpo.py [--warmup 2] [--timed 8] [--skip-trl] [--out benchmarks/results]
+    python benchmarks/bench_grpo.py [--warmup 2] [--timed 8] [--skip-trl] [--engines hf] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -71,10 +71,11 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
         "algorithm=grpo", f"model.name_or_path={spec['model']}", f"output_dir={spec['run_dir']}",
         f"data.train={spec['prompts']}", "data.max_length=64", f"rollout.num_generations={G}",
         f"rollout.max_new_tokens={MAX_NEW}", "rollout.temperature=1.0", "rollout.log_samples=0",
+        f"rollout.engine={spec['engine']}",
         "reward.functions=[{name: 'bench_rewards:digit_fraction', weight: 1.0}]",
         f"training.per_device_batch_size={BATCH}", f"training.learning_rate={LR}", "training.lr_scheduler=constant",
         f"training.max_steps={spec['warmup'] + spec['timed']}", "training.seed=0", "logging.report_to=[jsonl]",
-        "logging.logging_steps=1000", "logging.plot=false", "logging.progress_bar=off", "checkpoint.save_final=false",
+        "logging.logging_steps=1000", "logging.plot=false", "checkpoint.save_final=false",
     ])
     run_train(cfg)
     return {"stamps": stamps, "gen_tokens": gen_tokens, "peak_rss_mib": _peak_rss_mib()}
@@ -152,6 +153,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timed", type=int, default=8)
     ap.add_argument("--skip-trl", action="store_true")
+    ap.add_argument("--engines", default="hf", help="alignkit rollout engines to measure (first = the headline)")
     ap.add_argument("--out", default=str(HERE / "results"))
     a = ap.parse_args()
     if a.child:
@@ -167,13 +169,18 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     prompts = write_prompts(work / "prompts.jsonl")
     spec = {"model": model, "prompts": str(prompts), "warmup": a.warmup, "timed": a.timed}
-    results = {"alignkit": run_child(sys.executable, "alignkit", {**spec, "run_dir": str(work / "alignkit")},
-                                     work / "alignkit.log")}
+    engines = a.engines.split(",")
+    results = {}
+    for engine in engines:
+        name = "alignkit" if engine == engines[0] else f"alignkit-{engine}"
+        results[name] = run_child(sys.executable, "alignkit", {**spec, "engine": engine, "run_dir": str(work / name)},
+                                  work / f"{name}.log")
     if not a.skip_trl:
         py = ensure_trl_venv(out / ".venv-trl")
         results["trl"] = run_child(str(py), "trl", {**spec, "run_dir": str(work / "trl")}, work / "trl.log")
     rows = {k: summarize(v, a.warmup) for k, v in results.items()}
-    lines = [f"# GRPO, tiny Llama, G={G}, {BATCH} completions/step, max_new_tokens={MAX_NEW} ({stamp})", "",
+    lines = [f"# GRPO, tiny Llama, G={G}, {BATCH} completions/step, max_new_tokens={MAX_NEW} ({stamp}; alignkit = "
+             f"rollout.engine {engines[0]})", "",
              "| side | s/step | samples/s | peak RSS MiB |", "|---|---|---|---|"]
     for k, r in rows.items():
         lines.append(f"| {k} | {r['s_per_step']:.3f} | {r['samples_per_s']:.2f} | {r['peak_rss_mib']:.0f} |")
