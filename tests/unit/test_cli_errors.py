@@ -45,8 +45,8 @@ def test_internal_errors_keep_their_traceback(monkeypatch: pytest.MonkeyPatch, b
 
 def test_unknown_registry_name_reads_as_a_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("algorithm: dpp\nmodel: {name_or_path: m}\ndata: {train: a.jsonl}\n"
+    cfg.write_text("algorithm: ddpo\nmodel: {name_or_path: m}\ndata: {train: a.jsonl}\n"
                    "training: {per_device_batch_size: 1}\n")
     assert main(["validate", str(cfg)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("alignkit: error: algorithm: unknown 'dpp' (did you mean 'dpo'?)") and err.count("\n") == 1
+    assert err.startswith("alignkit: error: algorithm: unknown 'ddpo' (did you mean 'dpo'?)") and err.count("\n") == 1
