@@ -122,6 +122,24 @@ def parse_jsonl_line(raw: bytes, path: Path, i: int) -> dict[str, Any]:
     return obj
 
 
+def read_json_list(path: Path) -> list[dict[str, Any]]:
+    """The objects of a .json data file (a list of objects); not UTF-8, not JSON or another shape is a
+    DataError naming the file (and line)."""
+    data = path.read_bytes()
+    try:
+        obj = json.loads(data.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x}); save the file as UTF-8",
+                        cause="not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})",
+                        cause="not valid JSON") from None
+    if not isinstance(obj, list) or not all(isinstance(o, dict) for o in obj):
+        raise DataError(f"{path}: a .json data file must hold a list of objects")
+    return obj
+
+
 def read_rows(spec: str, *, on_bad: Callable[[DataError, str], None] | None = None) -> list[Row]:
     """Every row of a data file. A .jsonl line that cannot be read (not UTF-8, not JSON, not an object)
     raises a DataError naming file:line, or with ``on_bad`` is passed to it (with its file:line) and skipped."""
@@ -141,19 +159,7 @@ def read_rows(spec: str, *, on_bad: Callable[[DataError, str], None] | None = No
                     on_bad(e, f"{path}:{i}")
         return rows
     if suffix == ".json":
-        data = path.read_bytes()
-        try:
-            obj = json.loads(data.decode("utf-8-sig"))
-        except UnicodeDecodeError as e:
-            line = data[: e.start].count(b"\n") + 1
-            raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x}); save the file as UTF-8",
-                            cause="not UTF-8") from None
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})",
-                            cause="not valid JSON") from None
-        if not isinstance(obj, list) or not all(isinstance(o, dict) for o in obj):
-            raise DataError(f"{path}: a .json data file must hold a list of objects")
-        return [Row(o, str(path), i) for i, o in enumerate(obj, start=1)]
+        return [Row(o, str(path), i) for i, o in enumerate(read_json_list(path), start=1)]
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 

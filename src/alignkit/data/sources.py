@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from alignkit.constants import BUILTIN_PREFIX
-from alignkit.data.io import parse_jsonl_line, resolve_path
+from alignkit.data.io import parse_jsonl_line, read_json_list, resolve_path
 from alignkit.errors import DataError
 
 #: ``org/name`` (or a bare ``name``) that is not a file on disk: a data set on the Hugging Face Hub
@@ -166,18 +166,7 @@ def _raw_rows(path: Path, kind: str) -> Iterator[tuple[int, bytes]]:
                 if raw.strip():
                     yield i, raw
         return
-    data = path.read_bytes()
-    try:
-        obj = json.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x}); save the file as UTF-8",
-                        cause="not UTF-8") from None
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})", cause="not valid JSON") from None
-    if not isinstance(obj, list) or not all(isinstance(o, dict) for o in obj):
-        raise DataError(f"{path}: a .json data file must hold a list of objects")
-    for i, o in enumerate(obj, start=1):
+    for i, o in enumerate(read_json_list(path), start=1):
         yield i, json.dumps(o).encode("utf-8")
 
 
