@@ -112,11 +112,8 @@ class OfflineTrainer:
                 self.checkpointer.save_final(self.out / f"epoch_{state.epoch + 1}", dump_yaml(cfg))
         if self.eval_set:
             eval_metrics = self._evaluate(state.step)
-        if cfg.checkpoint.save_steps:
-            self._save(state)
-        final_dir = self.out / "final" if cfg.checkpoint.save_final else None
-        if final_dir is not None:
-            self.checkpointer.save_final(final_dir, dump_yaml(cfg))
+        final_dir = self.checkpointer.finish(lambda: self._save(state), save_steps=cfg.checkpoint.save_steps,
+                                             save_final=cfg.checkpoint.save_final)
         log.close()
         return TrainResult(final_dir, metrics, eval_metrics, losses)
 

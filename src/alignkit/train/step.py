@@ -295,6 +295,17 @@ class Checkpointer:
             self.log.info(f"Resume with a changed setting, applied: {line}")
         return schedule_changed(allowed)
 
+    def finish(self, save: Callable[[], Any], *, save_steps: int | None, save_final: bool) -> Path | None:
+        """The end of a run, for both loops: a last checkpoint (``save``) when checkpoints are on, then
+        the final model in ``OUTPUT_DIR/final`` when ``save_final``; returns that folder (None without)."""
+        if save_steps:
+            save()
+        if not save_final:
+            return None
+        final_dir = self.out / "final"
+        self.save_final(final_dir, self.config_yaml)
+        return final_dir
+
     def save_final(self, final_dir: Path, config_yaml: str) -> None:
         """The primary role's weights in ``final_dir`` (HF format), others in ``final_dir``_ROLE."""
         for i, (role, handle) in enumerate(self.models.handles.items()):
