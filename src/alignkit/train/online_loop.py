@@ -153,13 +153,9 @@ class OnlineTrainer:
         r = self.cfg.rollout
         params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
         gens = self._generate([row["prompt_ids"] for row in rows], params)
-        samples = [{"prompt_ids": row["prompt_ids"], "completion_ids": ids} for row, ids in zip(rows, gens.completion_ids)]
-        texts = self.algo.tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
         gen_s = time.perf_counter() - start
-        pad, device = self.algo.tokenizer.pad_token_id, self.strategy.device
-        batches = [to_device(collate_samples(mb, pad), device) for mb in micro_batches(samples, self.plan.batch.per_device)]
-        inputs = ScoreInputs([row["prompt"] for row in rows], texts, [len(c) for c in gens.completion_ids],
-                             [row["fields"] for row in rows], batches)
+        samples, inputs = self._score_inputs(rows, gens)
+        batches, texts = inputs.batches, inputs.completions
         scores: dict[str, torch.Tensor] = {}
         for name, scorer in self.scorers.items():
             for part, values in gather_scores(scorer.score(self.models, inputs, self.strategy)).items():
@@ -169,6 +165,16 @@ class OnlineTrainer:
             s["prompt"], s["completion"] = row["prompt"], text
         self._rollout_stats(stats, scores, gens.truncated, [len(c) for c in gens.completion_ids], gen_s)
         return samples, stats, time.perf_counter() - start
+
+    def _score_inputs(self, rows: list[dict[str, Any]], gens: Any) -> tuple[list[Sample], ScoreInputs]:
+        """The samples (prompt + completion ids) of generated completions, and what the scorers read: the
+        prompts as written, decoded completions, token counts, row fields, micro-batches on the device."""
+        samples = [{"prompt_ids": row["prompt_ids"], "completion_ids": ids} for row, ids in zip(rows, gens.completion_ids)]
+        texts = self.algo.tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
+        pad, device = self.algo.tokenizer.pad_token_id, self.strategy.device
+        batches = [to_device(collate_samples(mb, pad), device) for mb in micro_batches(samples, self.plan.batch.per_device)]
+        return samples, ScoreInputs([row["prompt"] for row in rows], texts, [len(c) for c in gens.completion_ids],
+                                    [row["fields"] for row in rows], batches)
 
     def _generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Any:
         policy = self.models.handles["policy"].module
@@ -202,12 +208,7 @@ class OnlineTrainer:
         gens = self._generate([r["prompt_ids"] for r in rows], params) if rows else None
         sums = torch.zeros(3, dtype=torch.float64)
         if rows:
-            texts = self.algo.tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
-            pad, device = self.algo.tokenizer.pad_token_id, self.strategy.device
-            samples = [{"prompt_ids": r["prompt_ids"], "completion_ids": c} for r, c in zip(rows, gens.completion_ids)]
-            batches = [to_device(collate_samples(mb, pad), device) for mb in micro_batches(samples, self.plan.batch.per_device)]
-            inputs = ScoreInputs([r["prompt"] for r in rows], texts, [len(c) for c in gens.completion_ids],
-                                 [r["fields"] for r in rows], batches)
+            _, inputs = self._score_inputs(rows, gens)
             scorer = self.scorers["reward"]
             placement, scorer.placement = scorer.placement, "local"  # ranks may hold different counts here
             try:
