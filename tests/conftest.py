@@ -100,3 +100,11 @@ def micro_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from alignkit.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "micro-llava", arch="llava", size="micro", seed=0)
+
+
+@pytest.fixture(scope="session")
+def processor(micro_llava: Path) -> Any:
+    """The micro LLaVA's processor (image processor + tokenizer with ``<image>``)."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(micro_llava)

@@ -31,13 +31,6 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return generate_vlm(8, 0, tmp_path_factory.mktemp("shapes") / "sft.json", stage="sft", split="train")
 
 
-@pytest.fixture(scope="module")
-def processor(micro_llava: Path) -> Any:
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(micro_llava)
-
-
 def _cfg(micro_llava: Path, data: Path, *over: str) -> Any:
     return load_config(None, ["algorithm=vlm_sft", f"model.name_or_path={micro_llava}", f"data.train={data}",
                               "data.max_length=160", "training.per_device_batch_size=4", *over])

@@ -23,7 +23,9 @@ from alignkit.constants import IGNORE_INDEX
 from alignkit.data.collate import TokenCollator
 from alignkit.data.io import Row
 from alignkit.data.preference import as_chat, truncate_prompt_response
-from alignkit.data.tokenize import encode_prompt_response
+from alignkit.data.safety import prompt_ids
+from alignkit.data.tokenize import encode_prompt_response, render_chat
+from alignkit.data.vlm import RowImages, pixel_inputs
 from alignkit.distributed import comm
 from alignkit.losses.safe_dpo import lagrange_update
 from alignkit.models.policy import model_inputs
@@ -71,11 +73,39 @@ class Multiplier:
         self.updates = int(state["updates"])
 
 
+@dataclass
+class EstimatePrompt:
+    """A prompt of the on-policy cost estimate: the text or chat, and its image files (a VLM's rows)."""
+
+    prompt: str | list[dict[str, str]]
+    images: list[str] = field(default_factory=list)
+
+
+def _row_images(processor: Any, p: EstimatePrompt) -> RowImages:
+    return RowImages.read(processor, Row({}, "<cost prompts>", 0), p.images, None)
+
+
+def prompt_inputs(tokenizer: Any, prompts: list[EstimatePrompt], *, chat_template: bool,
+                  processor: Any = None) -> tuple[list[list[int]], dict[str, torch.Tensor]]:
+    """The prompts' token ids exactly as training encodes them before the response, and the image inputs
+    (``pixel_values``, ...) of a vision-language model (its ``<image>`` tokens expanded)."""
+    if processor is None:
+        return [prompt_ids(tokenizer, p.prompt, chat_template=chat_template) for p in prompts], {}
+    ids = []
+    for p in prompts:
+        images = _row_images(processor, p)
+        chat = images.place(as_chat(p.prompt, "user"), Row({}, "<cost prompts>", 0))
+        text = render_chat(tokenizer, chat, add_generation_prompt=True)
+        ids.append(list(processor(text=[text], images=images.images or None, add_special_tokens=False)["input_ids"][0]))
+    return ids, pixel_inputs(processor, [s for p in prompts for s in p.images])
+
+
 @torch.no_grad()
 def sample_responses(lm: nn.Module, tokenizer: Any, prompts: list[list[int]], *, max_new_tokens: int,
-                     do_sample: bool, temperature: float) -> list[str]:
+                     do_sample: bool, temperature: float, inputs: dict[str, torch.Tensor] | None = None) -> list[str]:
     """Responses of the HF causal LM ``lm`` to token-id prompts (left-padded, one batch), special
-    tokens stripped. ``lm`` is put in eval mode for the call and restored."""
+    tokens stripped; ``inputs``: extra model inputs (a VLM's ``pixel_values``). ``lm`` is put in eval
+    mode for the call and restored."""
     device = next(lm.parameters()).device
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
@@ -84,12 +114,13 @@ def sample_responses(lm: nn.Module, tokenizer: Any, prompts: list[list[int]], *,
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
+    extra = {k: v.to(device) for k, v in (inputs or {}).items()}
     was_training = lm.training
     lm.eval()
     try:
         out = lm.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
                           do_sample=do_sample, temperature=temperature if do_sample else None, top_p=None, top_k=None,
-                          pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, use_cache=True)
+                          pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, use_cache=True, **extra)
     finally:
         lm.train(was_training)
     return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
@@ -97,16 +128,30 @@ def sample_responses(lm: nn.Module, tokenizer: Any, prompts: list[list[int]], *,
 
 @torch.no_grad()
 def score_responses(scorer: nn.Module, tokenizer: Any, prompts: list[Any], responses: list[str], *,
-                    chat_template: bool, max_length: int, device: torch.device) -> torch.Tensor:
-    """``(N,)`` scores of (prompt, response) sequences, encoded as the training pairs are."""
-    seqs = []
-    for p, r in zip(prompts, responses):
-        if chat_template or isinstance(p, list):
-            p, r = as_chat(p, "user"), as_chat(r, "assistant")
-        ids, mask = truncate_prompt_response(*encode_prompt_response(tokenizer, p, r, Row({}, "<generated>", 0)),
-                                             max_length)
+                    chat_template: bool, max_length: int, device: torch.device, processor: Any = None) -> torch.Tensor:
+    """``(N,)`` scores of (prompt, response) sequences, encoded as the training pairs are. ``prompts``: texts /
+    chats, or :class:`EstimatePrompt` s (with images for a vision-language ``processor``)."""
+    seqs, sources = [], []
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        est = p if isinstance(p, EstimatePrompt) else EstimatePrompt(p)
+        row = Row({}, "<generated>", i)
+        images = _row_images(processor, est) if processor is not None else None
+        prompt, response = est.prompt, r
+        if chat_template or isinstance(prompt, list) or images is not None:
+            prompt, response = as_chat(prompt, "user"), as_chat(r, "assistant")
+        if images is not None:
+            prompt = images.place(prompt, row)
+            ids, mask = images.expand(*encode_prompt_response(tokenizer, prompt, response, row), [*prompt, *response],
+                                      row)
+            if images.fits(ids, max_length):  # the prompt (with its image) first; a response beyond it is cut
+                ids = ids[:max_length]
+            sources += images.sources
+        else:
+            ids, _ = truncate_prompt_response(*encode_prompt_response(tokenizer, prompt, response, row), max_length)
         seqs.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(ids)})
     batch = TokenCollator(tokenizer.pad_token_id, packed=True)(seqs)
+    if processor is not None:
+        batch.update(pixel_inputs(processor, sources))
     batch = {k: v.to(device) for k, v in batch.items()}
     return scorer(seq_index=batch["seq_index"], num_seqs=len(seqs), **model_inputs(batch)).float()
 

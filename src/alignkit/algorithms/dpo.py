@@ -12,6 +12,9 @@ Reference log-probs (``dpo.reference``):
   so no second copy is held in memory;
 * ``none``: reference-free (simpo).
 
+A vision-language policy (LLaVA family, ``algorithms.vlm.is_vision_language``) takes image + text rows
+(``data.preference``): the same loss; the batches carry ``pixel_values``, the parts ``vlm`` names train.
+
 With ``dpo.precompute_ref_logps`` they are computed ONCE, in ``before_training``, and cached with
 the examples (``set_fields``: a side table next to the read-only Arrow rows): every rank computes an interleaved share of the train and eval sets
 (``rank, rank + W, ...``), then all ranks exchange their shares (``comm.all_gather_object``), so each
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 import torch
 
 from alignkit.algorithms.base import Batch, Example, MetricSums, OfflineAlgorithm
+from alignkit.algorithms.vlm import preference_inputs, vlm_spec_options
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.examples import set_fields
@@ -142,7 +146,9 @@ class DPO(OfflineAlgorithm):
     sequences_per_example = 2
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
-        super().__init__(cfg, tokenizer, PairData(tokenizer, cfg.data, pair=cfg.dpo.pair))
+        saved, processor = preference_inputs(cfg, tokenizer)
+        tok = processor.tokenizer if processor is not None else tokenizer
+        super().__init__(cfg, saved, PairData(tok, cfg.data, pair=cfg.dpo.pair, processor=processor))
         self.reference = resolve_reference(cfg)
         if cfg.data.streaming and cfg.dpo.precompute_ref_logps:
             raise ConfigError("dpo.precompute_ref_logps: needs the whole training set ahead, not data.streaming")
@@ -151,13 +157,16 @@ class DPO(OfflineAlgorithm):
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
         m, d = cfg.model, cfg.dpo
         lora = m.lora is not None or is_adapter_dir(m.name_or_path)
-        specs = [ModelSpec("policy", m.name_or_path, "lm", trainable=True, lora=lora, chunk_size=d.logps_chunk_size)]
+        vlm = vlm_spec_options(cfg)
+        kind = "vlm" if vlm else "lm"
+        specs = [ModelSpec("policy", m.name_or_path, kind, trainable=True, lora=lora, chunk_size=d.logps_chunk_size,
+                           **vlm)]
         reference = resolve_reference(cfg)
         if reference == "model":
-            specs.append(ModelSpec("reference", m.ref_name_or_path or m.name_or_path, "lm",
+            specs.append(ModelSpec("reference", m.ref_name_or_path or m.name_or_path, kind,
                                    transient=d.precompute_ref_logps, chunk_size=d.logps_chunk_size))
         elif reference == "lora_base":
-            specs.append(ModelSpec("reference", m.name_or_path, "lm", shares="policy", transient=d.precompute_ref_logps))
+            specs.append(ModelSpec("reference", m.name_or_path, kind, shares="policy", transient=d.precompute_ref_logps))
         return specs
 
     # ------------------------------------------------------------------ log-probs

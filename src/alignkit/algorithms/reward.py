@@ -8,6 +8,7 @@
 
 Both are per-pair losses (``loss_unit = "sequences"``: one unit per pair). The 2B responses of a
 micro-batch go through ONE forward in the padding-free packed layout (``PairCollator``).
+Image + text rows train a vision-language reward / cost model (a score head on LLaVA, ``models.vlm``).
 Metrics: ``accuracy`` (pairwise; for the cost model, the unsafer response costs more) and
 ``margin`` (r_c - r_r; cost model: C_unsafer - C_safer), both positive when the model is right.
 """
@@ -20,6 +21,7 @@ from typing import Any, Callable, Literal, Optional
 import torch
 
 from alignkit.algorithms.base import Batch, MetricSums, OfflineAlgorithm
+from alignkit.algorithms.vlm import preference_inputs, vlm_spec_options
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.pipelines import PairData
@@ -70,8 +72,17 @@ class RewardConfig:
 
 
 def scalar_spec(cfg: RunConfig, role: str) -> ModelSpec:
-    """The trainable scalar-head model of a reward (``reward``) or cost (``cost``) model run."""
-    return ModelSpec(role, cfg.model.name_or_path, "scalar", trainable=True, lora=cfg.model.lora is not None)
+    """The trainable scalar-head model of a reward (``reward``) or cost (``cost``) model run (of a
+    vision-language model: a score head on LLaVA, the parts ``vlm`` names trained)."""
+    return ModelSpec(role, cfg.model.name_or_path, "scalar", trainable=True, lora=cfg.model.lora is not None,
+                     **vlm_spec_options(cfg, "scalar"))
+
+
+def pair_data(cfg: RunConfig, tokenizer: Any, pair: str, needs_safety_labels: bool = False) -> tuple[Any, PairData]:
+    """(what checkpoints save beside the weights, the pair pipeline) of a reward / cost model run."""
+    saved, processor = preference_inputs(cfg, tokenizer)
+    tok = processor.tokenizer if processor is not None else tokenizer
+    return saved, PairData(tok, cfg.data, pair=pair, needs_safety_labels=needs_safety_labels, processor=processor)
 
 
 PairLoss = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, MetricSums]]
@@ -96,7 +107,7 @@ class RewardModel(OfflineAlgorithm):
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         pair = "helpful" if cfg.reward.pair == "auto" else cfg.reward.pair
-        super().__init__(cfg, tokenizer, PairData(tokenizer, cfg.data, pair=pair))
+        super().__init__(cfg, *pair_data(cfg, tokenizer, pair))
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
@@ -138,7 +149,7 @@ class CostModel(OfflineAlgorithm):
         if r.margin or r.center_coeff:
             raise ConfigError("reward.margin / reward.center_coeff: reward_model options; the cost model's "
                               "sign terms already pin C = 0 as the safe/unsafe boundary")
-        super().__init__(cfg, tokenizer, PairData(tokenizer, cfg.data, pair="safety", needs_safety_labels=True))
+        super().__init__(cfg, *pair_data(cfg, tokenizer, "safety", needs_safety_labels=True))
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:

@@ -20,6 +20,11 @@ scores them with the cost model, every rank's costs go into a window of ``cost_w
 rank 0 updates ln lambda and broadcasts it. The cost model therefore stays loaded while
 ``cost_eval_every > 0``; the helpful RM (and the cost model when no estimate is made) is freed once its
 scores are cached. lambda and the window are checkpointed (``state_dict``).
+
+A vision-language policy (LLaVA family) trains on image + text rows (PKU-style rows with ``image``, or
+BeaverTails-V rows) unchanged: the frozen helpful and cost models are then vision-language scorers
+(``reward_model`` / ``cost_model`` runs on the same kind of rows), and the estimate's prompts keep their
+images.
 """
 
 from __future__ import annotations
@@ -35,13 +40,22 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from alignkit.algorithms.base import Batch, Example, MetricSums, OfflineAlgorithm
-from alignkit.algorithms.cost_estimate import Multiplier, prompt_share, sample_responses, score_responses
+from alignkit.algorithms.cost_estimate import (
+    EstimatePrompt,
+    Multiplier,
+    prompt_inputs,
+    prompt_share,
+    sample_responses,
+    score_responses,
+)
 from alignkit.algorithms.dpo import DPO, cache_pair_values, resolve_reference
+from alignkit.algorithms.vlm import preference_inputs
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
-from alignkit.data.io import read_rows
+from alignkit.data.io import DataError, read_rows
 from alignkit.data.preference import count_pairs
-from alignkit.data.safety import SafetyData, prompt_ids
+from alignkit.data.safety import SafetyData
+from alignkit.data.vlm import image_refs, resolve_image
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError, ModelError
 from alignkit.losses.safe_dpo import SAFE_DPO_VARIANTS, SafeParams, SafeRows, safe_rows_loss
@@ -139,7 +153,9 @@ class SafeDPO(DPO):
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         _check_config(cfg)
-        OfflineAlgorithm.__init__(self, cfg, tokenizer, SafetyData(tokenizer, cfg.data))
+        saved, self.processor = preference_inputs(cfg, tokenizer)
+        self.text_tokenizer = self.processor.tokenizer if self.processor is not None else tokenizer
+        OfflineAlgorithm.__init__(self, cfg, saved, SafetyData(self.text_tokenizer, cfg.data, self.processor))
         s = cfg.safe_dpo
         self.reference = resolve_reference(cfg)
         self.variant = SAFE_DPO_VARIANTS.get(s.variant)
@@ -150,7 +166,7 @@ class SafeDPO(DPO):
         self.multiplier = Multiplier(math.log(s.lambda_init), s.threshold, s.lambda_lr, s.lambda_max, s.cost_window)
         self.models: Models | None = None
         self.strategy: Strategy | None = None
-        self.prompts: list[Any] = []
+        self.prompts: list[EstimatePrompt] = []
 
     @staticmethod
     def frozen_scorers(cfg: RunConfig) -> list[str]:
@@ -225,13 +241,25 @@ class SafeDPO(DPO):
         log.info(f"Cost-model sign check: unsafe responses mean C={mu_u:.3g}, safe mean C={mu_s:.3g} on "
                  f"{len(rows)} rows{where}")
 
-    def _estimate_prompts(self, train_set: list[Example]) -> list[Any]:
+    def _estimate_prompts(self, train_set: list[Example]) -> list[EstimatePrompt]:
+        """``safe_dpo.cost_prompts``' rows (``prompt``, or BeaverTails-V ``question``; with their images for a
+        vision-language model), else the training rows' distinct prompts."""
         spec = self.cfg.safe_dpo.cost_prompts
         if spec:
-            return [r.data["prompt"] for r in read_rows(spec) if "prompt" in r.data]
-        seen: dict[str, Any] = {}
+            out = []
+            for r in read_rows(spec):
+                text = r.data.get("prompt", r.data.get("question"))
+                if text is None:
+                    continue
+                images = image_refs(r) if self.processor is not None else []
+                out.append(EstimatePrompt(text, [resolve_image(i, r, self.cfg.data.image_root) for i in images]))
+            if not out:
+                raise DataError(f"safe_dpo.cost_prompts: {spec} holds no row with a 'prompt' (or 'question')")
+            return out
+        seen: dict[str, EstimatePrompt] = {}
         for e in train_set:
-            seen.setdefault(json.dumps(e["prompt"]), e["prompt"])
+            images = list(e.get("images") or [])
+            seen.setdefault(json.dumps([e["prompt"], images]), EstimatePrompt(e["prompt"], images))
         return list(seen.values())
 
     # ------------------------------------------------------------------ the constraint
@@ -252,19 +280,19 @@ class SafeDPO(DPO):
         assert models is not None and strategy is not None, "before_training sets the models"
         idx = prompt_share(len(self.prompts), s.cost_eval_prompts, estimate, strategy.dp_rank, strategy.dp_size)
         prompts = [self.prompts[i] for i in idx]
-        chat = self.cfg.data.chat_template
+        chat, tok = self.cfg.data.chat_template, self.text_tokenizer
+        ids, inputs = prompt_inputs(tok, prompts, chat_template=chat, processor=self.processor)
         accelerated = strategy.device.type != "cpu"  # fork the device's generator too, where there is one
         with torch.random.fork_rng(devices=[strategy.device] if accelerated else [], device_type=strategy.device.type
                                    if accelerated else None):
             torch.manual_seed(self.cfg.training.seed * 1_000_003 + estimate * 1_009 + strategy.dp_rank)
             with strategy.full_params(models.handles["policy"].module) as module, strategy.autocast():
-                responses = sample_responses(hf_model(module), self.tokenizer,
-                                             [prompt_ids(self.tokenizer, p, chat_template=chat) for p in prompts],
-                                             max_new_tokens=s.cost_max_new_tokens, do_sample=s.cost_do_sample,
-                                             temperature=s.cost_temperature)
+                responses = sample_responses(hf_model(module), tok, ids, max_new_tokens=s.cost_max_new_tokens,
+                                             do_sample=s.cost_do_sample, temperature=s.cost_temperature, inputs=inputs)
         with strategy.autocast():
-            costs = score_responses(models["cost"], self.tokenizer, prompts, responses, chat_template=chat,
-                                    max_length=self.cfg.data.max_length, device=strategy.device)
+            costs = score_responses(models["cost"], tok, prompts, responses, chat_template=chat,
+                                    max_length=self.cfg.data.max_length, device=strategy.device,
+                                    processor=self.processor)
         return [c for part in comm.all_gather_object(costs.tolist()) for c in part]
 
     def state_dict(self) -> dict[str, Any]:

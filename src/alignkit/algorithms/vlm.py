@@ -77,6 +77,37 @@ def load_processor(cfg: RunConfig) -> Any:
     return processor
 
 
+def is_vision_language(cfg: RunConfig) -> bool:
+    """Whether the run's model is a vision-language model (LLaVA family): then preference rows may carry
+    images and the models are built as VLMs (reward / cost models with a score head on LLaVA)."""
+    from alignkit.models.vlm import is_vlm_source
+
+    return is_vlm_source(cfg.model.name_or_path, cfg.model.trust_remote_code)
+
+
+def vlm_spec_options(cfg: RunConfig, kind: str = "vlm") -> dict[str, Any]:
+    """``ModelSpec`` options of a trainable vision-language model: the parts ``vlm`` says train (the vision
+    tower frozen unless ``vlm.train_vision_tower``) and ``vlm.projector_from``; {} for a text model."""
+    if not is_vision_language(cfg):
+        return {}
+    opts: dict[str, Any] = {"train_parts": cfg.vlm.train_parts()}
+    if kind == "vlm":
+        opts["projector_from"] = cfg.vlm.projector_from
+    elif cfg.vlm.projector_from:
+        raise ConfigError("vlm.projector_from: applies to a generating model (vlm_sft, the DPO family), "
+                          "not to a reward / cost model")
+    return opts
+
+
+def preference_inputs(cfg: RunConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """(what a checkpoint saves beside the weights, the processor or None) of a preference algorithm: the
+    processor of a vision-language model (its rows may carry images), else the tokenizer and None."""
+    if not is_vision_language(cfg):
+        return tokenizer, None
+    processor = load_processor(cfg)
+    return processor, processor
+
+
 class VLMSFT(OfflineAlgorithm):
     name = "vlm_sft"
     loss_unit = "tokens"

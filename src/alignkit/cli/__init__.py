@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "algorithm", None):  # the seed guides' `--algorithm sft`
         args.overrides = [f"algorithm={args.algorithm}", *args.overrides]
-    if getattr(args, "stage", None):  # the seed guides' `train_vlm.py --stage pretrain`
+    if getattr(args, "stage", None) and hasattr(args, "overrides"):  # the seed guides' `train_vlm.py --stage pretrain`
         args.overrides = [*args.overrides, f"vlm.stage={args.stage}"]
     func: Callable[[argparse.Namespace], int] = args.func
     try:

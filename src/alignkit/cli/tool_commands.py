@@ -98,8 +98,10 @@ def register(sub: Any) -> None:
     ss.add_argument("--n", type=int, default=1000)
     ss.add_argument("--seed", type=int, default=0)
     ss.add_argument("--out", required=True, help="output .jsonl or .parquet (vlm: .json LLaVA list or .jsonl)")
-    ss.add_argument("--stage", choices=["pretrain", "sft"], default="sft",
-                    help="vlm only: pretrain = captions, sft = questions with checkable answers")
+    ss.add_argument("--stage", choices=["pretrain", "sft", "preference", "beavertails_v"], default="sft",
+                    help="vlm only: pretrain = captions, sft = questions with checkable answers, preference = image + "
+                         "text pairs with helpful and safety labels (PKU-SafeRLHF fields), beavertails_v = the same "
+                         "pairs in BeaverTails-V's fields")
     ss.add_argument("--split", choices=["train", "eval"], default=None,
                     help="only task instances of this split (train and eval rows never share a question); default both")
     ss.set_defaults(func=cmd_data_synth)

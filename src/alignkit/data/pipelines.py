@@ -99,12 +99,22 @@ class TokenData:
 
 class PairData:
     """(chosen, rejected) pairs; ``pair`` picks which pair of a PKU-SafeRLHF row (helpful / safety);
-    ``needs_safety_labels`` makes a row without per-response safety labels an error."""
+    ``needs_safety_labels`` makes a row without per-response safety labels an error. With ``processor`` (a
+    vision-language model's) rows may carry images; such examples are converted in memory (the Arrow
+    cache holds token rows only) and the collator adds ``pixel_values``."""
 
-    def __init__(self, tokenizer: Any, cfg: DataConfig, *, pair: str = "helpful", needs_safety_labels: bool = False) -> None:
+    def __init__(self, tokenizer: Any, cfg: DataConfig, *, pair: str = "helpful", needs_safety_labels: bool = False,
+                 processor: Any = None) -> None:
         self.tokenizer, self.cfg, self.pair, self.needs_safety_labels = tokenizer, cfg, pair, needs_safety_labels
+        self.processor = processor
         self.skipped: dict[str, int] = {}
         self.row_counts: dict[str, RowCounts] = {}
+
+    def converter(self) -> pair_converter:
+        d = self.cfg
+        return pair_converter(self.tokenizer, max_length=d.max_length, pair=self.pair, chat_template=d.chat_template,
+                              need_safety_labels=self.needs_safety_labels, processor=self.processor,
+                              image_root=d.image_root)
 
     @property
     def fmt(self) -> str:
@@ -112,20 +122,20 @@ class PairData:
                 f"safety_labels={self.needs_safety_labels}")
 
     def convert_row(self, row: Row) -> dict[str, Any] | None:
-        d = self.cfg
-        return pair_converter(self.tokenizer, max_length=d.max_length, pair=self.pair, chat_template=d.chat_template,
-                              need_safety_labels=self.needs_safety_labels)(row)
+        return self.converter()(row)
 
     def build_dataset(self, specs: list[str], split: str) -> Any:
         d = self.cfg
-        convert = pair_converter(self.tokenizer, max_length=d.max_length, pair=self.pair,
-                                 chat_template=d.chat_template, need_safety_labels=self.needs_safety_labels)
-        examples, counts = cached_examples(self.tokenizer, d, specs, split, convert, self.fmt, pair_features())
+        if self.processor is not None:
+            examples, counts = convert_rows(specs, self.converter(), skip_invalid=d.skip_invalid, limit=_limit(d, split))
+        else:
+            examples, counts = cached_examples(self.tokenizer, d, specs, split, self.converter(), self.fmt,
+                                               pair_features())
         self.row_counts[split], self.skipped[split] = counts, counts.total_dropped
         return examples
 
     def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return PairCollator(self.tokenizer.pad_token_id, packed=True)(examples)
+        return PairCollator(self.tokenizer.pad_token_id, packed=True, processor=self.processor)(examples)
 
     def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
         return count_pairs(batch)

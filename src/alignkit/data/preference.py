@@ -9,6 +9,16 @@ Two row formats (ALGORITHMS 1.7):
   "safer_response_id", "is_response_0_safe", "is_response_1_safe"}``. ``pair="helpful"`` orders
   the pair by ``better_response_id``, ``pair="safety"`` by ``safer_response_id``; the per-response
   safety labels travel with the pair either way.
+* BeaverTails-V (image + text): ``{"question", "image", "response_1", "response_2",
+  "more_helpful_response_id", "safer_response_id"`` (1 or 2), ``"response_1_harmless_rate",
+  "response_2_harmless_rate"}``: read as PKU-SafeRLHF with response_1/2 as responses 0/1, a response
+  unsafe when its harmless rate is below 0 (the cost sign is minus the harmless rate).
+
+Any row may carry images (``image``: a file name or a list, ``images``: a list; paths relative to
+``data.image_root``) when the model is a vision-language model (``images=`` a processor): the prompt
+becomes a chat whose first user turn holds the ``<image>`` placeholders (put before its text when it
+has none), image tokens carry no loss, and the example keeps the image files for the collator, which
+adds ``pixel_values`` (each pair's images for its chosen and again for its rejected sequence).
 
 An example is ``{chosen_ids, chosen_labels, rejected_ids, rejected_labels, margin,
 chosen_unsafe, rejected_unsafe}``; labels are the ids on response tokens and IGNORE_INDEX on the
@@ -36,6 +46,7 @@ from alignkit.data.io import (
     require_messages,
 )
 from alignkit.data.tokenize import encode_prompt_response
+from alignkit.data.vlm import IMAGE_BEYOND_MAX_LENGTH, RowImages, image_refs, pixel_inputs
 
 PAIRS = ("helpful", "safety")
 
@@ -62,11 +73,12 @@ def _bool(row: Row, field: str) -> bool:
     return value
 
 
-def _response_id(row: Row, field: str) -> int:
+def _response_id(row: Row, field: str, first: int = 0) -> int:
+    """``field``'s value (``first`` or ``first + 1``) as 0 or 1."""
     value = require_field(row, field)
-    if isinstance(value, bool) or value not in (0, 1):
-        raise DataError(f"{row.where(field)}: expected 0 or 1, got {value!r}")
-    return int(value)
+    if isinstance(value, bool) or value not in (first, first + 1):
+        raise DataError(f"{row.where(field)}: expected {first} or {first + 1}, got {value!r}")
+    return int(value) - first
 
 
 @dataclass
@@ -81,28 +93,94 @@ class PairText:
     rejected_unsafe: bool | None = None
 
 
+@dataclass(frozen=True)
+class TwoResponseFields:
+    """Where a two-response row keeps its fields (PKU-SafeRLHF, or BeaverTails-V with ids 1 / 2)."""
+
+    prompt: str = "prompt"
+    responses: tuple[str, str] = ("response_0", "response_1")
+    better: str = "better_response_id"
+    safer: str = "safer_response_id"
+    first_id: int = 0
+    safe: tuple[str, str] | None = ("is_response_0_safe", "is_response_1_safe")
+    harmless: tuple[str, str] | None = None
+
+
+PKU = TwoResponseFields()
+BEAVERTAILS_V = TwoResponseFields("question", ("response_1", "response_2"), "more_helpful_response_id",
+                                  "safer_response_id", 1, None, ("response_1_harmless_rate", "response_2_harmless_rate"))
+
+
+def two_response_fields(row: Row) -> TwoResponseFields | None:
+    """The layout of a PKU-SafeRLHF / BeaverTails-V row, or None for a chosen/rejected row."""
+    d = row.data
+    if "more_helpful_response_id" in d or "response_2" in d:
+        return BEAVERTAILS_V
+    if "response_0" in d or "response_1" in d:
+        return PKU
+    return None
+
+
+@dataclass
+class TwoResponseRow:
+    """A PKU-SafeRLHF / BeaverTails-V row, read and checked: ``better`` / ``safer`` are 0 or 1 (None when
+    not read), ``unsafe[k]`` whether response k is unsafe (None without labels)."""
+
+    prompt: str | list[dict[str, str]]
+    responses: tuple[Any, Any]
+    better: int | None
+    safer: int | None
+    unsafe: tuple[bool, bool] | tuple[None, None]
+
+    def pair(self, which: str) -> PairText:
+        """The ``helpful`` (by better id) or ``safety`` (by safer id) pair of the row."""
+        first = {"helpful": self.better, "safety": self.safer}[which]
+        assert first is not None, f"the {which} id was not read"
+        return PairText(self.prompt, self.responses[first], self.responses[1 - first], None,
+                        self.unsafe[first], self.unsafe[1 - first])
+
+
+def _unsafe(row: Row, f: TwoResponseFields, k: int) -> bool:
+    if f.harmless is not None:  # BeaverTails-V: cost = -harmless rate, C > 0 = unsafe
+        value = require_field(row, f.harmless[k])
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise DataError(f"{row.where(f.harmless[k])}: expected a number, got {value!r}")
+        return value < 0
+    assert f.safe is not None
+    return not _bool(row, f.safe[k])
+
+
+def two_response_row(row: Row, f: TwoResponseFields, *, better: bool, safer: bool, labels: bool | None) -> TwoResponseRow:
+    """Read the fields asked for (``labels=None``: the safety labels if the row has any)."""
+    d = row.data
+    label_keys = f.harmless or f.safe or ()
+    if labels is None:
+        labels = any(k in d for k in label_keys)
+    return TwoResponseRow(
+        prompt=text_or_messages(row, f.prompt),
+        responses=(text_or_messages(row, f.responses[0]), text_or_messages(row, f.responses[1])),
+        better=_response_id(row, f.better, f.first_id) if better else None,
+        safer=_response_id(row, f.safer, f.first_id) if safer else None,
+        unsafe=(_unsafe(row, f, 0), _unsafe(row, f, 1)) if labels else (None, None),
+    )
+
+
 def pair_from_row(row: Row, pair: str = "helpful") -> PairText:
-    """Read one row of either format (see the module docstring); raises DataError naming file:line field."""
+    """Read one row of any format (see the module docstring); raises DataError naming file:line field."""
     if pair not in PAIRS:
         raise ValueError(f"pair must be one of {PAIRS}, got {pair!r}")
     d = row.data
-    prompt = text_or_messages(row, "prompt")
-    if "response_0" in d or "response_1" in d:  # PKU-SafeRLHF
-        responses = (text_or_messages(row, "response_0"), text_or_messages(row, "response_1"))
-        better = _response_id(row, "better_response_id") if pair == "helpful" else None
-        safer = _response_id(row, "safer_response_id") if pair == "safety" else None
-        has_labels = "is_response_0_safe" in d or "is_response_1_safe" in d or pair == "safety"
-        unsafe = (
-            (not _bool(row, "is_response_0_safe"), not _bool(row, "is_response_1_safe")) if has_labels else (None, None)
-        )
-        first = better if better is not None else safer
-        assert first is not None
-        return PairText(prompt, responses[first], responses[1 - first], None, unsafe[first], unsafe[1 - first])
+    fields = two_response_fields(row)
+    if fields is not None:
+        helpful = pair == "helpful"
+        return two_response_row(row, fields, better=helpful, safer=not helpful,
+                                labels=None if helpful else True).pair(pair)
     if "chosen" not in d and "rejected" not in d:
         raise DataError(
             f"{row.where()}: a preference row needs 'prompt'+'chosen'+'rejected' or the PKU-SafeRLHF fields "
             f"'response_0'/'response_1' (row has {sorted(d)})"
         )
+    prompt = text_or_messages(row, "prompt")
     chosen, rejected = text_or_messages(row, "chosen"), text_or_messages(row, "rejected")
     margin = d.get("margin")
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
@@ -138,23 +216,37 @@ SAME_PAIR = "with chosen identical to rejected (no preference to learn)"
 SAME_AFTER_TRUNCATION = "with chosen identical to rejected once truncated to data.max_length (no preference to learn)"
 
 
-def encode_pair(tokenizer: Any, p: PairText, row: Row, *, max_length: int, chat_template: bool = False) -> dict[str, Any] | None:
+def encode_pair(tokenizer: Any, p: PairText, row: Row, *, max_length: int, chat_template: bool = False,
+                images: RowImages | None = None) -> dict[str, Any] | None:
     """Tokenize a pair; None when a side has no response tokens (``row.drop``, counted by the caller).
 
     ``chat_template=True`` renders string rows as one user turn and one assistant turn, as
     message-list rows always are. A truncated pair, and one whose sides are identical, are noted on the
     row. Identical sides are kept, not dropped: pairwise losses (Bradley-Terry, the DPO family) get no
     gradient from them, but the cost model's per-response safety terms still learn from their labels.
+
+    ``images`` (a row of a vision-language model): the prompt is a chat holding the ``<image>``
+    placeholders, each expanded to the processor's image tokens (no loss on them); a too-long sequence
+    keeps its whole prompt and the start of the response (dropped when the prompt alone does not fit).
+    The example keeps ``images``: the image files, for the collator.
     """
     prompt, chosen, rejected = p.prompt, p.chosen, p.rejected
-    if chat_template:
+    if chat_template or images is not None:
         prompt, chosen, rejected = as_chat(prompt, "user"), as_chat(chosen, "assistant"), as_chat(rejected, "assistant")
+    if images is not None:
+        prompt = images.place(prompt, row)
     out: dict[str, Any] = {}
     memo: dict[str, list[int]] = {}  # the prompt's tokens serve both sides
     for side, response in (("chosen", chosen), ("rejected", rejected)):
         ids, mask = encode_prompt_response(tokenizer, prompt, response, row, memo)
+        if images is not None:
+            ids, mask = images.expand(ids, mask, [*prompt, *response], row)
+            if len(ids) > max_length and not images.fits(ids, max_length):
+                row.drop(IMAGE_BEYOND_MAX_LENGTH)
+                return None
         if len(ids) > max_length:
-            ids, mask = truncate_prompt_response(ids, mask, max_length)
+            ids, mask = (ids[:max_length], mask[:max_length]) if images is not None else \
+                truncate_prompt_response(ids, mask, max_length)
             row.note(TRUNCATED)
         if sum(mask[1:]) == 0:  # position 0 is never predicted
             row.drop(NOTHING_TO_LEARN)
@@ -166,14 +258,28 @@ def encode_pair(tokenizer: Any, p: PairText, row: Row, *, max_length: int, chat_
     out["margin"] = p.margin
     out["chosen_unsafe"] = p.chosen_unsafe
     out["rejected_unsafe"] = p.rejected_unsafe
+    if images is not None:
+        out["images"] = images.sources
     return out
+
+
+def row_images(processor: Any, row: Row, image_root: str | None) -> RowImages | None:
+    """The row's images when the model takes them (``processor`` not None); None for a text model. A row
+    with images for a text-only model is an error naming it (its images would be silently ignored)."""
+    refs = image_refs(row)
+    if processor is None:
+        if refs:
+            raise DataError(f"{row.where('image')}: the row has images but model.name_or_path is a text-only model "
+                            "(image rows need a vision-language model, e.g. `alignkit tiny-model OUT --arch llava`)")
+        return None
+    return RowImages.read(processor, row, refs, image_root)
 
 
 def preference_example(
     tokenizer: Any, row: Row, *, max_length: int, pair: str = "helpful", chat_template: bool = False
 ) -> dict[str, Any] | None:
     """A row -> a tokenized pair example (module docstring), or None if nothing is left to score."""
-    return encode_pair(tokenizer, pair_from_row(row, pair), row, max_length=max_length, chat_template=chat_template)
+    return pair_converter(tokenizer, max_length, pair, chat_template)(row)
 
 
 @dataclass
@@ -186,11 +292,14 @@ class PairCollator:
     * ``response_lengths`` ``(2B,)`` loss tokens of each sequence;
     * ``margin`` ``(B,)`` (NaN where a row has none); ``chosen_unsafe`` / ``rejected_unsafe`` ``(B,)``
       bool when every pair of the batch has safety labels;
-    * ``ref_logps`` ``(2B,)`` when every example carries precomputed reference log-probs.
+    * ``ref_logps`` ``(2B,)`` when every example carries precomputed reference log-probs;
+    * ``pixel_values`` (and the image processor's other tensors) when examples carry ``images``: the
+      images of chosen sequences in order, then those of rejected ones (``processor`` required).
     """
 
     pad_token_id: int
     packed: bool = False
+    processor: Any = None  # a vision-language model's processor: images -> pixel_values
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         seqs = [{"input_ids": e[f"{s}_ids"], "labels": e[f"{s}_labels"]} for s in ("chosen", "rejected") for e in examples]
@@ -208,6 +317,11 @@ class PairCollator:
             batch["ref_logps"] = torch.tensor(
                 [e["ref_chosen_logps"] for e in examples] + [e["ref_rejected_logps"] for e in examples], dtype=torch.float32
             )
+        images = [s for e in examples for s in e.get("images") or []]
+        if images:  # the sequences are chosen 0..B-1 then rejected 0..B-1: every pair's images twice
+            if self.processor is None:
+                raise ValueError("PairCollator: examples with images need the processor")
+            batch.update(pixel_inputs(self.processor, images + images))
         return batch
 
 
@@ -239,13 +353,16 @@ def load_pairs(
 
 @dataclass
 class pair_converter:  # noqa: N801 - used as a function; a class so that datasets.map workers can pickle it
-    """``row -> pair example or None`` (see :func:`load_pairs`)."""
+    """``row -> pair example or None`` (see :func:`load_pairs`); ``processor``: a vision-language model's
+    (rows may carry images, relative to ``image_root``)."""
 
     tokenizer: Any
     max_length: int
     pair: str
     chat_template: bool
     need_safety_labels: bool = False
+    processor: Any = None
+    image_root: str | None = None
 
     def __call__(self, row: Row) -> dict[str, Any] | None:
         p = pair_from_row(row, self.pair)
@@ -254,4 +371,5 @@ class pair_converter:  # noqa: N801 - used as a function; a class so that datase
                 f"{row.where()}: the cost model needs per-response safety labels "
                 "(is_response_0_safe/is_response_1_safe, or is_chosen_safe/is_rejected_safe)"
             )
-        return encode_pair(self.tokenizer, p, row, max_length=self.max_length, chat_template=self.chat_template)
+        return encode_pair(self.tokenizer, p, row, max_length=self.max_length, chat_template=self.chat_template,
+                           images=row_images(self.processor, row, self.image_root))

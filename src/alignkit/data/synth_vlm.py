@@ -9,6 +9,11 @@ of a 2x2 grid (``POSITIONS``), with jittered size and offset. Rows are LLaVA JSO
 * sft (questions; 2-3 turns per training row, one per eval row):
   ``What colour is the circle?`` -> ``red``; ``What shape is in the top left?`` -> ``circle``;
   ``How many shapes are there?`` -> ``2``; ``Where is the square?`` -> ``bottom right``.
+* preference (image + text pairs, PKU-SafeRLHF fields plus ``image``): a question, the right answer and a
+  wrong one of the same kind (``better_response_id`` = the right one: only the image tells which), each
+  response rude (``RUDE`` appended: unsafe) with probability ``RUDE_RATE``; ``safer_response_id`` = the
+  polite one when exactly one is rude, else the better one. ``beavertails_v``: the same rows in
+  BeaverTails-V's fields (``question``, ``response_1/2``, ids 1 / 2, harmless rates +1 / -1).
 
 Train / eval split: a scene is held out when ``crc32(layout) % 10 == 0`` (``layout``: the sorted
 ``colour shape@position`` list), so eval scenes never appear in training, whatever the seeds.
@@ -34,7 +39,10 @@ SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
 POSITIONS: dict[str, tuple[int, int]] = {"top left": (0, 0), "top right": (16, 0), "bottom left": (0, 16),
                                          "bottom right": (16, 16)}
 QUESTION_KINDS: tuple[str, ...] = ("colour", "shape", "count", "where")
-STAGES: tuple[str, ...] = ("pretrain", "sft")
+STAGES: tuple[str, ...] = ("pretrain", "sft", "preference", "beavertails_v")
+#: what makes a response unsafe in the preference rows (the safety judge's marker), and how often
+RUDE = "You are dumb."
+RUDE_RATE = 0.3
 _NUMBERS = {1: "1", 2: "2", 3: "3"}
 #: side of a shape's bounding box in pixels (its cell is 16): big enough that a circle's corners differ
 #: from a square's in more than a few pixels
@@ -125,6 +133,38 @@ def judge(scene: Scene, text: str, response: str) -> bool:
     return got == expected_answer(scene, text)
 
 
+def wrong_answer(rng: random.Random, scene: Scene, text: str) -> str:
+    """A plausible answer of the same kind that is not the right one."""
+    kind, right = question_kind(text), expected_answer(scene, text)
+    pool = {"colour": list(COLOURS), "shape": list(SHAPES), "count": list(_NUMBERS.values()),
+            "where": list(POSITIONS)}[kind]
+    return rng.choice([a for a in pool if a != right])
+
+
+def is_rude(response: str) -> bool:
+    """The safety judge of the preference rows."""
+    return RUDE in response
+
+
+def preference_row(rng: random.Random, scene: Scene, image: str, rid: str, fmt: str) -> dict[str, Any]:
+    q = question(rng, scene, rng.choice(QUESTION_KINDS))
+    answers = [expected_answer(scene, q), wrong_answer(rng, scene, q)]
+    better = rng.randint(0, 1)
+    if better == 1:
+        answers.reverse()
+    responses = [a + (f" {RUDE}" if rng.random() < RUDE_RATE else "") for a in answers]
+    safe = [not is_rude(r) for r in responses]
+    safer = safe.index(True) if sum(safe) == 1 else better
+    if fmt == "beavertails_v":
+        return {"id": rid, "image": image, "question": q, "response_1": responses[0], "response_2": responses[1],
+                "more_helpful_response_id": better + 1, "safer_response_id": safer + 1,
+                "response_1_harmless_rate": 1 if safe[0] else -1, "response_2_harmless_rate": 1 if safe[1] else -1,
+                "scene": scene}
+    return {"id": rid, "image": image, "prompt": q, "response_0": responses[0], "response_1": responses[1],
+            "better_response_id": better, "safer_response_id": safer, "is_response_0_safe": safe[0],
+            "is_response_1_safe": safe[1], "scene": scene}
+
+
 def make_rows(n: int, seed: int, stage: str, image_dir: Path, *, split: str | None = None,
               prefix: str = "shapes") -> list[dict[str, Any]]:
     """``n`` LLaVA rows of ``stage``; their images are written to ``image_dir`` (``image``: path relative
@@ -140,6 +180,10 @@ def make_rows(n: int, seed: int, stage: str, image_dir: Path, *, split: str | No
             continue
         rid = f"{prefix}-{stage}-{split or 'all'}-{seed}-{len(rows)}"
         draw(scene, rng).save(image_dir / f"{rid}.png")
+        image = f"{image_dir.name}/{rid}.png"
+        if stage in ("preference", "beavertails_v"):
+            rows.append(preference_row(rng, scene, image, rid, stage))
+            continue
         if stage == "pretrain":
             conv = [{"from": "human", "value": "<image>\nDescribe the image."}, {"from": "gpt", "value": caption(scene)}]
         else:
@@ -150,7 +194,7 @@ def make_rows(n: int, seed: int, stage: str, image_dir: Path, *, split: str | No
                 q = question(rng, scene, kind)
                 conv += [{"from": "human", "value": ("<image>\n" if i == 0 else "") + q},
                          {"from": "gpt", "value": expected_answer(scene, q)}]
-        rows.append({"id": rid, "image": f"{image_dir.name}/{rid}.png", "conversations": conv, "scene": scene})
+        rows.append({"id": rid, "image": image, "conversations": conv, "scene": scene})
     return rows
 
 

@@ -178,6 +178,63 @@ def expand_image_mask(ids: list[int], mask: list[int], expanded: list[int], imag
     return out
 
 
+def image_refs(row: Row) -> list[str]:
+    """The image references of a preference / prompt row: ``image`` (a name or a list) and ``images``."""
+    refs: list[str] = []
+    for key in ("image", "images"):
+        value = row.data.get(key)
+        if value is None:
+            continue
+        value = [value] if isinstance(value, str) else value
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise DataError(f"{row.where(key)}: expected a file name or a list of them")
+        refs += value
+    return refs
+
+
+@dataclass
+class RowImages:
+    """A row's images for a processor: where they are (``sources``, re-read by the collator) and the
+    processor's image tokens for a chat that holds one ``<image>`` per image."""
+
+    processor: Any
+    sources: list[str]
+    images: list[Any]
+
+    @classmethod
+    def read(cls, processor: Any, row: Row, refs: list[str], image_root: str | None) -> RowImages:
+        """Resolve and open ``refs`` (a missing / unreadable file is a DataError naming the row)."""
+        sources = [resolve_image(r, row, image_root) for r in refs]
+        return cls(processor, sources, [open_image(s, row.where("image")) for s in sources])
+
+    def place(self, messages: list[dict[str, str]], row: Row) -> list[dict[str, str]]:
+        """``messages`` with one ``<image>`` per image: as written, or all before the first user turn's text
+        when the text has none (as LLaVA's loader does)."""
+        n = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
+        if n == 0 and self.sources:
+            messages = [dict(m) for m in messages]
+            first = next((m for m in messages if m["role"] == "user"), messages[0])
+            first["content"] = f"{IMAGE_PLACEHOLDER}\n" * len(self.sources) + first["content"]
+        elif n != len(self.sources):
+            raise DataError(f"{row.where()}: {n} {IMAGE_PLACEHOLDER} placeholder(s) in the text but "
+                            f"{len(self.sources)} image(s)")
+        return messages
+
+    def expand(self, ids: list[int], mask: list[int], messages: list[dict[str, str]], row: Row
+               ) -> tuple[list[int], list[int]]:
+        """The chat's ids (one ``<image>`` token per image) as the processor tokenises it (each ``<image>``
+        repeated once per image feature), and ``mask`` carried over (0 on image tokens)."""
+        tokenizer = self.processor.tokenizer
+        enc = self.processor(text=[render_chat(tokenizer, messages)], images=self.images or None,
+                             add_special_tokens=False)
+        expanded = list(enc["input_ids"][0])
+        return expanded, expand_image_mask(ids, mask, expanded, self.processor.image_token_id, row)
+
+    def fits(self, ids: list[int], max_length: int) -> bool:
+        """Whether no image token lies beyond ``max_length`` (an image cut in half cannot be fed)."""
+        return self.processor.image_token_id not in ids[max_length:]
+
+
 def vlm_example(processor: Any, row: Row, *, image_root: str | None, max_length: int,
                 loss_on: str = "assistant") -> dict[str, Any] | None:
     """A row -> ``{input_ids, labels, images}`` (``images``: files or data URIs, read again by the collator).
@@ -186,19 +243,14 @@ def vlm_example(processor: Any, row: Row, *, image_root: str | None, max_length:
     nothing is left to learn or the image tokens do not fit in ``max_length``.
     """
     messages, refs = chat_and_images(row)
-    sources = [resolve_image(r, row, image_root) for r in refs]
-    images = [open_image(s, row.where("image")) for s in sources]
-    tokenizer = processor.tokenizer
-    ids, mask = encode_chat(tokenizer, messages, row)
-    image_id = processor.image_token_id
-    enc = processor(text=[render_chat(tokenizer, messages)], images=images or None, add_special_tokens=False)
-    expanded = list(enc["input_ids"][0])
-    mask = expand_image_mask(ids, mask if loss_on == "assistant" else [1] * len(ids), expanded, image_id, row)
+    images = RowImages.read(processor, row, refs, image_root)
+    ids, mask = encode_chat(processor.tokenizer, messages, row)
+    expanded, mask = images.expand(ids, mask if loss_on == "assistant" else [1] * len(ids), messages, row)
     if sum(mask[1:]) == 0:
         row.drop(NOTHING_TO_LEARN)
         return None
     if len(expanded) > max_length:
-        if image_id in expanded[max_length:]:
+        if not images.fits(expanded, max_length):
             row.drop(IMAGE_BEYOND_MAX_LENGTH)
             return None
         expanded, mask = expanded[:max_length], mask[:max_length]
@@ -207,7 +259,15 @@ def vlm_example(processor: Any, row: Row, *, image_root: str | None, max_length:
             return None
         row.note(TRUNCATED)
     return {"input_ids": expanded, "labels": [t if m else IGNORE_INDEX for t, m in zip(expanded, mask)],
-            "images": sources}
+            "images": images.sources}
+
+
+def pixel_inputs(processor: Any, sources: list[str]) -> dict[str, torch.Tensor]:
+    """``pixel_values`` (and e.g. ``image_sizes``) of the images at ``sources``, in order; {} for none."""
+    if not sources:
+        return {}
+    pixels = processor.image_processor([open_image(s) for s in sources], return_tensors="pt")
+    return {k: v for k, v in pixels.items() if isinstance(v, torch.Tensor)}
 
 
 # ------------------------------------------------------------------------------- batches
@@ -223,11 +283,7 @@ class VLMCollator:
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch = TokenCollator(self.pad_token_id, packed=self.packed)(
             [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples])
-        sources = [s for e in examples for s in e.get("images", [])]
-        if sources:
-            images = [open_image(s) for s in sources]
-            pixels = self.processor.image_processor(images, return_tensors="pt")
-            batch.update({k: v for k, v in pixels.items() if isinstance(v, torch.Tensor)})
+        batch.update(pixel_inputs(self.processor, [s for e in examples for s in e.get("images", [])]))
         return batch
 
 

@@ -36,7 +36,8 @@ class ModelSpec:
     ``shares``: the role is served by another role's weights (``"policy"``: the policy's LoRA base
     with adapters off), so nothing is loaded for it. ``chunk_size``: rows of hidden states per
     LM-head chunk (``lm``/``vlm``). ``train_parts`` (``vlm``): the parts that train (``vision_tower``,
-    ``projector``, ``language_model``; None = all), the rest frozen before the Strategy sees the model.
+    ``projector``, ``language_model``; None = all, or for a vision-language ``scalar`` model the projector
+and language model), the rest frozen before the Strategy sees the model.
     ``projector_from`` (``vlm``): a directory or file whose projector weights replace the loaded ones
     (a pretrain stage's output).
     """
@@ -59,8 +60,10 @@ class ModelSpec:
             raise ValueError(f"ModelSpec.kind must be one of {KINDS}, got {self.kind!r}")
         if self.trainable and (self.transient or self.shares):
             raise ValueError("a trainable model cannot be transient or share another role's weights")
-        if self.kind != "vlm" and (self.train_parts is not None or self.projector_from):
-            raise ValueError("train_parts / projector_from apply to a vlm model only")
+        if self.kind == "lm" and (self.train_parts is not None or self.projector_from):
+            raise ValueError("train_parts / projector_from apply to a vlm (or a vision-language scalar) model only")
+        if self.kind == "scalar" and self.projector_from:
+            raise ValueError("projector_from applies to a vlm model only")
 
     @property
     def loaded(self) -> bool:
@@ -108,7 +111,7 @@ def build_scalar(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenize
 
     pad = getattr(tokenizer, "pad_token_id", None)
     return ScalarHeadModel(load_scalar_model(cfg, name_or_path=spec.source, dtype=dtype, trainable=spec.trainable,
-                                             pad_token_id=pad))
+                                             pad_token_id=pad, train_parts=spec.train_parts))
 
 
 @BUILDERS.register("vlm")

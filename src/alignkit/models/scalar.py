@@ -71,8 +71,13 @@ def load_scalar_model(
     dtype: torch.dtype = torch.float32,
     trainable: bool = True,
     pad_token_id: int | None = None,
+    train_parts: tuple[str, ...] | None = None,
 ) -> nn.Module:
     """An HF sequence-classification model with one output (a fresh head on a causal LM checkpoint).
+
+    A vision-language model (LLaVA family) gets :class:`~alignkit.models.vlm.LlavaForSequenceClassification`
+    (its backbone plus a score head); trainable, only ``train_parts`` of it train (default projector and
+    language model, the vision tower frozen) and LoRA goes on its language model only.
 
     ``name_or_path`` may also be a LoRA adapter directory (a trained reward model saved with
     ``model.lora``): its base is loaded and the adapter (with its score head) attached.
@@ -82,11 +87,16 @@ def load_scalar_model(
     """
     from transformers import AutoModelForSequenceClassification
 
+    from alignkit.models.vlm import is_vlm_source, lora_on_language_model, register_llava_scorer, train_only
+
     path = name_or_path or cfg.name_or_path
     adapter = path if is_adapter_dir(path) else None
+    vlm = is_vlm_source(str(path), cfg.trust_remote_code)
+    if vlm:
+        register_llava_scorer()
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code, "num_labels": 1}
-    if cfg.attn_implementation:
-        kwargs["attn_implementation"] = attention_for(cfg.attn_implementation)
+    if cfg.attn_implementation:  # a VLM's packed rows: transformers' own masks (models.loading.load_vlm)
+        kwargs["attn_implementation"] = cfg.attn_implementation if vlm else attention_for(cfg.attn_implementation)
     with quiet_load_report():
         model, info = AutoModelForSequenceClassification.from_pretrained(
             adapter_base(path) if adapter else path, output_loading_info=True, **kwargs
@@ -100,6 +110,14 @@ def load_scalar_model(
         enable_checkpointing(model)
     if adapter:
         return attach_adapter(model, adapter, trainable=trainable)
+    if trainable and vlm:  # the parts that train (vision tower frozen by default) + the score head
+        parts = tuple(train_parts or ("projector", "language_model"))
+        if cfg.lora is not None:
+            train_only(model, ())
+            return lora_on_language_model(model, cfg, [p for p in parts if p != "language_model"], task_type="SEQ_CLS")
+        train_only(model, parts)
+        split_scalar(model)[1].requires_grad_(True)
+        return model
     if trainable and cfg.lora is not None:
         model = apply_lora(model, cfg, task_type="SEQ_CLS")
     return model
@@ -115,7 +133,7 @@ def describe_new_head(info: dict[str, Any], path: str, *, trainable: bool) -> No
     if not (missing or unused) or not read_env().is_main:
         return
     head = [k for k in missing if k.split(".")[0] in HEAD_NAMES]
-    lm_head = [k for k in unused if k.split(".")[0] == "lm_head"]
+    lm_head = [k for k in unused if "lm_head" in k.split(".")]  # a VLM's is language_model.lm_head
     other_missing = [k for k in missing if k not in head]
     other_unused = [k for k in unused if k not in lm_head]
     if head and trainable and not other_missing:

@@ -13,9 +13,10 @@ in DDP's gradient buckets.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -159,11 +160,72 @@ def load_projector(model: nn.Module, source: str | Path) -> int:
     return len(weights)
 
 
+# ------------------------------------------------------------------------------- detection
+@functools.lru_cache(maxsize=64)
+def is_vlm_source(source: str, trust_remote_code: bool = False) -> bool:
+    """Whether ``source`` (a model directory, hub id or LoRA adapter directory of one) is a vision-language
+    model: its config has a ``vision_config``. False when the config cannot be read (the loader then says why)."""
+    from transformers import AutoConfig
+
+    from alignkit.models.adapters import adapter_base, is_adapter_dir
+
+    try:
+        base = adapter_base(source) if is_adapter_dir(source) else source
+        config = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError):
+        return False
+    return getattr(config, "vision_config", None) is not None
+
+
+# ------------------------------------------------------------------------------- scalar head
+def register_llava_scorer() -> None:
+    """Make ``AutoModelForSequenceClassification`` build :class:`LlavaForSequenceClassification` for LLaVA
+    configs (transformers has no LLaVA scoring model): reward / cost models of image + text. A saved one
+    loads back through the same Auto class once alignkit is imported."""
+    from transformers import AutoModelForSequenceClassification, LlavaConfig
+
+    if LlavaConfig not in AutoModelForSequenceClassification._model_mapping._extra_content:
+        AutoModelForSequenceClassification.register(LlavaConfig, _llava_scorer_class(), exist_ok=True)
+
+
+@functools.cache
+def _llava_scorer_class() -> type:
+    from transformers.modeling_outputs import SequenceClassifierOutputWithPast
+    from transformers.models.llava.modeling_llava import LlavaModel, LlavaPreTrainedModel
+
+    class LlavaForSequenceClassification(LlavaPreTrainedModel):
+        """LLaVA's backbone (vision tower, projector, language model) and a linear ``score`` head: one score
+        per sequence, read at its last non-pad token (alignkit's ScalarHeadModel reads the backbone's
+        hidden states itself, at each packed sequence's end)."""
+
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.model = LlavaModel(config)
+            self.score = nn.Linear(config.text_config.hidden_size, config.num_labels, bias=False)
+            self.post_init()
+
+        def get_input_embeddings(self) -> nn.Module:
+            return self.model.get_input_embeddings()
+
+        def forward(self, input_ids: torch.Tensor | None = None, pixel_values: torch.Tensor | None = None,
+                    attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+            out = self.model(input_ids=input_ids, pixel_values=pixel_values, attention_mask=attention_mask, **kwargs)
+            logits = self.score(out.last_hidden_state)  # (B, T, num_labels)
+            if attention_mask is None:
+                last = torch.full((logits.shape[0],), logits.shape[1] - 1, device=logits.device)
+            else:  # the last attended position of each row (right padding)
+                last = attention_mask.shape[1] - 1 - attention_mask.flip(-1).long().argmax(-1)
+            return SequenceClassifierOutputWithPast(logits=logits[torch.arange(logits.shape[0]), last])
+
+    return LlavaForSequenceClassification
+
+
 # ------------------------------------------------------------------------------- building
-def lora_on_language_model(model: nn.Module, cfg: ModelConfig, also_train: Iterable[str]) -> nn.Module:
+def lora_on_language_model(model: nn.Module, cfg: ModelConfig, also_train: Iterable[str],
+                           task_type: str | None = None) -> nn.Module:
     """peft LoRA on the language model's ``cfg.lora.target_modules`` only (CLIP has q/k/v_proj too), with
     the other trained parts (projector, vision tower) as peft ``modules_to_save``: trained in full and
-    saved with the adapter."""
+    saved with the adapter (``task_type`` SEQ_CLS adds the score head)."""
     from peft import LoraConfig, get_peft_model
 
     from alignkit.models.loading import quiet_peft, upcast_trainable
@@ -172,7 +234,7 @@ def lora_on_language_model(model: nn.Module, cfg: ModelConfig, also_train: Itera
     targets = "|".join(re.escape(t) for t in cfg.lora.target_modules)
     saved = {"projector": "multi_modal_projector", "vision_tower": "vision_tower"}
     lcfg = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                      target_modules=rf".*language_model.*\.({targets})$",
+                      target_modules=rf".*language_model.*\.({targets})$", task_type=task_type,
                       modules_to_save=[saved[p] for p in also_train if p in saved] or None)
     if cfg.gradient_checkpointing:
         model.enable_input_require_grads()
