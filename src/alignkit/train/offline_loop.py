@@ -109,7 +109,8 @@ class OfflineTrainer:
             if self._due(cfg.checkpoint.save_steps, state.step):
                 self._save(state)
             if cfg.checkpoint.save_each_epoch and state.consumed >= self.order.usable():
-                self.checkpointer.save_final(self.out / f"epoch_{state.epoch + 1}", dump_yaml(cfg))
+                self.checkpointer.save_final(self.out / f"epoch_{state.epoch + 1}", dump_yaml(cfg),
+                                             f"the model of epoch {state.epoch + 1}")
         if self.eval_set:
             eval_metrics = self._evaluate(state.step)
         final_dir = self.checkpointer.finish(lambda: self._save(state), save_steps=cfg.checkpoint.save_steps,

@@ -306,11 +306,12 @@ class Checkpointer:
         self.save_final(final_dir, self.config_yaml)
         return final_dir
 
-    def save_final(self, final_dir: Path, config_yaml: str) -> None:
-        """The primary role's weights in ``final_dir`` (HF format), others in ``final_dir``_ROLE."""
+    def save_final(self, final_dir: Path, config_yaml: str, what: str = "final model") -> None:
+        """The primary role's weights in ``final_dir`` (HF format), others in ``final_dir``_ROLE; the log line
+        names ``what`` was saved (the final model, or an epoch's model)."""
         for i, (role, handle) in enumerate(self.models.handles.items()):
             target = final_dir if i == 0 else final_dir.with_name(f"{final_dir.name}_{role}")
             self.strategy.save_model(handle, target, self.tokenizer)
             if self.strategy.is_main:  # how it was trained (e.g. `alignkit score` reads the data format)
                 (target / "config.yaml").write_text(config_yaml, encoding="utf-8")
-        self.log.info(f"Saved final model to {final_dir}")
+        self.log.info(f"Saved {what} to {final_dir}")
