@@ -29,6 +29,7 @@ from alignkit.data.vlm import RowImages, pixel_inputs
 from alignkit.distributed import comm
 from alignkit.losses.safe_dpo import lagrange_update
 from alignkit.models.policy import model_inputs
+from alignkit.rollout.engine import SamplingParams, sampling_kwargs
 
 
 @dataclass
@@ -119,8 +120,8 @@ def sample_responses(lm: nn.Module, tokenizer: Any, prompts: list[list[int]], *,
     lm.eval()
     try:
         out = lm.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                          do_sample=do_sample, temperature=temperature if do_sample else None, top_p=None, top_k=None,
-                          pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, use_cache=True, **extra)
+                          pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, use_cache=True, **extra,
+                          **sampling_kwargs(SamplingParams(max_new_tokens, temperature if do_sample else 0.0)))
     finally:
         lm.train(was_training)
     return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)

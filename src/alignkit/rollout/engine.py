@@ -70,9 +70,49 @@ def generation_mode(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+class InverseCDFSampler:
+    """A logits processor that draws the next token itself: temperature, top-k and top-p as Hugging Face's
+    warpers define them, then ONE uniform number per row looked up in the cumulative distribution
+    (inverse-CDF sampling, an exact draw from the same categorical). It returns 0 at the drawn token and
+    -inf elsewhere, so ``generate``'s greedy step takes it. ``torch.multinomial`` draws an exponential
+    variate for every vocabulary entry of every row instead: on CPU that was a quarter of a rollout
+    (6 ms a step at 32 x 8192, measured)."""
+
+    def __init__(self, temperature: float, top_k: int = 0, top_p: float = 1.0) -> None:
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        self.warpers: list[Any] = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
+        if top_k:
+            self.warpers.append(TopKLogitsWarper(top_k))
+        if top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        cdf = torch.softmax(scores.float(), dim=-1).cumsum(dim=-1)
+        # u in (0, 1] times the total: the first index whose cumulative mass reaches it has mass > 0
+        u = (1.0 - torch.rand(cdf.shape[0], 1, device=cdf.device, dtype=cdf.dtype)) * cdf[:, -1:]
+        token = torch.searchsorted(cdf, u).clamp_(max=cdf.shape[1] - 1)
+        return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+
+
+def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+    """``generate`` arguments of ``params``: greedy decoding, or sampling through :class:`InverseCDFSampler`
+    (greedy over its one-hot scores), with the generation config's own sampling settings switched off."""
+    from transformers import LogitsProcessorList
+
+    off: dict[str, Any] = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if params.temperature <= 0:
+        return off
+    return {**off, "logits_processor": LogitsProcessorList(
+        [InverseCDFSampler(params.temperature, params.top_k, params.top_p)])}
+
+
 @ENGINES.register("hf")
 class HFEngine:
-    """Hugging Face ``generate`` with the KV cache, left-padded batches."""
+    """Hugging Face ``generate`` with the KV cache, left-padded batches; sampling by
+    :class:`InverseCDFSampler`."""
 
     def __init__(self, pad_token_id: int, eos_token_id: int | list[int] | None) -> None:
         self.pad = pad_token_id
@@ -100,12 +140,8 @@ class HFEngine:
         for i, p in enumerate(chunk):
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
-        sample = params.temperature > 0
-        kwargs: dict[str, Any] = dict(max_new_tokens=params.max_new_tokens, do_sample=sample,
-                                      temperature=params.temperature if sample else None,
-                                      top_p=params.top_p if sample else None,
-                                      top_k=params.top_k if sample and params.top_k else None,
-                                      pad_token_id=self.pad, eos_token_id=sorted(self.eos) or None, use_cache=True)
+        kwargs: dict[str, Any] = dict(max_new_tokens=params.max_new_tokens, pad_token_id=self.pad,
+                                      eos_token_id=sorted(self.eos) or None, use_cache=True, **sampling_kwargs(params))
         if synced:
             kwargs["synced_gpus"] = True
         gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)

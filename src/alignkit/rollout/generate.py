@@ -9,6 +9,7 @@ from torch import nn
 
 from alignkit.errors import DataError
 from alignkit.progress import track
+from alignkit.rollout.engine import SamplingParams, sampling_kwargs
 
 
 def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
@@ -47,13 +48,10 @@ def generate(
             gen = model.generate(
                 **enc,
                 max_new_tokens=max_new_tokens,
-                do_sample=do_sample,
-                temperature=temperature if do_sample else None,
-                top_p=None,
-                top_k=None,
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
                 use_cache=True,
+                **sampling_kwargs(SamplingParams(max_new_tokens, temperature if do_sample else 0.0)),
             )
             new = gen[:, enc["input_ids"].shape[1] :]
             out += tokenizer.batch_decode(new, skip_special_tokens=True)
