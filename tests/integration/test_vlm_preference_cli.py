@@ -1,6 +1,6 @@
 """Image + text preference rows through the command line with a tiny LLaVA, no algorithm-specific path:
 ``alignkit data synth --kind vlm --stage preference|beavertails_v`` -> a Helpful-RM (reward_model) and a
-Harmless-RM (cost_model) on image rows -> Safe-MM-DPO with both frozen, its J_C estimated on image prompts
+Harmless-RM (cost_model) on image rows (``alignkit score`` scores BeaverTails-V rows with it) -> Safe-MM-DPO with both frozen, its J_C estimated on image prompts
 -> DPO with LoRA (adapters saved alone). Each final model loads back and scores / generates with images."""
 
 from __future__ import annotations
@@ -63,6 +63,12 @@ def test_reward_cost_safe_dpo_and_lora_dpo_on_image_rows(micro_llava: Path, rows
     scores = score_responses(scorer, tok, [prompt, prompt], [first["response_0"], first["response_1"]],
                              chat_template=True, max_length=128, device=torch.device("cpu"), processor=processor)
     assert scores.shape == (2,) and torch.isfinite(scores).all()
+    # `alignkit score` on BeaverTails-V rows: each response scored with its image, as in training
+    from alignkit.cli import main
+
+    assert main(["score", str(rm / "final"), str(rows / "eval.jsonl"), "--out", str(tmp_path / "scores.jsonl")]) == 0
+    scored = [json.loads(line) for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
+    assert len(scored) == 8 and all(isinstance(r["response_1_score"], float) and "response_2_score" in r for r in scored)
 
     sd = _train(micro_llava, rows, tmp_path / "sd", "safe_dpo", f"safe_dpo.helpful_model={rm / 'final'}",
                 f"safe_dpo.cost_model={cm / 'final'}", "safe_dpo.cost_eval_every=1", "safe_dpo.cost_eval_prompts=4",

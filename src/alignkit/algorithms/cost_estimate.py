@@ -22,9 +22,9 @@ from torch import nn
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.collate import TokenCollator
 from alignkit.data.io import Row
-from alignkit.data.preference import as_chat, truncate_prompt_response
+from alignkit.data.preference import as_chat, encode_scored
 from alignkit.data.safety import prompt_ids
-from alignkit.data.tokenize import encode_prompt_response, render_chat
+from alignkit.data.tokenize import render_chat
 from alignkit.data.vlm import RowImages, pixel_inputs
 from alignkit.distributed import comm
 from alignkit.losses.safe_dpo import lagrange_update
@@ -135,20 +135,10 @@ def score_responses(scorer: nn.Module, tokenizer: Any, prompts: list[Any], respo
     seqs, sources = [], []
     for i, (p, r) in enumerate(zip(prompts, responses)):
         est = p if isinstance(p, EstimatePrompt) else EstimatePrompt(p)
-        row = Row({}, "<generated>", i)
         images = _row_images(processor, est) if processor is not None else None
-        prompt, response = est.prompt, r
-        if chat_template or isinstance(prompt, list) or images is not None:
-            prompt, response = as_chat(prompt, "user"), as_chat(r, "assistant")
-        if images is not None:
-            prompt = images.place(prompt, row)
-            ids, mask = images.expand(*encode_prompt_response(tokenizer, prompt, response, row), [*prompt, *response],
-                                      row)
-            if images.fits(ids, max_length):  # the prompt (with its image) first; a response beyond it is cut
-                ids = ids[:max_length]
-            sources += images.sources
-        else:
-            ids, _ = truncate_prompt_response(*encode_prompt_response(tokenizer, prompt, response, row), max_length)
+        ids = encode_scored(tokenizer, est.prompt, r, Row({}, "<generated>", i), max_length=max_length,
+                            chat_template=chat_template, images=images)
+        sources += images.sources if images is not None else []
         seqs.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(ids)})
     batch = TokenCollator(tokenizer.pad_token_id, packed=True)(seqs)
     if processor is not None:

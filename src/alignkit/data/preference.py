@@ -263,6 +263,20 @@ def encode_pair(tokenizer: Any, p: PairText, row: Row, *, max_length: int, chat_
     return out
 
 
+def encode_scored(tokenizer: Any, prompt: Any, response: Any, row: Row, *, max_length: int, chat_template: bool,
+                  images: RowImages | None = None) -> list[int]:
+    """The tokens a reward / cost model scores for (prompt, response), encoded as training pairs are: the
+    chat template when asked or for message lists; a vision-language model's image tokens in the prompt
+    (a response beyond ``max_length`` is cut, the prompt and its image kept)."""
+    if chat_template or isinstance(prompt, list) or isinstance(response, list) or images is not None:
+        prompt, response = as_chat(prompt, "user"), as_chat(response, "assistant")
+    if images is None:
+        return truncate_prompt_response(*encode_prompt_response(tokenizer, prompt, response, row), max_length)[0]
+    prompt = images.place(prompt, row)
+    ids, _ = images.expand(*encode_prompt_response(tokenizer, prompt, response, row), [*prompt, *response], row)
+    return ids[:max_length] if images.fits(ids, max_length) else ids
+
+
 def row_images(processor: Any, row: Row, image_root: str | None) -> RowImages | None:
     """The row's images when the model takes them (``processor`` not None); None for a text model. A row
     with images for a text-only model is an error naming it (its images would be silently ignored)."""
