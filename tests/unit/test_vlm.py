@@ -227,3 +227,26 @@ def test_lora_sft_run_merges_into_a_plain_llava(micro_llava: Path, shapes: Path,
     keep = batch["targets"] != IGNORE_INDEX
     want = torch.log_softmax(logits[keep].double(), -1).gather(1, batch["targets"][keep][:, None]).squeeze(1)
     torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("algorithm, over", [
+    ("vlm_sft", ["vlm.stage=pretrain"]), ("vlm_sft", ["vlm.stage=sft"]),
+    ("vlm_sft", ["vlm.stage=sft", "vlm.train_vision_tower=true"]), ("reward_model", []), ("dpo", []),
+])
+def test_estimator_counts_the_parts_that_train(micro_llava: Path, shapes: Path, algorithm: str, over: list[str]) -> None:
+    """The memory estimator holds the whole VLM (vision tower + projector + LM) and trains exactly the
+    parameters the built model trains (gradients and optimizer states are sized from those)."""
+    from alignkit.algorithms import workload_of
+    from alignkit.distributed.auto import memory_inputs
+    from alignkit.distributed.plan import trainable_params
+
+    cfg = _cfg(micro_llava, shapes, f"algorithm={algorithm}", *over)
+    workload = workload_of(cfg)
+    inputs = memory_inputs(cfg, workload, n_gpus=1, device="cpu")
+    model = build_model(workload.trainable[0], cfg.model, torch.float32, None)
+    total = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert inputs.policy.n_params == total
+    # the vision tower's unused pooling norm is frozen by the model but counted as trained by the estimate
+    unused = sum(p.numel() for n, p in model.named_parameters() if "post_layernorm" in n and part_of(n) == "vision_tower")
+    assert trainable_params(inputs) - trained in (0, unused)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from alignkit.config.loader import resolve_batch
@@ -101,7 +101,23 @@ def reference_kind(workload: Workload) -> str:
 
 def _dims_of(spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
     d = resolve_dims(spec.source, trust_remote_code)
-    return d.as_score_model() if spec.kind == "scalar" and d.head == "lm" else d
+    return with_vision(d.as_score_model() if spec.kind == "scalar" and d.head == "lm" else d, spec, trust_remote_code)[0]
+
+
+def with_vision(dims: ModelDims, spec: ModelSpec, trust_remote_code: bool) -> tuple[ModelDims, int]:
+    """A vision-language model's dimensions with its vision tower and projector counted, and how many of
+    its parameters stay frozen while it trains (the parts outside ``spec.train_parts``; a reward / cost
+    model on a VLM trains its projector and language model). Text models: unchanged, 0."""
+    from alignkit.models.vlm import PARTS, is_vlm_source, part_params
+
+    if spec.source in PRESETS or not is_vlm_source(spec.source, trust_remote_code):
+        return dims, 0
+    parts = part_params(spec.source, trust_remote_code)
+    dims = replace(dims, n_params=dims.n_params + parts["vision_tower"] + parts["projector"])
+    if not spec.trainable:
+        return dims, 0
+    trained = spec.train_parts or (PARTS if spec.kind == "vlm" else ("projector", "language_model"))
+    return dims, sum(n for part, n in parts.items() if part not in trained)
 
 
 def compute_dtype(cfg: RunConfig, device: str) -> str:
@@ -123,6 +139,9 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
     dims = policy or resolve_dims(first.source, trust)
     if first.kind == "scalar" and dims.head == "lm":
         dims = dims.as_score_model()
+    frozen_params = 0
+    if policy is None:
+        dims, frozen_params = with_vision(dims, first, trust)
     frozen_dims = [_dims_of(s, trust) for s in workload.frozen if s.role != "reference"]
     for spec in frozen:
         d = resolve_dims(spec, trust)
@@ -151,6 +170,7 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
         frozen_models=frozen_dims,
         extra_trainable=[_dims_of(s, trust) for s in others],
         shard_frozen=cfg.distributed.shard_frozen is not False,
+        frozen_params=frozen_params,
         n_gpus=n_gpus,
         device=device,
         process_baseline_bytes=process_baseline_bytes if device == "cpu" else 0,

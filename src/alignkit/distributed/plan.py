@@ -7,7 +7,8 @@ Per-GPU components (``n`` = ``n_gpus``; ``P`` = policy params, ``P_t`` = trainab
 
 ====================  ===========================================================================
 policy weights        ``P * bytes(param_dtype)`` (+ LoRA ``A``/``B`` in ``lora_dtype``); ``/n`` under
-                      zero3/fsdp; on the host under zero3_offload.
+                      zero3/fsdp; on the host under zero3_offload. ``P_t = P - frozen_params`` for
+                      full training (a VLM's frozen vision tower, or its LM in the pretrain stage).
 master weights        ``P_t * 4`` when ``master_weights_fp32`` and the trainable dtype is not fp32.
 gradients             ``P_t * bytes(trainable dtype)`` (fp32 on the host under zero3_offload).
 optimizer states      ``P_t * n_states * bytes(optimizer_state_dtype)``; adamw/adam 2, sgd 1.
@@ -98,6 +99,7 @@ class MemoryInputs:
     frozen_models: Sequence[ModelDims] = ()  # reward / cost models, held in param_dtype
     extra_trainable: Sequence[ModelDims] = ()  # further fully trained models (a critic), sharded like the policy
     shard_frozen: bool = False  # shard reference + frozen models under SHARDS_FROZEN strategies
+    frozen_params: int = 0  # policy params held but never trained (a VLM's frozen vision tower / LM)
     n_gpus: int = 1
     activation: str = "llama"  # method in ACTIVATION_METHODS
     device: str = "cuda"  # "cuda" | "cpu" (no CUDA overhead; adds process_baseline_bytes)
@@ -139,9 +141,10 @@ class MemoryInputs:
 
 
 def trainable_params(inputs: MemoryInputs) -> int:
-    """All params for full fine-tuning; for LoRA ``sum r * (in + out)`` over targets and layers."""
+    """All params but the frozen ones for full fine-tuning; for LoRA ``sum r * (in + out)`` over targets
+    and layers."""
     if inputs.lora_r is None:
-        return inputs.policy.n_params
+        return inputs.policy.n_params - inputs.frozen_params
     shapes = inputs.policy.linear_shapes()
     per_layer = sum(inputs.lora_r * sum(shapes[t]) for t in inputs.lora_targets)
     return per_layer * inputs.policy.n_layers

@@ -177,6 +177,21 @@ def is_vlm_source(source: str, trust_remote_code: bool = False) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+@functools.lru_cache(maxsize=16)
+def part_params(source: str, trust_remote_code: bool = False) -> dict[str, int]:
+    """part -> parameters of the LLaVA-family model at ``source`` (its config built on the meta device:
+    no weights read), for the memory estimator."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from alignkit.models.adapters import adapter_base, is_adapter_dir
+
+    config = AutoConfig.from_pretrained(adapter_base(source) if is_adapter_dir(source) else source,
+                                        trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config, trust_remote_code=trust_remote_code)
+    return {part: total for part, (_, total) in part_counts(model).items()}
+
+
 # ------------------------------------------------------------------------------- scalar head
 def register_llava_scorer() -> None:
     """Make ``AutoModelForSequenceClassification`` build :class:`LlavaForSequenceClassification` for LLaVA
