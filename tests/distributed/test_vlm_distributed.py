@@ -92,3 +92,29 @@ def test_image_dpo_under_ddp_and_deepspeed_equals_single_process(micro_llava: Pa
     start = load_file(str(micro_llava / "model.safetensors"))
     for k, v in runs["zero3"].items():
         assert torch.equal(v, start[k]) == (part_of(k) == "vision_tower"), k
+
+
+def test_text_only_micro_batches_of_a_vlm_under_ddp(micro_llava: Path, tmp_path: Path) -> None:
+    """Rows with and without images, one row per micro-batch: a micro-batch without images must not leave the
+    trained projector out of DDP's gradient reduction (it takes part with a zero gradient); DDP == one process."""
+    import json
+
+    rows = generate_vlm(8, 0, tmp_path / "pairs.jsonl", stage="preference", split="train")
+    mixed = [json.loads(line) for line in rows.read_text().splitlines()]
+    for r in mixed[1::2]:
+        del r["image"]
+    rows.write_text("".join(json.dumps(r) + "\n" for r in mixed))
+    base: dict[str, Any] = {
+        "algorithm": "dpo", "model": {"name_or_path": str(micro_llava)},
+        "data": {"train": str(rows), "max_length": 128},
+        "training": {"per_device_batch_size": 1, "learning_rate": 2e-3, "max_steps": 4,
+                     "lr_scheduler": "constant", "adam_epsilon": 1e-6, "seed": 0, "max_grad_norm": 0.0},
+        "logging": {"logging_steps": 1, "report_to": ["jsonl"], "plot": False},
+    }
+    runs = {}
+    for name, nproc in (("single", 1), ("ddp", 2)):  # 2 rows a step either way
+        cfg = derive_config(base, tmp_path / name, distributed={"strategy": name},
+                            training__gradient_accumulation_steps=3 - nproc)
+        assert_ok(run_cli(["train", str(write_config(tmp_path / f"{name}.yaml", cfg))], nproc=nproc))
+        runs[name] = final_weights(tmp_path / name)
+    assert max_delta(runs["single"], runs["ddp"]) < 2e-5

@@ -20,6 +20,7 @@ from torch import nn
 
 from alignkit.constants import IGNORE_INDEX
 from alignkit.models.loading import split_lm
+from alignkit.models.vlm import image_free_anchor
 from alignkit.ops.logprobs import chunked_token_logps
 from alignkit.ops.segments import segment_sum
 
@@ -51,6 +52,9 @@ class CausalLMLogps(nn.Module):
         backbone, head = split_lm(self.hf_model)
         out = backbone(input_ids=input_ids, use_cache=False, **inputs)
         hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state  # (B, T, H)
+        anchor = image_free_anchor(self.hf_model, inputs, input_ids.device)
+        if anchor is not None:  # a VLM batch without images: the projector still takes part (DDP)
+            hidden = hidden + anchor
         keep = targets != IGNORE_INDEX
         return chunked_token_logps(
             hidden[keep], head.weight, targets[keep], bias=getattr(head, "bias", None), chunk_size=self.chunk_size

@@ -21,6 +21,7 @@ from alignkit.config.schema import ModelConfig
 from alignkit.errors import ModelError
 from alignkit.models.adapters import adapter_base, attach_adapter, is_adapter_dir
 from alignkit.models.loading import apply_lora, attention_for, enable_checkpointing, quiet_load_report
+from alignkit.models.vlm import image_free_anchor
 from alignkit.ops.segments import last_positions
 
 HEAD_NAMES = ("score", "classifier")
@@ -57,6 +58,9 @@ class ScalarHeadModel(nn.Module):
         backbone, head = split_scalar(self.hf_model)
         out = backbone(input_ids=input_ids, use_cache=False, **inputs)
         hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state  # (B, T, H)
+        anchor = image_free_anchor(self.hf_model, inputs, input_ids.device)
+        if anchor is not None:  # a VLM batch without images: the projector still takes part (DDP)
+            hidden = hidden + anchor
         if positions is not None:
             return head(hidden[positions]).squeeze(-1).float()
         last = last_positions(seq_index, num_seqs)  # (S,)

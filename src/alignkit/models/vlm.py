@@ -192,6 +192,25 @@ def part_params(source: str, trust_remote_code: bool = False) -> dict[str, int]:
     return {part: total for part, (_, total) in part_counts(model).items()}
 
 
+def image_free_anchor(model: nn.Module, inputs: dict[str, Any], device: torch.device) -> torch.Tensor | None:
+    """For a batch WITHOUT images through a VLM whose projector trains: 0 x the projector's output on a zero
+    input, to add to the loss path. The projector then takes part in every backward (with a zero
+    gradient), as DDP requires of every trained parameter (otherwise a text-only micro-batch breaks the
+    next step's gradient reduction); the module is called, so FSDP / ZeRO-3 gather it as usual. None for
+    text models, batches with images, or no grad."""
+    if "pixel_values" in inputs or not torch.is_grad_enabled():
+        return None
+    proj = getattr(model, "_alignkit_projector", False)
+    if proj is False:  # looked up once per model
+        proj = next((m for n, m in model.named_modules() if n.endswith("multi_modal_projector")), None)
+        object.__setattr__(model, "_alignkit_projector", proj)
+    if proj is None or not any(p.requires_grad for p in proj.parameters()):
+        return None
+    first = next(m for m in proj.modules() if isinstance(m, nn.Linear))
+    x = torch.zeros(1, first.in_features, device=device, dtype=first.weight.dtype)
+    return proj(x).sum() * 0.0
+
+
 # ------------------------------------------------------------------------------- scalar head
 def register_llava_scorer() -> None:
     """Make ``AutoModelForSequenceClassification`` build :class:`LlavaForSequenceClassification` for LLaVA
