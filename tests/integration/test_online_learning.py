@@ -7,14 +7,16 @@ of the time; then
 * Lagrangian PPO with the judged-correct reward and the answer length in words as the cost brings the
   cost under its threshold (1.5 words; the SFT policy starts near 2) while judged correctness is kept.
 
-Measured on 2 CPU cores, seeds 0-3 (60 iterations of 64 completions for GRPO / PPO; ``reward_mean``
-of the first 10-iteration window -> mean of the last two windows):
+Measured on 2 CPU cores, seeds 0-3 (``training.seed``; 60 iterations of 64 completions for GRPO / PPO;
+``reward_mean`` of the first 10-iteration window -> mean of the last two windows), with the rollout's
+inverse-CDF sampler (``rollout/engine.py``; the earlier ``torch.multinomial`` runs gave GRPO rises
+0.068-0.114 and PPO 0.098-0.132, the same effect):
 
-    GRPO  0.081 -> 0.158   0.111 -> 0.179   0.069 -> 0.168   0.092 -> 0.206   (rise >= 0.068)
-    PPO   0.091 -> 0.189   0.091 -> 0.191   0.098 -> 0.216   0.084 -> 0.186   (rise >= 0.098)
-    PPO-Lag (40 iterations): cost in iterations 1-2: 1.82 1.88 1.87 1.70; J_C at the end 1.03 1.06 1.14
-    1.02; lambda peaked at 1.40-1.59; judged correctness, first -> last 10 iterations: 0.184 -> 0.183,
-    0.175 -> 0.155, 0.150 -> 0.164, 0.158 -> 0.191.
+    GRPO  0.045 -> 0.184   0.092 -> 0.166   0.106 -> 0.176   0.089 -> 0.204   (rise >= 0.070)
+    PPO   0.091 -> 0.167   0.092 -> 0.153   0.120 -> 0.228   0.102 -> 0.193   (rise >= 0.061)
+    PPO-Lag (40 iterations): cost of the first 2 iterations 2.08 1.96 1.90 2.23; J_C at the end 1.02 1.10
+    1.09 1.02; lambda peaked at 1.42-2.39; judged correctness, first -> last 10 iterations: 0.170 -> 0.188,
+    0.192 -> 0.188, 0.158 -> 0.208, 0.200 -> 0.192.
 
 The thresholds keep about half of the smallest measured effect as margin. About 1.5 minutes on an idle
 2-core machine.
