@@ -31,3 +31,31 @@ def test_safe_dpo_sync_invariance_and_resume(micro_model: Path, scorers: tuple[P
     assert "ALL OK" in proc.stdout
     assert set(out["cases"]) == {"per_batch", "cached"}
     assert out["multiplier"]["world"] == 2 and len(out["multiplier"]["lambdas"]) == 5
+
+
+def test_cost_estimate_under_fsdp_and_zero3_matches_ddp(micro_model: Path, scorers: tuple[Path, Path],
+                                                       tmp_path: Path) -> None:
+    """The on-policy J_C estimate generates inside Strategy.full_params: under FSDP2 and DeepSpeed ZeRO-3 (the
+    policy sharded over 2 processes) every estimate, lambda and the final weights equal DDP's."""
+    from safetensors.torch import load_file
+
+    from tests.conftest import REPO, run_cli
+    from tests.distributed.runs import max_delta, metric
+    from tests.unit.test_safe_dpo_algorithm import overrides
+
+    runs = {}
+    for name, strategy in (("ddp", ["distributed.strategy=ddp"]), ("fsdp", ["distributed.strategy=fsdp"]),
+                           ("zero3", ["distributed.strategy=deepspeed", "distributed.deepspeed.zero_stage=3"])):
+        out = tmp_path / name
+        assert_ok(run_cli(["train", str(REPO / "configs" / "safe_dpo.yaml"), *overrides(micro_model, scorers, out),
+                           "training.max_steps=4", "safe_dpo.cost_eval_every=1", "training.per_device_batch_size=2",
+                           "training.max_grad_norm=0", "logging.logging_steps=1", "checkpoint.save_steps=null",
+                           "checkpoint.save_each_epoch=false", "data.eval=[]", "logging.report_to=[jsonl]", *strategy],
+                          nproc=2, timeout=600))
+        runs[name] = {"J_C": metric(out, "J_C"), "lambda": metric(out, "lambda"),
+                      "weights": load_file(str(out / "final" / "model.safetensors"))}
+    assert len(runs["ddp"]["J_C"]) == 4
+    for name in ("fsdp", "zero3"):
+        for key in ("J_C", "lambda"):
+            assert runs[name][key] == pytest.approx(runs["ddp"][key], abs=1e-4), (name, key)
+        assert max_delta(runs["ddp"]["weights"], runs[name]["weights"]) < 2e-5, name
