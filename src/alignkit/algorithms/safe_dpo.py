@@ -59,10 +59,10 @@ from alignkit.data.vlm import image_refs, resolve_image
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError, ModelError
 from alignkit.losses.safe_dpo import SAFE_DPO_VARIANTS, SafeParams, SafeRows, safe_rows_loss
-from alignkit.models.adapters import adapter_config, is_adapter_dir
 from alignkit.models.loading import hf_model
 from alignkit.models.policy import forward_scores, sequence_logps
 from alignkit.models.roles import ModelSpec, Models
+from alignkit.models.scalar import saved_scorer_kind
 
 if TYPE_CHECKING:
     from alignkit.distributed.strategy.base import Strategy
@@ -114,19 +114,13 @@ class SafeDPOConfig:
 def check_scalar_model(path: str, key: str) -> None:
     """A local ``path`` must hold a reward/cost model (a sequence-classification head), not an LM: a
     causal LM would get a fresh random head and its scores would mean nothing."""
-    p = Path(path)
-    if not p.is_dir():
+    if not Path(path).is_dir():
         return  # a hub id, or missing: the model loader says which
-    if is_adapter_dir(p):
-        kind = adapter_config(p).get("task_type")
-        ok = kind == "SEQ_CLS"
-    elif (p / "config.json").is_file():
-        kind = json.loads((p / "config.json").read_text(encoding="utf-8")).get("architectures")
-        ok = bool(kind) and all(a.endswith("ForSequenceClassification") for a in kind)
-    else:
+    found = saved_scorer_kind(path)
+    if found is None:
         raise ModelError(f"{key}: {path} holds no config.json or adapter_config.json (not a saved model)")
-    if not ok:
-        raise ModelError(f"{key}: {path} is not a reward/cost model ({kind}); train one with algorithm "
+    if not found[0]:
+        raise ModelError(f"{key}: {path} is not a reward/cost model ({found[1]}); train one with algorithm "
                          "reward_model (helpful_model) or cost_model (cost_model)")
 
 

@@ -37,6 +37,15 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {k: v for k, v in batch.items() if k not in NOT_MODEL_INPUTS and v is not None}
 
 
+def final_hidden(backbone: nn.Module, hf_model: nn.Module, input_ids: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor:
+    """``(B, T, H)`` final hidden states of ``backbone`` (the model without its head), KV cache off; a VLM
+    batch without images keeps the trained projector in the backward (``models.vlm.image_free_anchor``)."""
+    out = backbone(input_ids=input_ids, use_cache=False, **inputs)
+    hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
+    anchor = image_free_anchor(hf_model, inputs, input_ids.device)
+    return hidden if anchor is None else hidden + anchor
+
+
 class CausalLMLogps(nn.Module):
     def __init__(self, hf_model: nn.Module, chunk_size: int = 1024) -> None:
         super().__init__()
@@ -50,11 +59,7 @@ class CausalLMLogps(nn.Module):
         position_ids, pixel_values, ...). Returns (N,) float32 in row-major order of those positions.
         """
         backbone, head = split_lm(self.hf_model)
-        out = backbone(input_ids=input_ids, use_cache=False, **inputs)
-        hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state  # (B, T, H)
-        anchor = image_free_anchor(self.hf_model, inputs, input_ids.device)
-        if anchor is not None:  # a VLM batch without images: the projector still takes part (DDP)
-            hidden = hidden + anchor
+        hidden = final_hidden(backbone, self.hf_model, input_ids, inputs)  # (B, T, H)
         keep = targets != IGNORE_INDEX
         return chunked_token_logps(
             hidden[keep], head.weight, targets[keep], bias=getattr(head, "bias", None), chunk_size=self.chunk_size

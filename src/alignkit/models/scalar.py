@@ -21,7 +21,7 @@ from alignkit.config.schema import ModelConfig
 from alignkit.errors import ModelError
 from alignkit.models.adapters import adapter_base, attach_adapter, is_adapter_dir
 from alignkit.models.loading import apply_lora, attention_for, enable_checkpointing, quiet_load_report
-from alignkit.models.vlm import image_free_anchor
+from alignkit.models.policy import final_hidden
 from alignkit.ops.segments import last_positions
 
 HEAD_NAMES = ("score", "classifier")
@@ -56,11 +56,7 @@ class ScalarHeadModel(nn.Module):
         critic's per-token values V(s_t), read where the policy predicts token t + 1.
         """
         backbone, head = split_scalar(self.hf_model)
-        out = backbone(input_ids=input_ids, use_cache=False, **inputs)
-        hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state  # (B, T, H)
-        anchor = image_free_anchor(self.hf_model, inputs, input_ids.device)
-        if anchor is not None:  # a VLM batch without images: the projector still takes part (DDP)
-            hidden = hidden + anchor
+        hidden = final_hidden(backbone, self.hf_model, input_ids, inputs)  # (B, T, H)
         if positions is not None:
             return head(hidden[positions]).squeeze(-1).float()
         last = last_positions(seq_index, num_seqs)  # (S,)
@@ -153,22 +149,33 @@ def describe_new_head(info: dict[str, Any], path: str, *, trainable: bool) -> No
         log.warning(f"{path}: " + "; ".join(parts))
 
 
-def load_scorer(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> tuple[ScalarHeadModel, Any]:
-    """A trained reward/cost model (full or adapter directory) and its tokenizer, for scoring."""
+def saved_scorer_kind(model_dir: str | Path) -> tuple[bool, Any] | None:
+    """(whether it is a reward / cost model, what its config says it is) of a saved model directory (full or
+    LoRA adapter); None when the directory holds no config. A causal LM is not one: loaded as a scorer it
+    would get a fresh random head, and its scores would mean nothing."""
     import json
 
     from alignkit.models.adapters import adapter_config
-    from alignkit.models.loading import load_tokenizer
 
     model_dir = Path(model_dir)
     if is_adapter_dir(model_dir):
         kind = adapter_config(model_dir).get("task_type")
-        ok = kind == "SEQ_CLS"
-    elif (model_dir / "config.json").is_file():
+        return kind == "SEQ_CLS", kind
+    if (model_dir / "config.json").is_file():
         kind = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("architectures")
-        ok = bool(kind) and all(a.endswith("ForSequenceClassification") for a in kind)
-    else:
+        return bool(kind) and all(a.endswith("ForSequenceClassification") for a in kind), kind
+    return None
+
+
+def load_scorer(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> tuple[ScalarHeadModel, Any]:
+    """A trained reward/cost model (full or adapter directory) and its tokenizer, for scoring."""
+    from alignkit.models.loading import load_tokenizer
+
+    model_dir = Path(model_dir)
+    found = saved_scorer_kind(model_dir)
+    if found is None:
         raise FileNotFoundError(f"{model_dir}: no config.json or adapter_config.json (not a saved model)")
+    ok, kind = found
     if not ok:
         # a causal LM would get a fresh random head here, and its "scores" would mean nothing
         raise ModelError(f"{model_dir} is not a reward/cost model ({kind}); train one with algorithm reward_model or cost_model")
