@@ -16,7 +16,7 @@ Metrics: ``accuracy`` (pairwise; for the cost model, the unsafer response costs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal, Optional
 
 import torch
 
@@ -85,25 +85,29 @@ def pair_data(cfg: RunConfig, tokenizer: Any, pair: str, needs_safety_labels: bo
     return saved, PairData(tok, cfg.data, pair=pair, needs_safety_labels=needs_safety_labels, processor=processor)
 
 
-PairLoss = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, MetricSums]]
+class ScoredPairs(OfflineAlgorithm):
+    """A trained scalar model scores the 2B responses of a micro-batch in one forward; ``pair_loss`` turns
+    the scores into per-pair losses and metrics (reward and cost models)."""
 
-
-def scored_loss(pair_loss: PairLoss, models: Models, batch: Batch, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-    """The trainable model scores the 2B responses; ``pair_loss`` turns them into per-pair losses."""
-    losses, m = pair_loss(forward_scores(models.trainable, batch), batch)
-    return losses.sum() / normalizer, m
-
-
-def scored_eval(pair_loss: PairLoss, models: Models, batch: Batch) -> MetricSums:
-    losses, m = pair_loss(forward_scores(models.trainable, batch), batch)
-    m.add_mean("loss", losses)
-    return m
-
-
-class RewardModel(OfflineAlgorithm):
-    name = "reward_model"
     loss_unit = "sequences"
     sequences_per_example = 2
+
+    def pair_loss(self, scores: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
+        raise NotImplementedError
+
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        losses, m = self.pair_loss(forward_scores(models.trainable, batch), batch)
+        return losses.sum() / normalizer, m
+
+    @torch.no_grad()
+    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
+        losses, m = self.pair_loss(forward_scores(models.trainable, batch), batch)
+        m.add_mean("loss", losses)
+        return m
+
+
+class RewardModel(ScoredPairs):
+    name = "reward_model"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         pair = "helpful" if cfg.reward.pair == "auto" else cfg.reward.pair
@@ -129,18 +133,9 @@ class RewardModel(OfflineAlgorithm):
         m.add_mean("score/rejected", met["rejected"])
         return losses, m
 
-    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        return scored_loss(self.pair_loss, models, batch, normalizer)
 
-    @torch.no_grad()
-    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
-        return scored_eval(self.pair_loss, models, batch)
-
-
-class CostModel(OfflineAlgorithm):
+class CostModel(ScoredPairs):
     name = "cost_model"
-    loss_unit = "sequences"
-    sequences_per_example = 2
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         r = cfg.reward
@@ -168,10 +163,3 @@ class CostModel(OfflineAlgorithm):
         m.add_mean("cost/unsafer", met["unsafer"])
         m.add_mean("cost/safer", met["safer"])
         return losses, m
-
-    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        return scored_loss(self.pair_loss, models, batch, normalizer)
-
-    @torch.no_grad()
-    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
-        return scored_eval(self.pair_loss, models, batch)

@@ -305,7 +305,8 @@ class SafeDPO(DPO):
         with torch.no_grad():
             return forward_scores(models[role], batch)
 
-    def _row_losses(self, models: Models, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
+    def _pair_losses(self, models: Models, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
+        """Per-row losses ``(B,)`` (both pairs of each row) and metric sums; DPO's loss / eval_step use them."""
         s = self.cfg.safe_dpo
         b = count_pairs(batch)
         ref = self.reference_logps(models, batch)
@@ -331,13 +332,3 @@ class SafeDPO(DPO):
                 m.add_mean(f"accuracy_{name[-1]}", (met[name] > 0).double() + 0.5 * (met[name] == 0).double())
         m.add("KL", (logps.detach() - ref).sum(), lengths.sum())  # k1, token mean over both responses
         return losses, m
-
-    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        losses, m = self._row_losses(models, batch)
-        return losses.sum() / normalizer, m
-
-    @torch.no_grad()
-    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
-        losses, m = self._row_losses(models, batch)
-        m.add_mean("loss", losses)
-        return m

@@ -14,15 +14,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-import torch
 
-from alignkit.algorithms.base import Batch, Example, MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import Example, OfflineAlgorithm
+from alignkit.algorithms.sft import SFT
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.vlm import VLMData
 from alignkit.errors import ConfigError
-from alignkit.losses.sft import sft_loss
-from alignkit.models.policy import forward_logps
 from alignkit.models.roles import ModelSpec, Models
 
 log = logging.getLogger("alignkit")
@@ -108,14 +106,16 @@ def preference_inputs(cfg: RunConfig, tokenizer: Any) -> tuple[Any, Any]:
     return processor, processor
 
 
-class VLMSFT(OfflineAlgorithm):
+class VLMSFT(SFT):
+    """SFT's loss and evaluation over image-text rows (``VLMData``); the stage decides what trains."""
+
     name = "vlm_sft"
     loss_unit = "tokens"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         processor = load_processor(cfg)
         # the processor is what a checkpoint saves beside the weights (tokenizer + image processor)
-        super().__init__(cfg, processor, VLMData(processor, cfg.data, loss_on=cfg.vlm.loss_on))
+        OfflineAlgorithm.__init__(self, cfg, processor, VLMData(processor, cfg.data, loss_on=cfg.vlm.loss_on))
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
@@ -132,16 +132,3 @@ class VLMSFT(OfflineAlgorithm):
             v = self.cfg.vlm
             src = f", projector from {v.projector_from}" if v.projector_from else ""
             log.info(f"VLM stage {v.stage}{src}: {describe_trainable(strategy.unwrap(models['policy']))}")
-
-    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        logps = forward_logps(models["policy"], batch)  # (N,) over assistant tokens
-        m = MetricSums()
-        m.add("nll", -logps.detach().sum(), logps.numel())
-        return sft_loss(logps, normalizer=normalizer), m
-
-    @torch.no_grad()
-    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
-        logps = forward_logps(models["policy"], batch)
-        m = MetricSums()
-        m.add("loss", -logps.sum(), logps.numel())
-        return m
