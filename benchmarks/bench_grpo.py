@@ -140,11 +140,27 @@ def run_child(python: str, kind: str, spec: dict[str, Any], log_path: Path) -> d
     return json.loads(lines[-1][len(RESULT_TAG):])
 
 
-def summarize(res: dict[str, Any], warmup: int) -> dict[str, float]:
+def summarize(res: dict[str, Any], warmup: int, prompt_tokens: float) -> dict[str, float]:
+    """Per side: s/step, iterations/s, samples/s, generated tokens/s (the side's own completion tokens of the
+    timed steps) and trained tokens/s (those + ``prompt_tokens`` per completion: both sides train on the
+    prompt + completion sequences of the same prompt set), peak RSS."""
     s = res["stamps"]
-    timed = len(s) - warmup
-    seconds = (s[-1] - s[warmup - 1]) / timed if warmup else (s[-1] - s[0]) / (len(s) - 1)
-    return {"s_per_step": seconds, "samples_per_s": BATCH / seconds, "peak_rss_mib": res["peak_rss_mib"]}
+    first = warmup if warmup else 1
+    seconds = (s[-1] - s[first - 1]) / (len(s) - first)
+    gen = sum(res["gen_tokens"][first:]) / (s[-1] - s[first - 1])
+    return {"s_per_step": seconds, "it_per_s": 1 / seconds, "samples_per_s": BATCH / seconds, "gen_tokens_per_s": gen,
+            "train_tokens_per_s": gen + BATCH * prompt_tokens / seconds, "peak_rss_mib": res["peak_rss_mib"]}
+
+
+def mean_prompt_tokens(model: str, prompts: Path) -> float:
+    """Mean tokens of a prompt as both sides render it (one user turn, the chat template's assistant opener)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = [json.loads(x) for x in prompts.read_text().splitlines()]
+    texts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                     tokenize=False) for r in rows]
+    return sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts) / len(texts)
 
 
 def main() -> None:
@@ -178,12 +194,15 @@ def main() -> None:
     if not a.skip_trl:
         py = ensure_trl_venv(out / ".venv-trl")
         results["trl"] = run_child(str(py), "trl", {**spec, "run_dir": str(work / "trl")}, work / "trl.log")
-    rows = {k: summarize(v, a.warmup) for k, v in results.items()}
+    prompt_tokens = mean_prompt_tokens(model, prompts)
+    rows = {k: summarize(v, a.warmup, prompt_tokens) for k, v in results.items()}
     lines = [f"# GRPO, tiny Llama, G={G}, {BATCH} completions/step, max_new_tokens={MAX_NEW} ({stamp}; alignkit = "
              f"rollout.engine {engines[0]})", "",
-             "| side | s/step | samples/s | peak RSS MiB |", "|---|---|---|---|"]
+             "| side | s/step | it/s | samples/s | generated tok/s | trained tok/s | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|"]
     for k, r in rows.items():
-        lines.append(f"| {k} | {r['s_per_step']:.3f} | {r['samples_per_s']:.2f} | {r['peak_rss_mib']:.0f} |")
+        lines.append(f"| {k} | {r['s_per_step']:.3f} | {r['it_per_s']:.2f} | {r['samples_per_s']:.2f} | "
+                     f"{r['gen_tokens_per_s']:.0f} | {r['train_tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} |")
     if "trl" in rows:
         lines += ["", f"alignkit / TRL: {rows['alignkit']['samples_per_s'] / rows['trl']['samples_per_s']:.2f}x samples/s, "
                   f"{rows['alignkit']['peak_rss_mib'] / rows['trl']['peak_rss_mib']:.2f}x peak RSS; TRL "
