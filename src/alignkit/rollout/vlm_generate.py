@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from alignkit.progress import track
+from alignkit.rollout.generate import batched_generate
 
 
 @torch.no_grad()
@@ -30,28 +30,15 @@ def generate_with_images(
     ``prompts[i]``: a chat whose string contents hold one ``<image>`` per image of ``images[i]`` (PIL
     images); the assistant turn is opened by the chat template. Left-pads each batch.
     """
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     tok = processor.tokenizer
-    old_side = tok.padding_side
-    tok.padding_side = "left"
-    out: list[str] = []
-    starts = range(0, len(prompts), batch_size)
-    try:
-        for i in track(starts, len(starts), "generating", "batches"):
-            texts = [tok.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True)
-                     for p in prompts[i : i + batch_size]]
-            flat = [img for imgs in images[i : i + batch_size] for img in imgs]
-            enc = processor(text=texts, images=flat or None, padding=True, add_special_tokens=False,
-                            return_tensors="pt").to(device)
-            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, top_p=None, top_k=None,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, use_cache=True)
-            out += tok.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    finally:
-        tok.padding_side = old_side
-        model.train(was_training)
-    return out
+    texts = [tok.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True) for p in prompts]
+
+    def encode(a: int, b: int) -> Any:
+        flat = [img for imgs in images[a:b] for img in imgs]
+        return processor(text=texts[a:b], images=flat or None, padding=True, add_special_tokens=False,
+                         return_tensors="pt")
+
+    return batched_generate(model, tok, len(prompts), encode, max_new_tokens=max_new_tokens, batch_size=batch_size)
 
 
 def shapes_accuracy(model: nn.Module, processor: Any, rows: Sequence[dict[str, Any]], image_root: str,
