@@ -147,7 +147,13 @@ def child_gemm(spec: dict[str, Any]) -> dict[str, Any]:
 
 def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
     """One alignkit run through ``load_config`` + ``run_train`` (the ``alignkit train`` path), with
-    the trainer's algorithm instrumented to stamp every optimizer step."""
+    the trainer's algorithm instrumented to stamp every optimizer step.
+
+    ``spec`` may override ``batch``, ``max_length`` and ``lr`` and add config sections (``cfg_extra``:
+    ``{section: {key: value}}``, merged last), which is how ``bench_vlm.py`` runs ``vlm_sft`` here. The
+    alignkit of this checkout (``REPO/src``) is imported, not whichever is installed."""
+    if (REPO / "src" / "alignkit").is_dir():
+        sys.path.insert(0, str(REPO / "src"))
     _child_env_setup()
     import torch  # noqa: F401
     import yaml
@@ -163,8 +169,9 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
         "output_dir": str(out),
         "model": {"name_or_path": spec["model_path"], "dtype": "fp32", "attn_implementation": "sdpa",
                   "gradient_checkpointing": False},
-        "data": {"train": [spec["data_path"]], "max_length": MAX_LENGTH, "num_workers": 0},
-        "training": {"per_device_batch_size": BATCH, "gradient_accumulation_steps": 1, "learning_rate": LR,
+        "data": {"train": [spec["data_path"]], "max_length": spec.get("max_length", MAX_LENGTH), "num_workers": 0},
+        "training": {"per_device_batch_size": spec.get("batch", BATCH), "gradient_accumulation_steps": 1,
+                     "learning_rate": spec.get("lr", LR),
                      "lr_scheduler": "constant", "warmup_steps": 0, "max_steps": warm + timed, "seed": SEED,
                      "max_grad_norm": 1.0, "weight_decay": 0.0},
         "distributed": {"strategy": "single"},
@@ -174,19 +181,22 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["algo"] == "sft":
         cfg_raw["data"]["packing"] = spec["packing"]
         cfg_raw["sft"] = {"loss_on": spec["sft_loss_on"]}
-    else:
+    elif spec["algo"] == "dpo":
         cfg_raw["dpo"] = {"loss_type": "sigmoid", "beta": 0.1, "precompute_ref_logps": spec["precompute"],
                           "reference": "lora_base" if spec["lora"] else "model"}
-    if spec["lora"]:
+    if spec.get("lora"):
         cfg_raw["model"]["lora"] = dict(LORA)
+    for section, values in spec.get("cfg_extra", {}).items():
+        cfg_raw.setdefault(section, {}).update(values)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)
     cfg_path = out / "bench.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg_raw, sort_keys=False), encoding="utf-8")
     cfg = load_config(cfg_path)
 
-    rec: dict[str, Any] = {"step_end": [], "step_tokens": [], "precompute_s": 0.0, "precompute_pairs": 0}
-    pending = [0]
+    rec: dict[str, Any] = {"step_end": [], "step_tokens": [], "step_loss_tokens": [], "precompute_s": 0.0,
+                           "precompute_pairs": 0}
+    pending = [0, 0]  # input tokens, loss units of the step so far
 
     class TimedTrainer(runner.OfflineTrainer):  # type: ignore[misc, valid-type]
         """Wraps the algorithm's hooks; the loop itself runs unchanged."""
@@ -194,17 +204,24 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             algo = self.algo
-            tokens_in, on_step_end, before_training = algo.data.tokens_in, algo.on_step_end, algo.before_training
+            tokens_in, loss_units = algo.data.tokens_in, algo.data.loss_units
+            on_step_end, before_training = algo.on_step_end, algo.before_training
 
             def counted_tokens_in(batch: Any) -> int:
                 n = tokens_in(batch)
                 pending[0] += n
                 return n
 
+            def counted_loss_units(batch: Any) -> int:
+                n = loss_units(batch)
+                pending[1] += n
+                return n
+
             def stamped_on_step_end(step: int, metrics: Any) -> Any:  # after optimizer + scheduler step
                 rec["step_end"].append(time.perf_counter())
                 rec["step_tokens"].append(pending[0])
-                pending[0] = 0
+                rec["step_loss_tokens"].append(pending[1])
+                pending[0] = pending[1] = 0
                 return on_step_end(step, metrics)
 
             def timed_before_training(models: Any, train_set: Any, eval_set: Any, strategy: Any) -> None:
@@ -217,7 +234,8 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
                 rec["n_params"] = _non_embedding_params(model)
                 rec["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
-            algo.data.tokens_in, algo.on_step_end, algo.before_training = counted_tokens_in, stamped_on_step_end, timed_before_training
+            algo.data.tokens_in, algo.data.loss_units = counted_tokens_in, counted_loss_units
+            algo.on_step_end, algo.before_training = stamped_on_step_end, timed_before_training
 
     runner.OfflineTrainer = TimedTrainer
     runner.run_train(cfg)
@@ -336,17 +354,24 @@ def ensure_models(models_dir: Path, sizes: list[str]) -> dict[str, str]:
     return paths
 
 
-def ensure_trl_venv(venv: Path) -> Path:
-    """A clean venv with torch (the local CPU wheel) and TRL; returns its python."""
+def ensure_trl_venv(venv: Path, extra: dict[str, str] | None = None) -> Path:
+    """A clean venv with torch (the local CPU wheel) and TRL; returns its python. ``extra``: more packages a
+    benchmark needs there, ``{import name: pip requirement}`` (installed into an existing venv too)."""
     py = venv / "bin" / "python"
+    pip = [str(py), "-m", "pip", "install", "-q"]
+    extra = extra or {}
     if py.exists():
         probe = subprocess.run([str(py), "-c", "import trl, peft, datasets, transformers, torch; print(trl.__version__)"],
                                capture_output=True, text=True)
         if probe.returncode == 0:
+            missing = [req for mod, req in extra.items()
+                       if subprocess.run([str(py), "-c", f"import {mod}"], capture_output=True).returncode != 0]
+            if missing:
+                log(f"installing {', '.join(missing)} into {venv}")
+                subprocess.run(pip + missing, check=True)
             return py
     log(f"creating the TRL virtualenv {venv} (a few minutes, once)")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(py), "-m", "pip", "install", "-q"]
     import importlib.metadata as md
 
     torch_version = md.version("torch").split("+")[0]
@@ -354,10 +379,14 @@ def ensure_trl_venv(venv: Path) -> Path:
     if subprocess.run(pip + [f"trl=={TRL_VERSION}"] + TRL_PINS).returncode != 0:
         log(f"trl=={TRL_VERSION} is not installable here; taking the newest trl")
         subprocess.run(pip + ["trl"] + TRL_PINS, check=True)
+    if extra:
+        subprocess.run(pip + list(extra.values()), check=True)
     return py
 
 
-def run_child(python: str, kind: str, spec: dict[str, Any], log_path: Path, timeout: float) -> dict[str, Any]:
+def run_child(python: str, kind: str, spec: dict[str, Any], log_path: Path, timeout: float,
+              script: Path | None = None) -> dict[str, Any]:
+    """Run ``script --child KIND SPEC`` (default: this file) with ``python``; its ``BENCH_RESULT`` line."""
     env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1", PYTHONUNBUFFERED="1")
     env.pop("PYTHONPATH", None)
@@ -366,7 +395,7 @@ def run_child(python: str, kind: str, spec: dict[str, Any], log_path: Path, time
         load0 = os.getloadavg()[0]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run([python, str(Path(__file__).resolve()), "--child", kind, json.dumps(spec)],
+            proc = subprocess.run([python, str(script or Path(__file__).resolve()), "--child", kind, json.dumps(spec)],
                                   capture_output=True, text=True, env=env, cwd=str(REPO), timeout=timeout)
             stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
         except subprocess.TimeoutExpired as e:
