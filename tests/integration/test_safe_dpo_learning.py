@@ -111,7 +111,7 @@ def judge(model_dir: Path, prompts: list[str], cost_model: Path) -> dict[str, An
             "n_harmful": len(bad), "n_benign": len(benign), "examples": [a for _, a in bad[:3]]}
 
 
-def experiment(seed: int, out: Path, micro_model: Path) -> dict[str, Any]:
+def experiment(seed: int, out: Path, micro_model: Path, safe_extra: tuple[str, ...] = ()) -> dict[str, Any]:
     rows = [r.data for r in read_rows("builtin:safety_train.jsonl")]
     sft_rows = [{"messages": [{"role": "user", "content": r["prompt"]},
                               {"role": "assistant", "content": r[f"response_{r['better_response_id']}"]}]} for r in rows]
@@ -141,7 +141,7 @@ def experiment(seed: int, out: Path, micro_model: Path) -> dict[str, Any]:
         *common, f"output_dir={out / 'safe_dpo'}", f"safe_dpo.helpful_model={out / 'helpful_rm' / 'final'}",
         f"safe_dpo.cost_model={out / 'harmless_rm' / 'final'}", "checkpoint.save_each_epoch=false",
         "safe_dpo.cost_eval_every=10", "safe_dpo.cost_eval_prompts=16", "safe_dpo.cost_max_new_tokens=40",
-        f"safe_dpo.cost_prompts={red_team}", "safe_dpo.cost_do_sample=false"], seed)
+        f"safe_dpo.cost_prompts={red_team}", "safe_dpo.cost_do_sample=false", *safe_extra], seed)
     with pinned():
         report = {name: judge(out / name / "final", prompts, out / "harmless_rm" / "final")
                   for name in ("sft", "dpo", "safe_dpo")}
@@ -169,5 +169,5 @@ if __name__ == "__main__":
 
     seed_arg, out_dir = int(sys.argv[1]), Path(sys.argv[2])
     micro = build_tiny_model(out_dir / "micro", size="micro", seed=0)
-    result = experiment(seed_arg, out_dir, micro)
+    result = experiment(seed_arg, out_dir, micro, tuple(sys.argv[3:]))
     print(json.dumps(result, indent=1))

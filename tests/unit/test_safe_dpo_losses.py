@@ -84,6 +84,23 @@ def test_kl_penalty_k1_and_k3():
         safe_rows_loss(r, SafeParams(kl_coeff=0.1, kl_estimator="k2"))
 
 
+def test_safe_nll_term_on_the_safer_response_when_it_is_safe():
+    r = rows()  # safer = y_1 (safe): NLL = 2.0 / 3 tokens
+    base, _ = safe_rows_loss(r, SafeParams(lam=1.0))
+    with_nll, _ = safe_rows_loss(r, SafeParams(lam=1.0, safe_nll_coeff=0.3))
+    assert (with_nll - base).item() == approx(0.3 * 2.0 / 3)
+    both_unsafe = rows(unsafe_1=torch.tensor([True]))  # the safer response is unsafe too: no NLL
+    a, _ = safe_rows_loss(both_unsafe, SafeParams(lam=1.0))
+    b, _ = safe_rows_loss(both_unsafe, SafeParams(lam=1.0, safe_nll_coeff=0.3))
+    assert torch.equal(a, b)
+    r = rows(logp_1=T(-2.0).requires_grad_())
+    loss, _ = safe_rows_loss(r, SafeParams(lam=1.0, safe_nll_coeff=1.0))
+    grad_with = torch.autograd.grad(loss.sum(), r.logp_1)[0]
+    r2 = rows(logp_1=T(-2.0).requires_grad_())
+    grad_without = torch.autograd.grad(safe_rows_loss(r2, SafeParams(lam=1.0))[0].sum(), r2.logp_1)[0]
+    assert (grad_with - grad_without).item() == approx(-1 / 3)  # pushes log pi(y_safer) up
+
+
 def test_safedpo_swaps_an_unsafe_chosen_and_adds_the_margin():
     # better=0 but y_0 is unsafe and y_1 safe: the pair becomes (y_1, y_0), h = -1, margin +Delta
     loss, m = safe_rows_loss(rows(), SafeParams(beta=0.1, safety_margin=2.0), "safedpo")

@@ -96,6 +96,8 @@ class SafeDPOConfig:
     kl_coeff: float = f(0.0, "Weight of the log-ratio (KL) penalty on the rows' responses.", ge=0)
     kl_estimator: Literal["k1", "k3"] = f("k3", "Penalty: k1 or k3 of the per-token mean log-ratio.")
     safety_margin: float = f(0.0, "SafeDPO safety margin Delta.", ge=0)
+    safe_nll_coeff: float = f(0.0, "Weight of the per-token NLL of each row's safer response where it is labelled "
+                              "safe (RPO on the safety pair: keeps the refusals well-formed); 0 = off.", ge=0)
     modpo_weight: float = f(0.5, "MODPO weight w_0 of the helpful objective (the cost margin gets 1 - w_0).",
                             gt=0, le=1)
     precompute_scores: bool = f(True, "Score the training rows with the frozen models once, before training, "
@@ -321,7 +323,7 @@ class SafeDPO(DPO):
                         None if cost is None else cost[:b], None if cost is None else cost[b:], unsafe_0, unsafe_1)
         params = SafeParams(beta=self.cfg.dpo.beta, w=s.beta_w, k=s.beta_k, lam=self.multiplier.value,
                             kl_coeff=s.kl_coeff, kl_estimator=s.kl_estimator, safety_margin=s.safety_margin,
-                            modpo_weight=s.modpo_weight)
+                            modpo_weight=s.modpo_weight, safe_nll_coeff=s.safe_nll_coeff)
         losses, met = safe_rows_loss(rows, params, s.variant)
         m = MetricSums()
         for name in ("loss_H", "loss_S", "beta_H", "beta_S", "swapped"):

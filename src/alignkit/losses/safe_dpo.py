@@ -95,7 +95,8 @@ class SafeRows(NamedTuple):
 @dataclass(frozen=True)
 class SafeParams:
     """Hyperparameters: beta_0 (``dpo.beta``), the dynamic-beta shape ``w``/``k``, lambda (a constant
-    for the step), the KL coefficient and estimator, SafeDPO's margin and MODPO's weight w_0."""
+    for the step), the KL coefficient and estimator, SafeDPO's margin, MODPO's weight w_0 and the weight
+    of the per-token NLL of the safer response where it is labelled safe (RPO on the safety pair)."""
 
     beta: float = 0.1
     w: float = 0.5
@@ -105,6 +106,7 @@ class SafeParams:
     kl_estimator: str = "k3"
     safety_margin: float = 0.0
     modpo_weight: float = 0.5
+    safe_nll_coeff: float = 0.0
 
 
 def ordered(x_0: Tensor, x_1: Tensor, first: Tensor) -> tuple[Tensor, Tensor]:
@@ -223,4 +225,17 @@ def safe_rows_loss(rows: SafeRows, params: SafeParams, variant: str = "mm_dpo") 
     if params.kl_coeff:
         losses = losses + params.kl_coeff * penalty
     metrics["KL"] = k1.detach()
+    if params.safe_nll_coeff:
+        losses = losses + params.safe_nll_coeff * safe_response_nll(rows)
     return losses, metrics
+
+
+def safe_response_nll(r: SafeRows) -> Tensor:
+    """``(B,)`` per-token NLL -log pi(y_safer) / |y_safer| of each row's safer response, 0 where that response
+    is itself labelled unsafe (both responses unsafe): the RPO term (Pang et al. 2024) on the safety pair,
+    which keeps the refusals the policy is pushed towards well-formed."""
+    logp_w, _ = ordered(r.logp_0, r.logp_1, r.safer)
+    len_w, _ = ordered(r.len_0, r.len_1, r.safer)
+    u_w, _ = ordered(_need(r.unsafe_0, "unsafe labels", "safe_nll_coeff"),
+                     _need(r.unsafe_1, "unsafe labels", "safe_nll_coeff"), r.safer)
+    return torch.where(u_w.bool(), torch.zeros_like(logp_w), -logp_w / len_w.clamp_min(1))
