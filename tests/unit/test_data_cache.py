@@ -56,7 +56,10 @@ def test_same_numbers_as_the_list_path(name: str, micro_model: Path, builds: lis
     got = record.run(str(micro_model), name)
     assert builds  # it did go through the cache
     assert got["losses"] == pytest.approx(expected["losses"], rel=1e-6, abs=1e-7)
-    assert got["eval"] == pytest.approx(expected["eval"], rel=1e-6, abs=1e-7)
+    # recorded on another machine: the DPO eval metrics are beta x differences of near-equal log-prob sums,
+    # which amplify the CPU's floating-point kernel differences (measured up to 1.1e-4 relative, 2.9e-7
+    # absolute between two 2-core machines); a changed token would move them by orders of magnitude more
+    assert got["eval"] == pytest.approx(expected["eval"], rel=1e-3, abs=1e-6)
 
 
 @pytest.mark.parametrize("overrides", [
