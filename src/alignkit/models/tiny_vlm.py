@@ -7,6 +7,14 @@ hub checkpoint. Images are 32x32 pixels cut into 8x8 patches: 16 image tokens pe
 quadrant of the shapes task). Measured on that task (tests/integration/test_vlm_learning.py): 8x8 patches
 learn shapes better than 4x4 (64 tokens the micro LM must combine) or 16x16 (one token per quadrant, which
 the per-token projector must classify alone), and cost less than 4x4.
+
+The random vision tower stands in for a pretrained one, whose patch features describe their own patch. A
+random encoder layer does not: its near-uniform attention adds the image's mean to every patch, so which
+colour and shape sit in which cell (what "What colour is the circle?" asks) is blurred before the LM sees
+it. So each encoder layer starts as the identity (:func:`zero_residual_branches`, as in ReZero / Fixup):
+the tower's output is its patch + position embeddings, and with ``vlm.train_vision_tower`` its layers
+learn from there. Measured on the shapes task (micro LLaVA, seed 0, same recipe): colour + shape questions
+0.84 with the random layers, 0.99 with identity layers.
 """
 
 from __future__ import annotations
@@ -38,6 +46,18 @@ VISION_SIZES: dict[str, tuple[int, int, int, int]] = {
     "tiny": (64, 2, 4, 128),
     "small": (192, 4, 6, 384),
 }
+
+
+def zero_residual_branches(vision_tower: torch.nn.Module) -> int:
+    """Zero the output projection of every encoder layer's attention (``out_proj``) and MLP (``fc2``), weights
+    and biases, so each pre-norm residual layer computes the identity until it trains. Returns the number of
+    tensors zeroed (CLIP and SigLIP towers name them alike)."""
+    n = 0
+    for name, p in vision_tower.named_parameters():
+        if ".layers." in name and (".self_attn.out_proj." in name or ".mlp.fc2." in name):
+            torch.nn.init.zeros_(p)
+            n += 1
+    return n
 
 
 def tiny_vlm_tokenizer(vocab_size: int) -> object:
@@ -77,6 +97,8 @@ def build_tiny_llava(out_dir: str | Path, size: str = "tiny", vocab_size: int | 
                          projector_hidden_act="gelu", tie_word_embeddings=False)
     torch.manual_seed(seed)  # the weight init draws from the global generator
     model = LlavaForConditionalGeneration(config)
+    with torch.no_grad():
+        zero_residual_branches(model.model.vision_tower)
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id)
     images = CLIPImageProcessorPil(  # PIL/numpy: needs no torchvision
