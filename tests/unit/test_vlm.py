@@ -159,6 +159,33 @@ def test_packed_equals_padded_for_image_rows(micro_llava: Path, processor: Any, 
         torch.testing.assert_close(ga[n], gb[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
+def test_packed_rows_attend_per_example_in_the_language_model(micro_llava: Path, processor: Any, shapes: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VLM loads with ``sdpa_packed`` for its language model only: a packed row's attention runs per
+    example (no (T, T) block mask over the whole row), the vision tower keeps plain SDPA."""
+    import torch.nn.functional as F
+
+    model = build_model(ModelSpec("policy", str(micro_llava), "vlm", trainable=True,
+                                  train_parts=("projector", "language_model")),
+                        ModelConfig(name_or_path=str(micro_llava)), torch.float32, None)
+    cfg = model.hf_model.config
+    assert (cfg.text_config._attn_implementation, cfg.vision_config._attn_implementation) == ("sdpa_packed", "sdpa")
+    batch = _batch(processor, shapes, n=4, packed=True)
+    row = batch["input_ids"].shape[1]
+    longest = max(torch.diff(torch.tensor([*(batch["position_ids"][0] == 0).nonzero().flatten().tolist(), row])))
+    lengths: list[int] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        lengths.append(q.shape[-2])
+        return sdpa(q, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    forward_logps(model, batch)
+    text_calls = [n for n in lengths if n != 1 + (IMAGE_SIZE // PATCH_SIZE) ** 2]  # not the tower: CLS + patches
+    assert len(text_calls) == 4 * cfg.text_config.num_hidden_layers and max(text_calls) == longest < row
+
+
 def test_pretrain_run_saves_for_transformers_and_its_projector_loads_into_sft(micro_llava: Path, shapes: Path,
                                                                            processor: Any, tmp_path: Path) -> None:
     from safetensors.torch import load_file
