@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from alignkit.config import load_config
-from alignkit.data.synth_vlm import generate_vlm
+from alignkit.data.synth_vlm import generate_vlm, judge
 from tests.conftest import REPO, run_cli
 
 
@@ -57,3 +57,10 @@ def test_generate_answers_image_rows_with_a_vlm(micro_llava: Path, tmp_path: Pat
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert [g["id"] for g in got] == [r["id"] for r in json.loads(data.read_text())]
     assert all(isinstance(g["completion"], str) for g in got)
+    # the shapes judge scores each answer from the row's scene (the README's way to read the learning bar)
+    scored = tmp_path / "scored.jsonl"
+    assert main(["generate", str(micro_llava), str(data), "--out", str(scored), "--max-new-tokens", "4",
+                 "--reward", "shapes_correct"]) == 0
+    assert [json.loads(line)["score"] for line in scored.read_text().splitlines()] == [
+        float(judge(r["scene"], r["conversations"][0]["value"], g["completion"]))
+        for r, g in zip(json.loads(data.read_text()), got)]

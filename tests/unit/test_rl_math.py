@@ -120,6 +120,17 @@ def test_exact_match_and_masking():
     assert out == [1.0, 0.0, None]
 
 
+
+def test_shapes_correct_judges_the_last_question_about_the_scene():
+    scene = [{"shape": "circle", "colour": "red", "position": "top left"},
+             {"shape": "square", "colour": "blue", "position": "bottom right"}]
+    chat = [{"role": "user", "content": "<image>\nHow many shapes are there?"}, {"role": "assistant", "content": "2"},
+            {"role": "user", "content": "What colour is the square?"}]
+    fn = REWARD_FUNCTIONS.get("shapes_correct")
+    got = fn([chat, chat, chat, [{"role": "user", "content": "Hello?"}], "What shape is in the top left?"],
+             ["blue<|im_end|>", "2", "red", "blue", "Circle."], scene=[scene, scene, None, scene, scene])
+    assert got == [1.0, 0.0, None, None, 1.0]
+
 def test_combine_weights_and_none():
     per = {"a": [1.0, nan, nan], "b": [2.0, 4.0, nan]}
     out = combine(per, {"a": 1.0, "b": 0.5})

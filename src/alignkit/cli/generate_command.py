@@ -70,7 +70,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         texts = generate_with_images(model, processor, [p for p in prompts for _ in range(n)],
                                      [i for i in images for _ in range(n)], max_new_tokens=max_new,
                                      batch_size=args.batch_size)
-        flat = [json.dumps(p) for p in prompts for _ in range(n)]
+        flat: list[Any] = [p for p in prompts for _ in range(n)]  # reward functions get the chats as message lists
     else:
         prompts = [require_field(r, "prompt") for r in rows]
         model, tok = _load(model_dir)

@@ -3,7 +3,7 @@
 A reward function receives the iteration's prompts (as the user wrote them), the completions (text)
 and the rows' other fields (``answer``, ...) as keyword lists, and returns one float per completion,
 or ``None`` where it cannot score (that sample is then masked out of the statistics, never scored 0).
-Builtins are registered below; a user's own is named ``"my_pkg.rewards:fn"`` (the current directory
+Builtins are registered below (``shapes_correct`` judges the generated image task's rows); a user's own is named ``"my_pkg.rewards:fn"`` (the current directory
 and PYTHONPATH are searched). Errors are one line naming the function.
 
 The combination of several functions: the weighted sum of those that scored a sample; NaN (masked)
@@ -59,6 +59,31 @@ def unsafe(prompts: list[Any], completions: list[str], **_: Any) -> list[float |
 def length(prompts: list[Any], completions: list[str], **_: Any) -> list[float | None]:
     """Words in the completion (weight it negatively for a length penalty in words)."""
     return [float(len(_strip(c).split())) for c in completions]
+
+
+@REWARD_FUNCTIONS.register("shapes_correct")
+def shapes_correct(prompts: list[Any], completions: list[str], *, scene: list[Any] | None = None,
+                   **_: Any) -> list[float | None]:
+    """1.0 when the shapes task's judge (``alignkit.data.synth_vlm``) accepts the answer to the prompt's last
+    question about the row's ``scene``, else 0.0; None for a row without a scene or a shapes question."""
+    from alignkit.data.synth_vlm import judge, question_kind
+
+    out: list[float | None] = []
+    for p, c, sc in zip(prompts, completions, scene or [None] * len(completions)):
+        question = _last_user_text(p)
+        try:
+            question_kind(question)
+        except ValueError:
+            sc = None
+        out.append(None if sc is None else float(judge(sc, question, c)))
+    return out
+
+
+def _last_user_text(prompt: Any) -> str:
+    if isinstance(prompt, list):
+        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        return str(users[-1].get("content", "")) if users else ""
+    return str(prompt)
 
 
 def _text(prompt: Any) -> str:
