@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -197,6 +199,7 @@ def test_estimate_cli_seed_scenario_full_vs_lora() -> None:
     assert "would run ddp" in lora.stdout
     # the CLI's numbers are plan.estimate's on the mapped inputs
     cfg = load_config(REPO / "configs" / "dpo.yaml", SEED_OVERRIDES)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=""))  # as with --preset
     inputs = memory_inputs(cfg, n_gpus=8, policy=LLAMA7B, frozen=["llama-7b", "llama-7b"])
     assert f"{estimate(inputs, 'ddp').total / GB:.1f}" == f"{ddp_total:.1f}"
 
@@ -213,6 +216,26 @@ def test_estimate_with_shard_frozen_auto_counts_them_sharded_where_they_can_be()
             "shards them only where replicated copies would not fit") in text
     assert "would run deepspeed zero_stage=3" in text or "would run fsdp" in text
 
+
+
+def test_estimate_with_a_preset_never_reads_the_configs_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The preset stands for the policy: the config's model.name_or_path (here a directory that does not
+    exist, which transformers would look up as a hub id, retrying for ~25 s when offline) is not read."""
+    from transformers import AutoConfig
+
+    from alignkit.train.estimate_cli import estimate_command
+
+    asked: list[str] = []
+    real = AutoConfig.from_pretrained
+
+    def recording(source: Any, *args: Any, **kwargs: Any) -> Any:
+        asked.append(str(source))
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", recording)
+    text = estimate_command(str(REPO / "configs" / "dpo.yaml"), ["model.name_or_path=runs/no-such-model"], gpus=8,
+                            gpu_memory="80GB", preset="llama-7b")
+    assert "would run" in text and asked == []
 
 # --------------------------------------------------------------------------- frozen models: replicate or shard
 def _dpo(model: Path, *extra: str):

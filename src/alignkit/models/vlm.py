@@ -169,6 +169,8 @@ def is_vlm_source(source: str, trust_remote_code: bool = False) -> bool:
 
     from alignkit.models.adapters import adapter_base, is_adapter_dir
 
+    if not source:  # no model named (alignkit estimate --preset)
+        return False
     try:
         base = adapter_base(source) if is_adapter_dir(source) else source
         config = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from alignkit.config import load_config
 from alignkit.algorithms import workload_of
 from alignkit.distributed.auto import describe, engine_for, memory_inputs, probe_device_memory
@@ -34,6 +36,9 @@ def estimate_command(config: str, overrides: list[str], *, gpus: int | None = No
     if preset is not None and preset not in PRESETS:
         raise ConfigError(f"--preset: unknown {preset!r}; choose one of {', '.join(PRESETS)}")
     cfg = load_config(config, overrides)
+    if preset is not None:  # the preset is the policy: model.name_or_path is not read (it need not exist here,
+        # and an absent local path would be looked up as a hub id, with retries, when offline)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=""))
     env = read_env()
     n = gpus or env.world_size
     if n < 1:
