@@ -3,24 +3,30 @@ random micro LLaVA, then greedy answers to held-out scenes judged by the program
 
 Pipeline (as configs/vlm_pretrain.yaml + configs/vlm_sft.yaml): 2000 caption rows for pretrain
 (1 epoch, lr 1e-3); sft on 3000 question rows (2-3 questions each) plus the caption rows (as LLaVA mixes its
-instruction data), lr 3e-3, cosine; 200 held-out eval rows (scenes never seen in training), one question each.
+instruction data), 24 epochs, lr 1e-3, cosine; 200 held-out eval rows (layouts never seen in training), one
+question each. The micro LLaVA's vision tower starts with identity layers (models/tiny_vlm.py says why).
 
 Measured (this machine, 2 shared CPU cores, one thread; greedy exact match on 200 held-out rows;
 ``colour_shape`` = colour and shape questions together, the issue's measure):
 
     seed  colour_shape  colour  shape  where  count   all   CPU
-    0        0.892      0.900   0.881  0.640  1.000  0.855  168 s
-    1        0.677      0.660   0.698  0.948  1.000  0.835  184 s
-    2        0.768      0.708   0.824  0.593  1.000  0.765  181 s
-  (12 epochs instead of 8, seeds 0 / 1: colour_shape 0.775 / 0.806, all 0.785 / 0.785, ~250 s: no better)
+    0        1.000      1.000   1.000  0.860  1.000  0.965  490 s
+    1        0.968      0.940   1.000  0.914  1.000  0.960  538 s
+    2        0.949      0.896   1.000  0.915  1.000  0.950  504 s
+    3        1.000      1.000   1.000  0.981  1.000  0.995  515 s
+    4        1.000      1.000   1.000  1.000  1.000  1.000  491 s
+    5        0.990      0.977   1.000  1.000  1.000  0.995  520 s
+    6        1.000      1.000   1.000  0.979  1.000  0.995  471 s
 
-The issue's bar of 90% exact match on colour/shape questions is NOT reached reliably by this micro model
-(64-wide, 2-layer Llama; random frozen CLIP tower) in CPU minutes: an object's shape is the hard part and
-colour questions need it too ("What colour is the circle?"), while counting is learned perfectly. A probe
-shows the frozen random tower's features separate the shapes perfectly (an MLP on a quadrant's 4 tokens:
-100% held-out), so the limit is the micro LM combining patch tokens. The pretrain stage alone teaches the
-frozen random LM nothing (caption loss 6.88 -> 6.83): it matters with a pretrained LM, as in LLaVA.
-The assertions hold the measured minimum minus a margin (well above chance: ~0.29 / ~0.2), not the 90% target.
+Counting is learned first; an object's shape is recognised from its patch tokens (a probe on the frozen
+tower's features: 100% held-out); what takes long is binding in two- and three-object scenes ("What colour
+is the circle?" must find the circle's tokens and read their colour). That emerges around epoch 8-10 at
+lr 1e-3, later on some seeds: with 16 epochs seeds 0-3 reached 0.99-1.00 but seed 4 0.883 and seed 5 0.725
+(binding not yet learned), and full multi-head attention in the LM (4 key/value heads, not 2) was no cure
+(seed 4 1.000 but seed 0 0.873); with 24 epochs every seed above passes. At lr 3e-3 binding never emerged (8 epochs,
+random tower layers: 0.68-0.89). The pretrain stage alone teaches the frozen random LM nothing (caption loss
+6.88 -> 6.83): it matters with a pretrained LM, as in LLaVA.
+The assertions hold the issue's bar (90% on colour/shape) and the measured minimum minus a margin elsewhere.
 ``ALIGNKIT_LEARN_SEED=N`` re-measures one seed; run with -s to see the numbers.
 """
 
@@ -36,7 +42,7 @@ import torch
 
 pytestmark = pytest.mark.slow
 
-EPOCHS = 8
+EPOCHS = 24
 PATCH = 8
 
 
@@ -62,7 +68,7 @@ def _learn(seed: int, root: Path) -> tuple[dict[str, float], float]:
                                  f"data.train={d / 'pretrain.json'}", "training.learning_rate=1e-3"]))
     run_train(load_config(None, [*common, "vlm.stage=sft", f"vlm.projector_from={root / 'pre' / 'final'}",
                                  f"output_dir={root / 'sft'}", f"data.train=[{d / 'sft.json'},{d / 'pretrain.json'}]",
-                                 "training.learning_rate=3e-3", f"training.epochs={EPOCHS}"]))
+                                 "training.learning_rate=1e-3", f"training.epochs={EPOCHS}"]))
     final = root / "sft" / "final"
     acc = shapes_accuracy(LlavaForConditionalGeneration.from_pretrained(final), AutoProcessor.from_pretrained(final),
                           json.loads((d / "eval.json").read_text()), str(d))
@@ -71,9 +77,9 @@ def _learn(seed: int, root: Path) -> tuple[dict[str, float], float]:
 
 def test_pretrain_then_sft_answers_held_out_shape_questions(tmp_path: Path) -> None:
     seed = int(os.environ.get("ALIGNKIT_LEARN_SEED", "0"))
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("ALIGNKIT_LEARN_THREADS", "1")))
     acc, cpu = _learn(seed, tmp_path)
     print(f"\nseed {seed}: {json.dumps({k: round(v, 3) for k, v in acc.items()})}, CPU {cpu:.0f} s")
     assert acc["count"] >= 0.9  # measured 1.000 on every seed
-    assert acc["colour_shape"] >= 0.55  # measured 0.677 .. 0.892
-    assert acc["all"] >= 0.65  # measured 0.765 .. 0.855
+    assert acc["colour_shape"] >= 0.90  # the issue's bar; measured 0.949 .. 1.000
+    assert acc["all"] >= 0.85  # measured 0.950 .. 1.000
