@@ -73,8 +73,8 @@ def score_rows(model: Any, tok: Any, rows: list[Row], *, batch_size: int = 16, m
         chunk = items[start : start + batch_size]
         batch = collate([{"input_ids": ids, "labels": [IGNORE_INDEX] * len(ids)} for _, _, ids, _ in chunk])
         if processor is not None:
-            batch.update(pixel_inputs(processor, [s for *_, src in chunk for s in src]))
-        batch = {k: v.to(device) for k, v in batch.items()}
+            batch.add_inputs(pixel_inputs(processor, [s for *_, src in chunk for s in src]))
+        batch = batch.to(device)
         scores = model(seq_index=batch["seq_index"], num_seqs=len(chunk), **model_inputs(batch))
         for (i, name, _, _), s in zip(chunk, scores.tolist()):
             results[i][name] = s

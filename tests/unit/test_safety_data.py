@@ -75,10 +75,10 @@ def test_examples_and_batch(tok, tmp_path: Path) -> None:
         e.update(reward_0=1.0, reward_1=2.0, cost_0=0.5, cost_1=-0.5)
     batch = data.collate(ex)
     assert batch["better_id"].tolist() == [0, 1] and batch["safer_id"].tolist() == [1, 1]
-    assert batch["frozen_reward"].tolist() == [1.0, 1.0, 2.0, 2.0]
-    assert batch["frozen_cost"].tolist() == [0.5, 0.5, -0.5, -0.5]
+    assert batch["reward"].tolist() == [1.0, 1.0, 2.0, 2.0]  # cached scores, read back by their own names
+    assert batch["cost"].tolist() == [0.5, 0.5, -0.5, -0.5]
     assert data.loss_units(batch) == 2
-    assert not {"better_id", "safer_id", "frozen_reward", "frozen_cost"} & set(model_inputs(batch))
+    assert set(model_inputs(batch)) == {"input_ids", "position_ids"}  # nothing else reaches the forward
 
 
 def test_chat_prompt_ids_match_training(tok) -> None:

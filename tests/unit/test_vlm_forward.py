@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from alignkit.config.schema import ModelConfig
 from alignkit.constants import IGNORE_INDEX
+from alignkit.data.batch import Batch
 from alignkit.models.policy import forward_logps
 from alignkit.models.roles import ModelSpec, build_model
 
@@ -41,11 +42,12 @@ def test_vlm_role_log_probs_equal_the_models_own_logits(tiny_llava: Path) -> Non
     targets = torch.full_like(ids, IGNORE_INDEX)
     targets[0, 17:-1] = ids[0, 18:]  # loss on the text after the image only
     pixels = torch.randn(1, 3, 32, 32)
-    batch = {"input_ids": ids, "targets": targets, "pixel_values": pixels, "attention_mask": torch.ones_like(ids)}
+    inputs = {"input_ids": ids, "pixel_values": pixels, "attention_mask": torch.ones_like(ids)}
+    batch = Batch(inputs, {"targets": targets})
     with torch.no_grad():
         got = forward_logps(model, batch)
         logits = model.hf_model(input_ids=ids, pixel_values=pixels).logits[0]
-        other = forward_logps(model, {**batch, "pixel_values": torch.randn(1, 3, 32, 32)})
+        other = forward_logps(model, Batch({**inputs, "pixel_values": torch.randn(1, 3, 32, 32)}, {"targets": targets}))
     keep = targets[0] != IGNORE_INDEX
     want = F.log_softmax(logits[keep].double(), -1).gather(1, targets[0, keep][:, None]).squeeze(1).float()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -142,8 +142,8 @@ def score_responses(scorer: nn.Module, tokenizer: Any, prompts: list[Any], respo
         seqs.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(ids)})
     batch = TokenCollator(tokenizer.pad_token_id, packed=True)(seqs)
     if processor is not None:
-        batch.update(pixel_inputs(processor, sources))
-    batch = {k: v.to(device) for k, v in batch.items()}
+        batch.add_inputs(pixel_inputs(processor, sources))
+    batch = batch.to(device)
     return scorer(seq_index=batch["seq_index"], num_seqs=len(seqs), **model_inputs(batch)).float()
 
 

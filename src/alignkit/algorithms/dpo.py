@@ -127,7 +127,7 @@ def cache_pair_values(collate: Callable[[list[Example]], Batch], sets: tuple[lis
             bar.update()
             idx = mine[k * batch_size : (k + 1) * batch_size]
             batch = collate([data[i] for i in idx] if idx else [data[0]])
-            batch = {key: v.to(strategy.device) for key, v in batch.items()}
+            batch = batch.to(strategy.device)
             with torch.no_grad(), strategy.autocast():
                 out = values(batch)
             for (first, second), t in out.items():

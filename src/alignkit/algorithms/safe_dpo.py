@@ -302,8 +302,8 @@ class SafeDPO(DPO):
         """``(2B,)`` frozen scores of ``role``: cached in the batch, else from the frozen model (no grad)."""
         if role not in self.scorers:
             return None
-        if f"frozen_{role}" in batch:
-            return batch[f"frozen_{role}"].float()
+        if role in batch:  # cached before training (``precompute_scores``), under the role's name
+            return batch[role].float()
         with torch.no_grad():
             return forward_scores(models[role], batch)
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from alignkit.constants import IGNORE_INDEX
+from alignkit.data.batch import Batch
 
 
 def shift_labels(labels: list[int]) -> list[int]:
@@ -32,12 +33,12 @@ class TokenCollator:
     pad_token_id: int
     packed: bool = False
 
-    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def __call__(self, examples: list[dict[str, Any]]) -> Batch:
         if self.packed:
             return self._packed(examples)
         return self._padded(examples)
 
-    def _padded(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def _padded(self, examples: list[dict[str, Any]]) -> Batch:
         width = max(len(e["input_ids"]) for e in examples)
         ids = torch.full((len(examples), width), self.pad_token_id, dtype=torch.long)
         targets = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
@@ -47,11 +48,10 @@ class TokenCollator:
             ids[i, :n] = torch.tensor(e["input_ids"])
             targets[i, :n] = torch.tensor(shift_labels(e["labels"]))
             attn[i, :n] = 1
-        batch = {"input_ids": ids, "attention_mask": attn, "targets": targets}
-        batch["seq_index"] = torch.arange(len(examples)).unsqueeze(1).expand(-1, width).masked_fill(attn == 0, -1)
-        return batch
+        seq_index = torch.arange(len(examples)).unsqueeze(1).expand(-1, width).masked_fill(attn == 0, -1)
+        return Batch({"input_ids": ids, "attention_mask": attn}, {"targets": targets, "seq_index": seq_index})
 
-    def _packed(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def _packed(self, examples: list[dict[str, Any]]) -> Batch:
         ids: list[int] = []
         targets: list[int] = []
         pos: list[int] = []
@@ -62,12 +62,8 @@ class TokenCollator:
             targets += shift_labels(e["labels"])
             pos += list(range(n))
             seq += [i] * n
-        return {
-            "input_ids": torch.tensor([ids]),
-            "position_ids": torch.tensor([pos]),
-            "targets": torch.tensor([targets]),
-            "seq_index": torch.tensor([seq]),
-        }
+        return Batch({"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([pos])},
+                     {"targets": torch.tensor([targets]), "seq_index": torch.tensor([seq])})
 
 
 def count_loss_tokens(batch: dict[str, torch.Tensor]) -> int:

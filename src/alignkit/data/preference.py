@@ -335,7 +335,7 @@ class PairCollator:
         if images:  # the sequences are chosen 0..B-1 then rejected 0..B-1: every pair's images twice
             if self.processor is None:
                 raise ValueError("PairCollator: examples with images need the processor")
-            batch.update(pixel_inputs(self.processor, images + images))
+            batch.add_inputs(pixel_inputs(self.processor, images + images))
         return batch
 
 

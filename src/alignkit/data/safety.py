@@ -14,7 +14,7 @@ go with the pair (``data.preference``).
 Example fields beyond :func:`~alignkit.data.preference.encode_pair`'s: ``better_id``, ``safer_id``,
 ``prompt`` (the raw prompt, for on-policy generation) and, once cached by the algorithm,
 ``reward_0/1`` (helpful RM) and ``cost_0/1`` (cost model). The collated batch adds ``better_id``,
-``safer_id`` ``(B,)`` and ``frozen_reward`` / ``frozen_cost`` ``(2B,)`` (response_0 scores, then
+``safer_id`` ``(B,)`` and ``reward`` / ``cost`` ``(2B,)`` (response_0 scores, then
 response_1) when every example carries them.
 """
 
@@ -106,7 +106,7 @@ class SafetyData:
         batch["safer_id"] = torch.tensor([int(e["safer_id"]) for e in examples])
         for name in ("reward", "cost"):
             if all(f"{name}_0" in e for e in examples):
-                batch[f"frozen_{name}"] = torch.tensor(
+                batch[name] = torch.tensor(  # the cached scores, by their role's name
                     [e[f"{name}_0"] for e in examples] + [e[f"{name}_1"] for e in examples], dtype=torch.float32)
         return batch
 

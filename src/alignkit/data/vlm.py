@@ -283,7 +283,7 @@ class VLMCollator:
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch = TokenCollator(self.pad_token_id, packed=self.packed)(
             [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples])
-        batch.update(pixel_inputs(self.processor, [s for e in examples for s in e.get("images", [])]))
+        batch.add_inputs(pixel_inputs(self.processor, [s for e in examples for s in e.get("images", [])]))
         return batch
 
 

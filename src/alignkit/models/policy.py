@@ -5,10 +5,10 @@ are computed inside ``forward`` (so DDP / FSDP see every parameter use) from the
 states at the positions that have a target, through the chunked LM-head op: the (batch, seq,
 vocab) logits tensor is never built.
 
-``forward_logps`` / ``sequence_logps`` / ``forward_scores`` pass every model-input field of a batch
-through (``pixel_values``, ``image_sizes``, ... included): a batch field is a model input unless it
-is one of :data:`NOT_MODEL_INPUTS`, the targets, indices and labels our collators add. So a VLM
-batch needs no new path.
+``forward_logps`` / ``sequence_logps`` / ``forward_scores`` pass the batch's declared model inputs
+through (``pixel_values``, ``image_sizes``, ... included; :class:`~alignkit.data.batch.Batch`): the
+algorithm's own fields (targets, advantages, cached values) never reach a forward. So a VLM batch
+needs no new path.
 """
 
 from __future__ import annotations
@@ -19,23 +19,11 @@ import torch
 from torch import nn
 
 from alignkit.constants import IGNORE_INDEX
+from alignkit.data.batch import Batch, model_inputs
 from alignkit.models.loading import split_lm
 from alignkit.models.vlm import image_free_anchor
 from alignkit.ops.logprobs import chunked_token_logps
 from alignkit.ops.segments import segment_sum
-
-#: batch fields our collators and algorithms add that are not inputs of the model
-NOT_MODEL_INPUTS = frozenset({
-    "targets", "labels", "seq_index", "response_lengths", "margin", "chosen_unsafe", "rejected_unsafe",
-    "ref_logps", "old_logps", "advantages", "returns", "values", "rewards", "response_mask", "example_index",
-    "better_id", "safer_id", "frozen_reward", "frozen_cost",
-})
-
-
-def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The fields of ``batch`` that go into the model's forward (everything but :data:`NOT_MODEL_INPUTS`)."""
-    return {k: v for k, v in batch.items() if k not in NOT_MODEL_INPUTS and v is not None}
-
 
 def final_hidden(backbone: nn.Module, hf_model: nn.Module, input_ids: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor:
     """``(B, T, H)`` final hidden states of ``backbone`` (the model without its head), KV cache off; a VLM
@@ -66,24 +54,24 @@ class CausalLMLogps(nn.Module):
         )
 
 
-def forward_logps(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def forward_logps(model: nn.Module, batch: Batch) -> torch.Tensor:
     """``(N,)`` log-probs of the batch's targets (row-major over non-ignored positions)."""
     return model(targets=batch["targets"], **model_inputs(batch))
 
 
-def sequence_logps(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def sequence_logps(model: nn.Module, batch: Batch) -> torch.Tensor:
     """``(S,)`` sums of target log-probs per sequence (``seq_index``; S = ``len(response_lengths)``)."""
     token_logps = forward_logps(model, batch)
     seq = batch["seq_index"][batch["targets"] != IGNORE_INDEX]
     return segment_sum(token_logps, seq, int(batch["response_lengths"].shape[0]))
 
 
-def forward_scores(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def forward_scores(model: nn.Module, batch: Batch) -> torch.Tensor:
     """``(S,)`` scalar-head scores, one per sequence of ``seq_index`` (reward / cost / value models)."""
     return model(seq_index=batch["seq_index"], num_seqs=int(batch["response_lengths"].shape[0]), **model_inputs(batch))
 
 
-def token_values(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def token_values(model: nn.Module, batch: Batch) -> torch.Tensor:
     """``(N,)`` a scalar-head model's value at every target position (a PPO critic's V(s_t)), in the
     row-major order of :func:`forward_logps`."""
     return model(seq_index=batch["seq_index"], num_seqs=int(batch["response_lengths"].shape[0]),

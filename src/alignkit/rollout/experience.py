@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from alignkit.constants import IGNORE_INDEX
+from alignkit.data.batch import Batch
 
 #: per-token fields a sample may carry (one float per completion token)
 TOKEN_FIELDS = ("old_logps", "ref_logps", "advantages", "returns", "values", "cost_advantages", "cost_returns",
@@ -26,7 +27,7 @@ SEQUENCE_FIELDS = ("rewards", "costs")
 Sample = dict[str, Any]
 
 
-def collate_samples(samples: list[Sample], pad_token_id: int) -> dict[str, torch.Tensor]:
+def collate_samples(samples: list[Sample], pad_token_id: int) -> Batch:
     """``(B, T)`` input_ids / attention_mask / targets / seq_index, ``(B,)`` response_lengths, and
     every per-token / per-sequence field the samples carry."""
     lengths = [len(s["prompt_ids"]) + len(s["completion_ids"]) for s in samples]
@@ -44,9 +45,9 @@ def collate_samples(samples: list[Sample], pad_token_id: int) -> dict[str, torch
         targets[b, p - 1 : p - 1 + c] = torch.tensor(s["completion_ids"])
         for f in token_fields:
             extra[f][b, p - 1 : p - 1 + c] = torch.as_tensor(s[f], dtype=torch.float32)
-    batch = {"input_ids": ids, "attention_mask": attn, "targets": targets,
-             "seq_index": torch.arange(B).unsqueeze(1).expand(-1, T).masked_fill(attn == 0, -1),
-             "response_lengths": torch.tensor([len(s["completion_ids"]) for s in samples]), **extra}
+    batch = Batch({"input_ids": ids, "attention_mask": attn},
+                  {"targets": targets, "seq_index": torch.arange(B).unsqueeze(1).expand(-1, T).masked_fill(attn == 0, -1),
+                   "response_lengths": torch.tensor([len(s["completion_ids"]) for s in samples]), **extra})
     for f in SEQUENCE_FIELDS:
         if f in samples[0]:
             batch[f] = torch.tensor([float(s[f]) for s in samples], dtype=torch.float32)

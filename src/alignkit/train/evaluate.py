@@ -38,7 +38,7 @@ def evaluate(algo: OfflineAlgorithm, models: Models, eval_set: list[Example], st
     # as many forwards as the busiest one: ranks with fewer eval batches run discarded extras.
     most = int(comm.all_reduce_max(torch.tensor(float(len(loader)), device=strategy.device)).item())
     for batch in track(loader, len(loader), "evaluating", "batches"):
-        batch = {k: v.to(strategy.device) for k, v in batch.items()}
+        batch = batch.to(strategy.device)
         with strategy.autocast():
             sums.merge(algo.eval_step(models, batch))
     if most > len(loader):

@@ -58,7 +58,7 @@ class StepResult:
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    return batch.to(device)
 
 
 def global_normalizer(local_units: float, strategy: Strategy) -> float:
