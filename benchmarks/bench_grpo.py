@@ -59,14 +59,14 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
 
     stamps: list[float] = []
     gen_tokens: list[float] = []
-    original = GRPO.on_iteration_end
+    original = GRPO.on_step_end
 
-    def stamped(self: Any, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    def stamped(self: Any, ctx: Any) -> dict[str, float]:  # after each iteration's updates
         stamps.append(time.perf_counter())
-        gen_tokens.append(metrics.get("completion_length", 0.0) * BATCH)
-        return original(self, step, metrics)
+        gen_tokens.append(ctx.metrics.get("completion_length", 0.0) * BATCH)
+        return original(self, ctx)
 
-    GRPO.on_iteration_end = stamped  # type: ignore[method-assign]
+    GRPO.on_step_end = stamped  # type: ignore[method-assign]
     cfg = load_config(None, [
         "algorithm=grpo", f"model.name_or_path={spec['model']}", f"output_dir={spec['run_dir']}",
         f"data.train={spec['prompts']}", "data.max_length=64", f"rollout.num_generations={G}",

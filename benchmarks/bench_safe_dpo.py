@@ -57,6 +57,7 @@ def child(variant: str, model: str, helpful: str, cost: str, steps: int, batch: 
     import torch
 
     from alignkit.algorithms import ALGORITHMS, workload_of
+    from alignkit.algorithms.base import Context
     from alignkit.config import load_config
     from alignkit.distributed.env import read_env
     from alignkit.logging import peak_memory_mb
@@ -79,7 +80,7 @@ def child(variant: str, model: str, helpful: str, cost: str, steps: int, batch: 
     models = build_models(workload_of(cfg), cfg.model, strategy, algo.tokenizer,
                           make_optimizer=lambda m: build_optimizer(m, cfg.training, 1e-5))
     start = time.perf_counter()
-    algo.before_training(models, rows, [], strategy)
+    algo.before_training(Context(models, strategy), rows, [])
     precompute = time.perf_counter() - start
     models.train()
     times = []
@@ -88,7 +89,7 @@ def child(variant: str, model: str, helpful: str, cost: str, steps: int, batch: 
         group = [algo.data.collate(rows[step * batch : (step + 1) * batch])]
         losses, _, _ = accumulate(strategy, models, group, algo.loss, algo.data.loss_units, algo.data.tokens_in)
         optimizer_step(strategy, models, 1.0, losses)
-        algo.on_step_end(step + 1, {})
+        algo.on_step_end(Context(models, strategy, step + 1))
         if strategy.device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)

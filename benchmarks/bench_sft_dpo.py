@@ -217,17 +217,17 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
                 pending[1] += n
                 return n
 
-            def stamped_on_step_end(step: int, metrics: Any) -> Any:  # after optimizer + scheduler step
+            def stamped_on_step_end(ctx: Any) -> Any:  # after optimizer + scheduler step
                 rec["step_end"].append(time.perf_counter())
                 rec["step_tokens"].append(pending[0])
                 rec["step_loss_tokens"].append(pending[1])
                 pending[0] = pending[1] = 0
-                return on_step_end(step, metrics)
+                return on_step_end(ctx)
 
-            def timed_before_training(models: Any, train_set: Any, eval_set: Any, strategy: Any) -> None:
+            def timed_before_training(ctx: Any, train_set: Any, eval_set: Any) -> None:
                 t0 = time.perf_counter()
-                before_training(models, train_set, eval_set, strategy)
-                model = models.trainable
+                before_training(ctx, train_set, eval_set)
+                model = ctx.models[ctx.models.primary]
                 if spec.get("precompute"):
                     rec["precompute_s"] = time.perf_counter() - t0
                     rec["precompute_pairs"] = len(train_set) + len(eval_set)

@@ -37,7 +37,7 @@ class NanOnce(SFT):
             loss = loss * float("nan")
         return loss, m
 
-    def on_step_end(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    def on_step_end(self, ctx: Any) -> dict[str, float]:
         return {}
 
 
@@ -46,7 +46,7 @@ def main(model_dir: str, out: str, report: str) -> None:
     real_save = Checkpointer.save
 
     def save(self: Checkpointer, state: Any) -> Path:  # snapshot the weights after each step
-        SNAPSHOTS[state.step] = {k: v.detach().clone() for k, v in self.models.trainable.module.state_dict().items()}
+        SNAPSHOTS[state.step] = {k: v.detach().clone() for k, v in self.models[self.models.primary].module.state_dict().items()}
         return real_save(self, state)
 
     Checkpointer.save = save  # type: ignore[method-assign]

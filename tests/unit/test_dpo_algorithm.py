@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from alignkit.algorithms.base import Context
 from alignkit.algorithms.dpo import DPO
 from alignkit.algorithms.reward import CostModel, RewardModel
 from alignkit.config import ConfigError
@@ -58,7 +59,7 @@ def setup(micro_model: Path, algorithm: str = "dpo", overrides: list[str] | None
 
 def with_policy(models: Models, policy: torch.nn.Module) -> Models:
     """``models`` with another algorithm's policy (the same weights for both variants compared)."""
-    out = Models(dict(models.handles), dict(models.frozen))
+    out = Models(dict(models.handles), dict(models.frozen), dict(models.specs))
     out.handles["policy"] = type(models.handles["policy"])("policy", policy, None)
     return out
 
@@ -159,7 +160,7 @@ def test_precomputed_reference_equals_on_the_fly(micro_model: Path, reference: s
     _, _, cached, strategy, cached_models, _ = setup(micro_model, overrides=over + ["dpo.precompute_ref_logps=true"])
     cached_models = with_policy(cached_models, live_models["policy"])
     train, evalset = copy.deepcopy(examples[:2]), copy.deepcopy(examples[2:])
-    cached.before_training(cached_models, train, evalset, strategy)
+    cached.before_training(Context(cached_models, strategy), train, evalset)
     assert "reference" not in cached_models.frozen  # nothing held during training
     assert all("ref_chosen_logps" in e for e in train + evalset)
     both = train + evalset

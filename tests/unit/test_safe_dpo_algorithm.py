@@ -58,6 +58,7 @@ def test_config_errors_name_the_key(micro_model: Path, scorers, tmp_path: Path, 
 
 def test_cost_model_with_the_opposite_sign_is_refused(micro_model: Path, tmp_path: Path) -> None:
     from alignkit.algorithms import workload_of
+    from alignkit.algorithms.base import Context
     from alignkit.train.runner import build_models, strategy_for
 
     flipped = make_scorers(micro_model, tmp_path, flip=True)
@@ -68,7 +69,7 @@ def test_cost_model_with_the_opposite_sign_is_refused(micro_model: Path, tmp_pat
     strategy = strategy_for(cfg, ALONE)
     models = build_models(workload_of(cfg), cfg.model, strategy, algo.tokenizer, make_optimizer=None)
     with pytest.raises(ModelError) as e:
-        algo.before_training(models, train, [], strategy)
+        algo.before_training(Context(models, strategy), train, [])
     msg = str(e.value)
     assert "safe_dpo.cost_model" in msg and "opposite sign" in msg and "\n" not in msg
 
@@ -76,7 +77,8 @@ def test_cost_model_with_the_opposite_sign_is_refused(micro_model: Path, tmp_pat
 def test_multiplier_window_update_and_state() -> None:
     import math
 
-    from alignkit.algorithms.cost_estimate import Multiplier, prompt_share
+    from alignkit.algorithms.cost_estimate import prompt_share
+    from alignkit.algorithms.lagrange import Multiplier
 
     m = Multiplier(math.log(1.0), threshold=0.0, lr=0.1, lambda_max=2.0, window=4)
     m.update([1.0, 3.0])  # J_C = 2 -> ln lam = 0 + 0.1 * 1 * 2

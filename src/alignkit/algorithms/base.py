@@ -1,11 +1,13 @@
-"""What an offline algorithm supplies to the shared loop: the models it needs, its data pipeline and
-the per-batch math.
+"""What an algorithm supplies to the loops: the models it needs and the per-batch math.
 
-An algorithm declares its models as roles (:meth:`OfflineAlgorithm.model_specs`), gets them back
-as a :class:`~alignkit.models.roles.Models` bundle, and has a data pipeline (``self.data``: rows ->
-examples -> micro-batches, and how many loss units a micro-batch holds) by composition. Its
-``loss`` returns the loss of the trainable role (or a dict role -> loss when several roles train);
-accumulation, normalisation, stepping, logging and checkpoints are the loop's.
+An algorithm declares its models as roles (:meth:`Algorithm.model_specs`), gets them back as a
+:class:`~alignkit.models.roles.Models` bundle (whose kind adapters compute log-probs, scores and
+values), and its ``loss`` returns the loss of the trainable role (or a dict role -> loss when several
+roles train); accumulation, normalisation, stepping, logging and checkpoints are the loops'. Hooks get
+a :class:`Context` instead of keeping the models or the Strategy. An offline algorithm has a data
+pipeline (``self.data``: rows -> examples -> micro-batches, and how many loss units a micro-batch
+holds) by composition; an online one (``algorithms/online.py``) owns its rollout. The reference model
+is resolved in one place (:func:`resolve_reference`, :func:`policy_specs`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from alignkit.config.schema import RunConfig
+from alignkit.data.batch import Batch
+from alignkit.errors import ConfigError
+from alignkit.models.adapters import is_adapter_dir
 from alignkit.models.roles import ModelSpec, Models
 
 if TYPE_CHECKING:
     from alignkit.data.io import RowCounts
     from alignkit.distributed.strategy.base import Strategy
 
-Batch = dict[str, torch.Tensor]
 Example = dict[str, Any]
 
 
@@ -75,12 +79,24 @@ class DataPipeline(Protocol):
         """Non-pad tokens processed (for tokens/s)."""
 
 
-class OfflineAlgorithm(ABC):
-    """One algorithm of the offline loop (SFT, reward/cost models, the DPO family, ...)."""
+@dataclass
+class Context:
+    """What a hook sees: the run's models and Strategy, the optimizer step reached, and that step's (or
+    iteration's) metrics reduced over every rank and micro-batch. Algorithms keep no reference to it."""
+
+    models: Models
+    strategy: Strategy
+    step: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Algorithm(ABC):
+    """The one algorithm base: declared models, the per-micro-batch loss, hooks with a :class:`Context`,
+    and state a checkpoint carries. Offline algorithms add ``data`` and ``eval_step``; online ones
+    (``algorithms/online.py``) add ``rollout``. The loops own accumulation, normalisation, stepping,
+    logging and checkpoints."""
 
     name: str = "base"
-    #: "tokens" for token-level losses, "sequences" for per-example losses (ALGORITHMS 6.1).
-    loss_unit: str = "tokens"
     #: sequences one example puts through the trainable model (2 for a chosen/rejected pair)
     sequences_per_example: int = 1
     #: metrics the console step line shows first, after a 1-based "Epoch E step N" (seed-guide lines)
@@ -88,10 +104,10 @@ class OfflineAlgorithm(ABC):
     #: log the estimator's per-component memory table at start-up (runs holding several models)
     memory_table: bool = False
 
-    def __init__(self, cfg: RunConfig, tokenizer: Any, data: DataPipeline) -> None:
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         self.cfg = cfg
+        #: the policy's tokenizer, or a vision-language model's processor
         self.tokenizer = tokenizer
-        self.data = data
 
     @classmethod
     @abstractmethod
@@ -103,18 +119,13 @@ class OfflineAlgorithm(ABC):
         """Loss of one micro-batch, already divided by ``normalizer`` (global units / dp_size): one
         tensor for the trainable role, or ``{role: loss}`` when several roles train."""
 
-    @abstractmethod
-    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
-        """Evaluation metric sums of one micro-batch (no grad)."""
-
-    def before_training(self, models: Models, train_set: list[Example], eval_set: list[Example],
-                        strategy: Strategy) -> None:
+    def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         """Called once, after the models are built and placed, before the first step (and before a
         resume restores weights). E.g. DPO caches reference log-probs in the examples."""
 
-    def on_step_end(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
-        """Hook after each optimizer step with that step's metrics reduced over every rank and
-        micro-batch (e.g. a dual update); returns extra metrics to log."""
+    def on_step_end(self, ctx: Context) -> dict[str, float]:
+        """After each optimizer step (offline) or each iteration's updates (online), with ``ctx.metrics``
+        reduced over every rank (e.g. a dual update); returns extra metrics to log."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -123,3 +134,51 @@ class OfflineAlgorithm(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+class OfflineAlgorithm(Algorithm):
+    """An algorithm of the offline loop (SFT, reward/cost models, the DPO family, ...): a data pipeline
+    by composition and an evaluation step."""
+
+    def __init__(self, cfg: RunConfig, tokenizer: Any, data: DataPipeline) -> None:
+        super().__init__(cfg, tokenizer)
+        self.data = data
+
+    @abstractmethod
+    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
+        """Evaluation metric sums of one micro-batch (no grad)."""
+
+
+# ---------------------------------------------------------------------- the reference, once
+def policy_has_lora(cfg: RunConfig) -> bool:
+    return cfg.model.lora is not None or is_adapter_dir(cfg.model.name_or_path)
+
+
+def resolve_reference(cfg: RunConfig, choice: str, *, needed: bool, key: str, why: str = "") -> str:
+    """The reference an algorithm's ``key`` (``auto`` | ``model`` | ``lora_base`` | ``none``) resolves to:
+    ``none`` when not ``needed``; ``auto`` = the LoRA base (adapters off) with LoRA and no
+    ``model.ref_name_or_path``, else a frozen ``model``. ``why``: what needs it, for the error."""
+    if choice == "none" or not needed:
+        if choice == "none" and needed:
+            raise ConfigError(f"{key}=none: {why or 'this algorithm'} needs reference log-probs")
+        return "none"
+    if choice == "auto":
+        return "lora_base" if policy_has_lora(cfg) and not cfg.model.ref_name_or_path else "model"
+    if choice == "lora_base" and not policy_has_lora(cfg):
+        raise ConfigError(f"{key}=lora_base needs LoRA adapters (set model.lora)")
+    return choice
+
+
+def policy_specs(cfg: RunConfig, reference: str, *, kind: str = "lm", transient_reference: bool = False,
+                 chunk_size: int = 1024, **options: Any) -> list[ModelSpec]:
+    """The trainable policy and, for ``reference`` ``model`` / ``lora_base``, its reference role (a frozen
+    copy, or the policy's weights with adapters off: :meth:`Models.running` serves it)."""
+    m = cfg.model
+    specs = [ModelSpec("policy", m.name_or_path, kind, trainable=True, lora=policy_has_lora(cfg),
+                       chunk_size=chunk_size, **options)]
+    if reference == "model":
+        specs.append(ModelSpec("reference", m.ref_name_or_path or m.name_or_path, kind,
+                               transient=transient_reference, chunk_size=chunk_size))
+    elif reference == "lora_base":
+        specs.append(ModelSpec("reference", m.name_or_path, kind, shares="policy", transient=transient_reference))
+    return specs

@@ -1,18 +1,12 @@
-"""The Lagrange multiplier of a cost constraint J_C <= d, estimated on the policy's own samples
-(Safe RLHF, ALGORITHMS 1.3 and 1.5 defect 6).
-
-:class:`Multiplier` holds ln lambda and the window of recent sample costs; :meth:`Multiplier.update`
-takes the costs of every rank's samples (the same list on every rank), lets rank 0 apply
-``lagrange_update`` to the window mean and broadcasts rank 0's state, so every rank holds the same
-lambda and window. :func:`sample_costs` generates responses for prompts from the policy (under
-``strategy.full_params``) and scores them with the frozen cost model exactly as training pairs are
-encoded.
+"""The on-policy estimate of J_C for a cost constraint J_C <= d (Safe RLHF, ALGORITHMS 1.3 and 1.5
+defect 6): the prompts' token ids as training encodes them, responses sampled from the policy and
+scores of those responses by the frozen cost model, encoded exactly as training pairs are. The
+multiplier it feeds is :class:`alignkit.algorithms.lagrange.Multiplier`.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,52 +20,8 @@ from alignkit.data.preference import as_chat, encode_scored
 from alignkit.data.safety import prompt_ids
 from alignkit.data.tokenize import render_chat
 from alignkit.data.vlm import RowImages, pixel_inputs
-from alignkit.distributed import comm
-from alignkit.losses.safe_dpo import lagrange_update
 from alignkit.models.policy import model_inputs
 from alignkit.rollout.engine import SamplingParams, sampling_kwargs
-
-
-@dataclass
-class Multiplier:
-    """ln lambda, clamped above at ln lambda_max, and a window of the last ``window`` sample costs."""
-
-    log_lambda: float
-    threshold: float
-    lr: float
-    lambda_max: float
-    window: int = 128
-    costs: deque[float] = field(default_factory=deque)
-    j_c: float | None = None  # mean of the window at the last update
-    updates: int = 0
-
-    @property
-    def value(self) -> float:
-        return math.exp(self.log_lambda)
-
-    def update(self, costs: list[float]) -> None:
-        """Add every rank's sample costs (identical on every rank), update on rank 0, broadcast."""
-        if comm.rank() == 0:
-            self.costs.extend(costs)
-            while len(self.costs) > self.window:
-                self.costs.popleft()
-            self.j_c = sum(self.costs) / len(self.costs)
-            self.log_lambda = lagrange_update(self.log_lambda, self.j_c, threshold=self.threshold, lr=self.lr,
-                                              lam_max=self.lambda_max)
-            self.updates += 1
-        self.load_state_dict(comm.broadcast_object(self.state_dict(), src=0))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"log_lambda": self.log_lambda, "cost_window": list(self.costs), "J_C": self.j_c,
-                "updates": self.updates}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not state:
-            return
-        self.log_lambda = float(state["log_lambda"])
-        self.costs = deque(float(c) for c in state["cost_window"])
-        self.j_c = None if state["J_C"] is None else float(state["J_C"])
-        self.updates = int(state["updates"])
 
 
 @dataclass

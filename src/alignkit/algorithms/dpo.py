@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import torch
 
-from alignkit.algorithms.base import Batch, Example, MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import Batch, Context, Example, MetricSums, OfflineAlgorithm, policy_specs, resolve_reference
 from alignkit.algorithms.vlm import preference_inputs, vlm_spec_options
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
@@ -47,8 +47,6 @@ from alignkit.data.preference import count_pairs
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError
 from alignkit.losses.dpo import DPO_LOSSES, dpo_loss
-from alignkit.models.adapters import adapters_disabled, is_adapter_dir
-from alignkit.models.policy import sequence_logps
 from alignkit.models.roles import ModelSpec, Models
 from alignkit.progress import Progress
 
@@ -91,19 +89,11 @@ class DPOConfig:
             raise ConfigError("dpo.label_smoothing: applies to sigmoid and simpo, not ipo")
 
 
-def resolve_reference(cfg: Any) -> str:
-    """The concrete reference source for ``dpo.reference`` (see the module docstring)."""
-    d, m = cfg.dpo, cfg.model
-    has_lora = m.lora is not None or is_adapter_dir(m.name_or_path)
-    if d.reference == "auto":
-        if d.loss_type in REFERENCE_FREE:
-            return "none"
-        return "lora_base" if has_lora and not m.ref_name_or_path else "model"
-    if d.reference == "none" and d.loss_type not in REFERENCE_FREE:
-        raise ConfigError(f"dpo.reference=none: loss_type {d.loss_type!r} needs reference log-probs (simpo does not)")
-    if d.reference == "lora_base" and not has_lora:
-        raise ConfigError("dpo.reference=lora_base needs LoRA adapters (set model.lora)")
-    return d.reference
+def dpo_reference(cfg: RunConfig) -> str:
+    """The concrete reference of ``dpo.reference`` (see the module docstring; simpo needs and loads none)."""
+    d = cfg.dpo
+    return resolve_reference(cfg, d.reference, needed=d.loss_type not in REFERENCE_FREE,
+                             key="dpo.reference", why=f"loss_type {d.loss_type!r} (simpo does not)")
 
 
 PairValues = Callable[[Batch], dict[tuple[str, str], torch.Tensor]]
@@ -146,61 +136,49 @@ class DPO(OfflineAlgorithm):
     sequences_per_example = 2
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
-        saved, processor = preference_inputs(cfg, tokenizer)
-        tok = processor.tokenizer if processor is not None else tokenizer
-        super().__init__(cfg, saved, PairData(tok, cfg.data, pair=cfg.dpo.pair, processor=processor))
-        self.reference = resolve_reference(cfg)
+        saved, self.processor = preference_inputs(cfg, tokenizer)
+        #: the policy's text tokenizer (a vision-language processor's own tokenizer)
+        self.text_tokenizer = self.processor.tokenizer if self.processor is not None else tokenizer
+        super().__init__(cfg, saved, self.make_data())
+        self.reference = dpo_reference(cfg)
         if cfg.data.streaming and cfg.dpo.precompute_ref_logps:
             raise ConfigError("dpo.precompute_ref_logps: needs the whole training set ahead, not data.streaming")
 
+    def make_data(self) -> PairData:
+        """The data pipeline (safe_dpo reads two-response rows instead)."""
+        return PairData(self.text_tokenizer, self.cfg.data, pair=self.cfg.dpo.pair, processor=self.processor)
+
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        m, d = cfg.model, cfg.dpo
-        lora = m.lora is not None or is_adapter_dir(m.name_or_path)
-        vlm = vlm_spec_options(cfg)
-        kind = "vlm" if vlm else "lm"
-        specs = [ModelSpec("policy", m.name_or_path, kind, trainable=True, lora=lora, chunk_size=d.logps_chunk_size,
-                           **vlm)]
-        reference = resolve_reference(cfg)
-        if reference == "model":
-            specs.append(ModelSpec("reference", m.ref_name_or_path or m.name_or_path, kind,
-                                   transient=d.precompute_ref_logps, chunk_size=d.logps_chunk_size))
-        elif reference == "lora_base":
-            specs.append(ModelSpec("reference", m.name_or_path, kind, shares="policy", transient=d.precompute_ref_logps))
-        return specs
+        d, vlm = cfg.dpo, vlm_spec_options(cfg)
+        return policy_specs(cfg, dpo_reference(cfg), kind="vlm" if vlm else "lm", chunk_size=d.logps_chunk_size,
+                            transient_reference=d.precompute_ref_logps, **vlm)
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
     def reference_logps(self, models: Models, batch: Batch) -> torch.Tensor | None:
-        """``(2B,)`` reference sums: cached, from the frozen model, or from the LoRA base; None if reference-free."""
+        """``(2B,)`` reference sums: cached, else from the reference role (a frozen copy or the LoRA base,
+        ``Models.running``); None if reference-free."""
         if "ref_logps" in batch:
             return batch["ref_logps"].float()
         if self.reference == "none":
             return None
-        if self.reference == "model":
-            return sequence_logps(models["reference"], batch)
-        policy = models["policy"]
-        was_training = policy.training
-        policy.eval()  # the reference runs without dropout, like a frozen copy would
-        try:
-            with adapters_disabled(policy):
-                return sequence_logps(policy, batch)
-        finally:
-            policy.train(was_training)
+        return models.sequence_logps("reference", batch)
 
-    def before_training(self, models: Models, train_set: list[Example], eval_set: list[Example],
-                        strategy: Strategy) -> None:
+    def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         """``dpo.precompute_ref_logps``: cache reference log-probs in every example (module docstring)."""
         if not self.cfg.dpo.precompute_ref_logps or self.reference == "none":
             return
         start = time.perf_counter()
+
+        models = ctx.models
 
         def reference(batch: Batch) -> dict[tuple[str, str], torch.Tensor]:
             logps = self.reference_logps(models, batch)
             assert logps is not None
             return {("ref_chosen_logps", "ref_rejected_logps"): logps}
 
-        cache_pair_values(self.data.collate, (train_set, eval_set), strategy, reference,
+        cache_pair_values(self.data.collate, (train_set, eval_set), ctx.strategy, reference,
                           batch_size=self.precompute_batch_size(), what="reference log-probs")
         models.free("reference")
         log.info(
@@ -217,7 +195,7 @@ class DPO(OfflineAlgorithm):
         d = self.cfg.dpo
         b = count_pairs(batch)
         ref = self.reference_logps(models, batch)
-        logps = sequence_logps(models["policy"], batch)
+        logps = models.sequence_logps("policy", batch)
         lengths = batch["response_lengths"].to(logps.dtype)
         losses, met = dpo_loss(
             logps[:b],

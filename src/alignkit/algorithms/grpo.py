@@ -21,15 +21,15 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from alignkit.algorithms.base import Batch, MetricSums
-from alignkit.algorithms.online import Aggregation, OnlineAlgorithm, policy_specs, resolve_reference
+from alignkit.algorithms.base import Batch, MetricSums, policy_specs, resolve_reference
+from alignkit.algorithms.online import Aggregation, OnlineAlgorithm
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate
-from alignkit.models.policy import forward_logps
 from alignkit.models.roles import ModelSpec, Models
 from alignkit.rollout.advantages import ADVANTAGES
+from alignkit.rollout.context import RolloutContext
 from alignkit.rollout.experience import Sample, flat, token_seq
 from alignkit.rollout.score import nan_stats
 
@@ -61,35 +61,36 @@ class GroupRelative(OnlineAlgorithm):
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
         g = cfg.grpo
-        self.reference = resolve_reference(cfg, g.reference, needed=g.beta > 0)
+        self.reference = resolve_reference(cfg, g.reference, needed=g.beta > 0, key="grpo.reference")
         self.aggregation = g.loss_aggregation if g.loss_aggregation != "auto" else (
             "constant" if self.name == "dr_grpo" else "sequence_mean")
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        specs = policy_specs(cfg, resolve_reference(cfg, cfg.grpo.reference, needed=cfg.grpo.beta > 0))
+        specs = policy_specs(cfg, resolve_reference(cfg, cfg.grpo.reference, needed=cfg.grpo.beta > 0,
+                                                    key="grpo.reference"))
         if cfg.reward.model:
             specs.append(ModelSpec("reward", cfg.reward.model, "scalar"))
         return specs
 
-    def make_experience(self, models: Models, samples: list[Sample], batches: list[Batch],
-                        scores: dict[str, torch.Tensor], mine: slice, strategy: Any) -> MetricSums:
+    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
+                        scores: dict[str, torch.Tensor]) -> MetricSums:
         g, G = self.cfg.grpo, self.cfg.rollout.num_generations
         scale = "none" if self.name == "dr_grpo" else g.scale_rewards
         adv = ADVANTAGES.get(self.name)(scores["reward"], G, scale_rewards=scale)  # (global,), same on every rank
-        for s, a in zip(samples, adv[mine].tolist()):
+        for s, a in zip(samples, adv[ctx.mine].tolist()):
             s["advantages"] = [a] * len(s["completion_ids"])
         if self.reference != "none":
-            for s, ref in zip(samples, self.token_logps(models, batches, strategy, role="reference")):
+            for s, ref in zip(samples, self.token_logps(ctx, batches, role="reference")):
                 s["ref_logps"] = ref
         if self.cfg.rollout.update_epochs > 1:
-            for s, old in zip(samples, self.token_logps(models, batches, strategy)):
+            for s, old in zip(samples, self.token_logps(ctx, batches)):
                 s["old_logps"] = old
         return group_stats(scores["reward"], adv, G)
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
         g = self.cfg.grpo
-        logps = forward_logps(models["policy"], batch)
+        logps = models.logps("policy", batch)
         old = flat(batch, "old_logps") if "old_logps" in batch else logps.detach()
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
         per_token, clipped = clipped_surrogate(logps, old, flat(batch, "advantages"), eps_low=g.epsilon,

@@ -1,11 +1,14 @@
 """What an online algorithm supplies to the online loop (``train/online_loop.py``).
 
-The loop owns the iteration: prompts -> completions (the rollout engine) -> scores (reward / cost
-functions and models, gathered from every rank in global order) -> ``make_experience`` (the
-algorithm: old / reference log-probs, values, advantages on this rank's samples, with statistics
-computed from the gathered scores so every rank uses the same numbers) -> ``rollout.update_epochs``
-optimizer steps over the samples through the shared step code (``train/step.py``: accumulation with
-the global normaliser ``units`` counts, one reduction of the step's metrics).
+The loop owns the iteration's frame: the prompts of this rank -> the algorithm's ``rollout`` (by
+default: completions from the policy through the rollout engine -> scores of every signal, reward /
+cost functions and models, gathered from every rank in global order -> ``make_experience``: old /
+reference log-probs, values, advantages on this rank's samples, with statistics computed from the
+gathered scores so every rank uses the same numbers) -> ``rollout.update_epochs`` optimizer steps
+over the samples through the shared step code (``train/step.py``: accumulation with the global
+normaliser ``units`` counts, one reduction of the step's metrics). The loop names no role: an
+algorithm that routes the policy's outputs through a frozen ``target`` before scoring overrides
+``rollout`` alone.
 
 Batch semantics as in TRL: ``training.per_device_batch_size`` / ``global_batch_size`` count
 completions; one iteration generates ``global_batch / num_generations`` prompts x ``num_generations``
@@ -15,23 +18,19 @@ so a prompt's group may span ranks), and each update epoch is one optimizer step
 
 from __future__ import annotations
 
-import contextlib
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import torch
 
-from alignkit.algorithms.base import Batch, MetricSums
+from alignkit.algorithms.base import Algorithm, Batch, MetricSums
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.prompts import PromptData
-from alignkit.errors import ConfigError
-from alignkit.models.adapters import adapters_disabled, is_adapter_dir
-from alignkit.models.policy import forward_logps
-from alignkit.models.roles import ModelSpec, Models
+from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
 from alignkit.rollout.engine import ENGINES
-from alignkit.rollout.experience import Sample, per_sequence
+from alignkit.rollout.experience import Sample, collate_samples, per_sequence
 from alignkit.rollout.score import Scorer
 
 
@@ -56,103 +55,78 @@ class RolloutConfig:
             ENGINES.get(self.engine)  # one line with the closest name
 
 
-def policy_has_lora(cfg: RunConfig) -> bool:
-    return cfg.model.lora is not None or is_adapter_dir(cfg.model.name_or_path)
-
-
-def resolve_reference(cfg: RunConfig, choice: str, needed: bool) -> str:
-    """``none`` when no reference is needed, else ``model`` or ``lora_base`` (``auto``: lora_base with LoRA)."""
-    if not needed:
-        return "none"
-    if choice == "auto":
-        return "lora_base" if policy_has_lora(cfg) and not cfg.model.ref_name_or_path else "model"
-    if choice == "lora_base" and not policy_has_lora(cfg):
-        raise ConfigError("reference=lora_base needs LoRA adapters (set model.lora)")
-    return choice
-
-
-def policy_specs(cfg: RunConfig, reference: str) -> list[ModelSpec]:
-    m = cfg.model
-    specs = [ModelSpec("policy", m.name_or_path, "lm", trainable=True, lora=policy_has_lora(cfg))]
-    if reference == "model":
-        specs.append(ModelSpec("reference", m.ref_name_or_path or m.name_or_path, "lm"))
-    elif reference == "lora_base":
-        specs.append(ModelSpec("reference", m.name_or_path, "lm", shares="policy"))
-    return specs
-
-
-class OnlineAlgorithm(ABC):
-    """One algorithm of the online loop (GRPO / RLOO / Dr.GRPO, PPO, Lagrangian PPO, ...)."""
+class OnlineAlgorithm(Algorithm):
+    """An algorithm of the online loop (GRPO / RLOO / Dr.GRPO, PPO, Lagrangian PPO, ...): it owns its
+    :meth:`rollout` (default: generate -> score -> :meth:`make_experience`) and its :meth:`evaluate`."""
 
     name: str = "online"
-    sequences_per_example = 1
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
-        self.cfg, self.tokenizer = cfg, tokenizer
+        super().__init__(cfg, tokenizer)
         self.data = PromptData(tokenizer, cfg.data, max_new_tokens=cfg.rollout.max_new_tokens)
         self.reference = "none"
 
-    @classmethod
-    @abstractmethod
-    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        """The models this run needs, the policy first."""
-
     def scorers(self) -> dict[str, Scorer]:
-        """The signals the loop scores and gathers: ``reward`` always (``reward.*``), more (``cost``) if any."""
+        """The signals a rollout scores and gathers: ``reward`` always (``reward.*``), more (``cost``) if any."""
         r, ro = self.cfg.reward, self.cfg.rollout
         return {"reward": Scorer("reward", r.functions, model_role="reward" if r.model else None,
                                  model_weight=r.model_weight, length_penalty=r.length_penalty,
                                  max_new_tokens=ro.max_new_tokens, placement=r.placement)}
 
-    @abstractmethod
-    def make_experience(self, models: Models, samples: list[Sample], batches: list[Batch],
-                        scores: dict[str, torch.Tensor], mine: slice, strategy: Any) -> MetricSums:
-        """Fill this rank's ``samples`` (per-token fields for the loss) from the gathered ``scores``
-        (signal -> ``(global,)``, this rank's at ``mine``); ``batches`` are the samples collated per
-        micro-batch (on the device). Returns the iteration's statistics (identical on every rank)."""
+    # ------------------------------------------------------------------ rollout
+    def rollout(self, ctx: RolloutContext) -> Experience:
+        """This rank's samples of one iteration: the policy's completions of ``ctx.rows``, scored by every
+        signal of :meth:`scorers` (gathered from every rank), then :meth:`make_experience`. Override to put
+        something between generation and scoring (e.g. a frozen ``target`` role answering the completions)."""
+        gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
+        samples = ctx.samples(gens.completion_ids)
+        texts = ctx.decode(gens.completion_ids)
+        inputs = ctx.score_inputs(samples, texts)
+        scores = ctx.score(self.scorers(), inputs)
+        stats = self.make_experience(ctx, samples, inputs.batches, scores)
+        for s, row, text in zip(samples, ctx.rows, texts):
+            s["prompt"], s["completion"] = row["prompt"], text
+        rollout_stats(stats, scores, gens, ctx.generate_s)
+        return Experience(samples, scores, stats)
 
     @abstractmethod
-    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor | dict[str, torch.Tensor], MetricSums]:
-        """Loss of one micro-batch divided by ``normalizer`` (global ``units`` / dp_size)."""
+    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
+                        scores: dict[str, torch.Tensor]) -> MetricSums:
+        """Fill this rank's ``samples`` (per-token fields for the loss) from the gathered ``scores``
+        (signal -> ``(global,)``, this rank's at ``ctx.mine``); ``batches`` are the samples collated per
+        micro-batch (on the device). Returns the iteration's statistics (identical on every rank)."""
+
+    @torch.no_grad()
+    def evaluate(self, ctx: RolloutContext) -> tuple[float, float, float]:
+        """Greedy completions of ``ctx.rows`` scored by the ``reward`` signal, each rank its own rows
+        (ranks may hold different counts, so the functions run locally): this rank's (sum of the scored
+        rewards, how many were scored, completion tokens)."""
+        gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
+        samples = ctx.samples(gens.completion_ids)
+        inputs = ctx.score_inputs(samples, ctx.decode(gens.completion_ids))
+        total = torch.tensor(self.scorers()["reward"].score(ctx.models, inputs, ctx.strategy, placement="local")["total"],
+                             dtype=torch.float64)
+        ok = ~torch.isnan(total)
+        return float(total[ok].sum()), float(ok.sum()), float(sum(len(c) for c in gens.completion_ids))
+
+    def collate(self, samples: list[Sample]) -> Batch:
+        """Samples -> one micro-batch of the log-prob forward (``rollout.experience.collate_samples``)."""
+        return collate_samples(samples, self.tokenizer.pad_token_id)
 
     @abstractmethod
     def units(self, batch: Batch) -> int:
         """Loss units of a micro-batch (tokens or sequences) for the global normaliser."""
 
-    def on_iteration_end(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
-        """After each iteration's updates, with global metrics (e.g. a dual update); extra metrics to log."""
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
     # ------------------------------------------------------------------ shared pieces
     @torch.no_grad()
-    def token_logps(self, models: Models, batches: list[Batch], strategy: Any, *, role: str = "policy") -> list[list[float]]:
+    def token_logps(self, ctx: RolloutContext, batches: list[Batch], *, role: str = "policy") -> list[list[float]]:
         """Per-sample completion-token log-probs of ``role`` (``reference`` served by the LoRA base when
-        it shares the policy), in the training forward's numerics."""
+        it shares the policy: ``Models.running``), in the training forward's numerics."""
         out: list[list[float]] = []
         for batch in batches:
-            with self._as(models, role) as module, strategy.autocast():
-                out += per_sequence(forward_logps(module, batch), batch)
+            with ctx.strategy.autocast():
+                out += per_sequence(ctx.models.logps(role, batch), batch)
         return out
-
-    @contextlib.contextmanager
-    def _as(self, models: Models, role: str) -> Iterator[torch.nn.Module]:
-        if role == "reference" and self.reference == "lora_base":
-            policy = models["policy"]
-            was_training = policy.training
-            policy.eval()
-            try:
-                with adapters_disabled(policy):
-                    yield policy
-            finally:
-                policy.train(was_training)
-        else:
-            yield models[role]
 
 
 Aggregation = Literal["auto", "token_mean", "sequence_mean", "constant"]

@@ -19,24 +19,24 @@ the same for the cost critic]}, each a token mean over the step's global complet
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 import torch
 
-from alignkit.algorithms.base import Batch, MetricSums
-from alignkit.algorithms.online import OnlineAlgorithm, policy_specs, resolve_reference
+from alignkit.algorithms.base import Batch, Context, MetricSums, policy_specs, resolve_reference
+from alignkit.algorithms.lagrange import Multiplier
+from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.algorithms.reward import RewardFunctionConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError
 from alignkit.losses.kl import kl_estimate
-from alignkit.losses.safe_dpo import lagrange_update
 from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss
-from alignkit.models.policy import forward_logps, token_values
 from alignkit.models.roles import ModelSpec, Models
 from alignkit.rollout.advantages import gae, whiten
+from alignkit.rollout.context import RolloutContext
 from alignkit.rollout.experience import Sample, flat, per_sequence, token_seq
 from alignkit.rollout.score import Scorer, nan_stats
 
@@ -73,29 +73,24 @@ class PPOLagConfig:
     cost_value_model: Optional[str] = f(None, "Cost critic initialisation; null = ppo.value_model or the policy start.")
 
 
-@dataclass
-class _Dual:
-    log_lambda: float
-    costs: list[float] = field(default_factory=list)
-
-
 class PPO(OnlineAlgorithm):
     name = "ppo"
     constrained = False
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
-        self.reference = resolve_reference(cfg, cfg.ppo.reference, needed=True)
+        self.reference = resolve_reference(cfg, cfg.ppo.reference, needed=True, key="ppo.reference")
         lag = cfg.ppo_lag
         if self.constrained and not (lag.cost_functions or lag.cost_model):
             raise ConfigError("ppo_lag: set ppo_lag.cost_functions or ppo_lag.cost_model (what the constraint limits)")
-        self.dual = _Dual(math.log(lag.lambda_init))
+        # J_C = the mean cost of the last ``window`` iterations (one entry per iteration)
+        self.multiplier = Multiplier(math.log(lag.lambda_init), lag.threshold, lag.lambda_lr, lag.lambda_max, lag.window)
         self._cost_mean = math.nan
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
         m, p = cfg.model, cfg.ppo
-        specs = policy_specs(cfg, resolve_reference(cfg, p.reference, needed=True))
+        specs = policy_specs(cfg, resolve_reference(cfg, p.reference, needed=True, key="ppo.reference"))
         specs.insert(1, ModelSpec("value", p.value_model or m.name_or_path, "scalar", trainable=True))
         if cls.constrained:
             source = cfg.ppo_lag.cost_value_model or p.value_model or m.name_or_path
@@ -116,14 +111,14 @@ class PPO(OnlineAlgorithm):
 
     @property
     def lam(self) -> float:
-        return math.exp(self.dual.log_lambda)
+        return self.multiplier.value
 
     # ------------------------------------------------------------------ experience
-    def make_experience(self, models: Models, samples: list[Sample], batches: list[Batch],
-                        scores: dict[str, torch.Tensor], mine: slice, strategy: Any) -> MetricSums:
+    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
+                        scores: dict[str, torch.Tensor]) -> MetricSums:
         p = self.cfg.ppo
-        old = self.token_logps(models, batches, strategy)
-        ref = self.token_logps(models, batches, strategy, role="reference")
+        old = self.token_logps(ctx, batches)
+        ref = self.token_logps(ctx, batches, role="reference")
         m = MetricSums()
         kl_all: list[float] = []
         for s, o, r in zip(samples, old, ref):
@@ -132,8 +127,8 @@ class PPO(OnlineAlgorithm):
             kl_all += s["kl"]
         signals = [("reward", "", "value", -1.0)] + ([("cost", "cost_", "cost_value", 1.0)] if self.constrained else [])
         for signal, prefix, critic, kl_sign in signals:
-            values = self._values(models, critic, batches, strategy)
-            seq_scores = scores[signal][mine].tolist()
+            values = self._values(ctx, critic, batches)
+            seq_scores = scores[signal][ctx.mine].tolist()
             self._advantages(samples, values, seq_scores, prefix, kl_sign)
             stats = _whiten(samples, prefix + "advantages", enabled=p.whiten_advantages)
             m.add(f"{signal}_advantage_std_raw", stats, 1)
@@ -149,11 +144,11 @@ class PPO(OnlineAlgorithm):
         return m
 
     @torch.no_grad()
-    def _values(self, models: Models, role: str, batches: list[Batch], strategy: Any) -> list[list[float]]:
+    def _values(self, ctx: RolloutContext, role: str, batches: list[Batch]) -> list[list[float]]:
         out: list[list[float]] = []
         for batch in batches:
-            with strategy.autocast():
-                out += per_sequence(token_values(models[role], batch), batch)
+            with ctx.strategy.autocast():
+                out += per_sequence(ctx.models.values(role, batch), batch)
         return out
 
     def _advantages(self, samples: list[Sample], values: list[list[float]], seq_scores: list[float], prefix: str,
@@ -175,7 +170,7 @@ class PPO(OnlineAlgorithm):
     # ------------------------------------------------------------------ update
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[dict[str, torch.Tensor], MetricSums]:
         p = self.cfg.ppo
-        logps = forward_logps(models["policy"], batch)
+        logps = models.logps("policy", batch)
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
         per_token, clipped = clipped_surrogate(logps, flat(batch, "old_logps"), flat(batch, "advantages"),
                                                eps_low=p.epsilon, eps_high=p.epsilon_high or p.epsilon)
@@ -185,7 +180,7 @@ class PPO(OnlineAlgorithm):
         m.add_mean("entropy", -logps.detach())
         critics = [("value", "")] + ([("cost_value", "cost_")] if self.constrained else [])
         for role, prefix in critics:
-            values = token_values(models[role], batch)
+            values = models.values(role, batch)
             vl = clipped_value_loss(values, flat(batch, prefix + "values"), flat(batch, prefix + "returns"),
                                     clip=p.value_clip)
             losses[role] = p.vf_coef * aggregate(vl, seq, S, mode="token_mean", normalizer=normalizer)
@@ -196,25 +191,20 @@ class PPO(OnlineAlgorithm):
         return int(batch["response_lengths"].sum())
 
     # ------------------------------------------------------------------ dual variable
-    def on_iteration_end(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    def on_step_end(self, ctx: Context) -> dict[str, float]:
+        """After each iteration's updates: the dual step on the window of iteration mean costs."""
         if not self.constrained:
             return {}
-        lag, d = self.cfg.ppo_lag, self.dual
-        if not math.isnan(self._cost_mean):
-            d.costs = (d.costs + [self._cost_mean])[-lag.window :]
-        j_c = sum(d.costs) / len(d.costs) if d.costs else math.nan
-        new = d.log_lambda if math.isnan(j_c) else lagrange_update(
-            d.log_lambda, j_c, threshold=lag.threshold, lr=lag.lambda_lr, lam_max=lag.lambda_max)
-        # the same on every rank by construction (global inputs); rank 0's value is the one all keep
-        d.log_lambda = float(comm.broadcast_tensor(torch.tensor(new, dtype=torch.float64)))
-        return {"lambda": self.lam, "J_C": j_c}
+        self.multiplier.update([] if math.isnan(self._cost_mean) else [self._cost_mean])
+        j_c = self.multiplier.j_c
+        return {"lambda": self.lam, "J_C": math.nan if j_c is None else j_c}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"log_lambda": self.dual.log_lambda, "costs": list(self.dual.costs)} if self.constrained else {}
+        return self.multiplier.state_dict() if self.constrained else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.constrained and state:
-            self.dual = _Dual(float(state["log_lambda"]), [float(c) for c in state.get("costs", [])])
+        if self.constrained:
+            self.multiplier.load_state_dict(state)
 
 
 def _whiten(samples: list[Sample], name: str, *, enabled: bool) -> float:

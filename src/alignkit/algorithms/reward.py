@@ -29,7 +29,6 @@ from alignkit.data.preference import count_pairs
 from alignkit.errors import ConfigError
 from alignkit.losses.cost import cost_model_loss
 from alignkit.losses.reward import bradley_terry_loss
-from alignkit.models.policy import forward_scores
 from alignkit.models.roles import ModelSpec, Models
 from alignkit.rollout.rewards import REWARD_FUNCTIONS
 
@@ -96,12 +95,12 @@ class ScoredPairs(OfflineAlgorithm):
         raise NotImplementedError
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        losses, m = self.pair_loss(forward_scores(models.trainable, batch), batch)
+        losses, m = self.pair_loss(models.scores(models.primary, batch), batch)
         return losses.sum() / normalizer, m
 
     @torch.no_grad()
     def eval_step(self, models: Models, batch: Batch) -> MetricSums:
-        losses, m = self.pair_loss(forward_scores(models.trainable, batch), batch)
+        losses, m = self.pair_loss(models.scores(models.primary, batch), batch)
         m.add_mean("loss", losses)
         return m
 

@@ -35,11 +35,11 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
-from alignkit.algorithms.base import Batch, Example, MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import Batch, Context, Example, MetricSums
 from alignkit.algorithms.cost_estimate import (
     EstimatePrompt,
     Multiplier,
@@ -48,8 +48,7 @@ from alignkit.algorithms.cost_estimate import (
     sample_responses,
     score_responses,
 )
-from alignkit.algorithms.dpo import DPO, cache_pair_values, resolve_reference
-from alignkit.algorithms.vlm import preference_inputs
+from alignkit.algorithms.dpo import DPO, PairValues, cache_pair_values, dpo_reference
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.io import DataError, read_rows
@@ -60,12 +59,8 @@ from alignkit.distributed import comm
 from alignkit.errors import ConfigError, ModelError
 from alignkit.losses.safe_dpo import SAFE_DPO_VARIANTS, SafeParams, SafeRows, safe_rows_loss
 from alignkit.models.loading import hf_model
-from alignkit.models.policy import forward_scores, sequence_logps
 from alignkit.models.roles import ModelSpec, Models
 from alignkit.models.scalar import saved_scorer_kind
-
-if TYPE_CHECKING:
-    from alignkit.distributed.strategy.base import Strategy
 
 log = logging.getLogger("alignkit")
 
@@ -131,7 +126,7 @@ def _check_config(cfg: RunConfig) -> None:
     if d.loss_type != "sigmoid" or d.label_smoothing or d.rpo_alpha:
         raise ConfigError("dpo.loss_type / label_smoothing / rpo_alpha: safe_dpo uses the sigmoid DPO loss with "
                           "dpo.beta as beta_0 (set safe_dpo.variant for the other losses)")
-    if resolve_reference(cfg) == "none":
+    if dpo_reference(cfg) == "none":
         raise ConfigError("dpo.reference=none: safe_dpo needs reference log-probs")
     v = SAFE_DPO_VARIANTS.get(s.variant)
     if v.needs_reward and not s.helpful_model:
@@ -149,20 +144,19 @@ class SafeDPO(DPO):
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         _check_config(cfg)
-        saved, self.processor = preference_inputs(cfg, tokenizer)
-        self.text_tokenizer = self.processor.tokenizer if self.processor is not None else tokenizer
-        OfflineAlgorithm.__init__(self, cfg, saved, SafetyData(self.text_tokenizer, cfg.data, self.processor))
+        super().__init__(cfg, tokenizer)
         s = cfg.safe_dpo
-        self.reference = resolve_reference(cfg)
         self.variant = SAFE_DPO_VARIANTS.get(s.variant)
-        self.scorers = self.frozen_scorers(cfg)
-        for role in self.scorers:
+        #: the frozen scalar roles this run scores with (``reward`` = helpful RM, ``cost``)
+        self.frozen_roles = self.frozen_scorers(cfg)
+        for role in self.frozen_roles:
             check_scalar_model(s.helpful_model if role == "reward" else s.cost_model,
                                "safe_dpo.helpful_model" if role == "reward" else "safe_dpo.cost_model")
         self.multiplier = Multiplier(math.log(s.lambda_init), s.threshold, s.lambda_lr, s.lambda_max, s.cost_window)
-        self.models: Models | None = None
-        self.strategy: Strategy | None = None
         self.prompts: list[EstimatePrompt] = []
+
+    def make_data(self) -> SafetyData:
+        return SafetyData(self.text_tokenizer, self.cfg.data, self.processor)
 
     @staticmethod
     def frozen_scorers(cfg: RunConfig) -> list[str]:
@@ -183,25 +177,23 @@ class SafeDPO(DPO):
         return specs
 
     # ------------------------------------------------------------------ before training
-    def before_training(self, models: Models, train_set: list[Example], eval_set: list[Example],
-                        strategy: Strategy) -> None:
+    def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         """Cache reference log-probs and frozen scores, check the cost model's sign, pick the prompts."""
-        self.models, self.strategy = models, strategy
-        super().before_training(models, train_set, eval_set, strategy)
-        s = self.cfg.safe_dpo
-        if s.precompute_scores and self.scorers:
+        super().before_training(ctx, train_set, eval_set)
+        s, models, strategy = self.cfg.safe_dpo, ctx.models, ctx.strategy
+        if s.precompute_scores and self.frozen_roles:
             start = time.perf_counter()
-            cache_pair_values(self.data.collate, (train_set, eval_set), strategy, self._frozen_scores,
+            cache_pair_values(self.data.collate, (train_set, eval_set), strategy, self._frozen_scores(models),
                               batch_size=self.precompute_batch_size(), what="frozen scores")
-            log.info(f"Precomputed {' and '.join(self.scorers)} scores for {len(train_set)} train and "
+            log.info(f"Precomputed {' and '.join(self.frozen_roles)} scores for {len(train_set)} train and "
                      f"{len(eval_set)} eval rows in {time.perf_counter() - start:.1f}s")
-        if "cost" in self.scorers and s.sign_check_rows:
-            self._check_cost_sign(train_set, strategy)
+        if "cost" in self.frozen_roles and s.sign_check_rows:
+            self._check_cost_sign(ctx, train_set)
         if s.precompute_scores:
-            for role in self.scorers:
+            for role in self.frozen_roles:
                 if not (role == "cost" and s.cost_eval_every > 0):
                     models.free(role)
-        if "cost" in self.scorers:
+        if "cost" in self.frozen_roles:
             kept = "kept loaded for the on-policy J_C estimate" if s.cost_eval_every else "freed after caching"
             log.info(f"Cost model {s.cost_model}: {kept}")
         if s.cost_eval_every:
@@ -210,16 +202,16 @@ class SafeDPO(DPO):
                      f"policy samples for {s.cost_eval_prompts} of {len(self.prompts)} prompts (window "
                      f"{s.cost_window}, threshold {s.threshold}, lambda_max {s.lambda_max})")
 
-    def _frozen_scores(self, batch: Batch) -> dict[tuple[str, str], torch.Tensor]:
-        assert self.models is not None
-        return {(f"{role}_0", f"{role}_1"): forward_scores(self.models[role], batch) for role in self.scorers}
+    def _frozen_scores(self, models: Models) -> PairValues:
+        """The frozen roles' ``(2B,)`` scores of a batch, keyed for :func:`cache_pair_values`."""
+        return lambda batch: {(f"{role}_0", f"{role}_1"): models.scores(role, batch) for role in self.frozen_roles}
 
-    def _check_cost_sign(self, train_set: list[Example], strategy: Strategy) -> None:
+    def _check_cost_sign(self, ctx: Context, train_set: list[Example]) -> None:
         """Labelled-unsafe responses must cost more on average than safe ones (C > 0 = unsafe)."""
         rows = train_set[: self.cfg.safe_dpo.sign_check_rows]
         if not all("cost_0" in e for e in rows):  # not cached: score them (every rank the same rows)
             rows = [dict(e) for e in rows]
-            cache_pair_values(self.data.collate, (rows,), strategy, self._frozen_scores,
+            cache_pair_values(self.data.collate, (rows,), ctx.strategy, self._frozen_scores(ctx.models),
                               batch_size=self.precompute_batch_size(), what="cost-sign check")
         unsafe = [e[f"cost_{k}"] for e in rows for k, lab in ((0, "chosen_unsafe"), (1, "rejected_unsafe")) if e[lab]]
         safe = [e[f"cost_{k}"] for e in rows for k, lab in ((0, "chosen_unsafe"), (1, "rejected_unsafe")) if not e[lab]]
@@ -259,21 +251,20 @@ class SafeDPO(DPO):
         return list(seen.values())
 
     # ------------------------------------------------------------------ the constraint
-    def on_step_end(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    def on_step_end(self, ctx: Context) -> dict[str, float]:
         every = self.cfg.safe_dpo.cost_eval_every
-        if every and step % every == 0:
-            self.multiplier.update(self.sample_costs(step // every - 1))
+        if every and ctx.step % every == 0:
+            self.multiplier.update(self.sample_costs(ctx, ctx.step // every - 1))
         extra = {"lambda": self.multiplier.value}
         if self.multiplier.j_c is not None:
             extra["J_C"] = self.multiplier.j_c
         return extra
 
-    def sample_costs(self, estimate: int) -> list[float]:
+    def sample_costs(self, ctx: Context, estimate: int) -> list[float]:
         """Cost-model scores of policy samples for every rank's share of prompts (the same list on every
         rank, in rank order). Sampling is seeded by (seed, estimate, rank) without touching the
         training RNG streams, so a resumed run draws the same samples."""
-        s, models, strategy = self.cfg.safe_dpo, self.models, self.strategy
-        assert models is not None and strategy is not None, "before_training sets the models"
+        s, models, strategy = self.cfg.safe_dpo, ctx.models, ctx.strategy
         idx = prompt_share(len(self.prompts), s.cost_eval_prompts, estimate, strategy.dp_rank, strategy.dp_size)
         prompts = [self.prompts[i] for i in idx]
         chat, tok = self.cfg.data.chat_template, self.text_tokenizer
@@ -300,12 +291,12 @@ class SafeDPO(DPO):
     # ------------------------------------------------------------------ math
     def _frozen(self, models: Models, batch: Batch, role: str) -> torch.Tensor | None:
         """``(2B,)`` frozen scores of ``role``: cached in the batch, else from the frozen model (no grad)."""
-        if role not in self.scorers:
+        if role not in self.frozen_roles:
             return None
         if role in batch:  # cached before training (``precompute_scores``), under the role's name
             return batch[role].float()
         with torch.no_grad():
-            return forward_scores(models[role], batch)
+            return models.scores(role, batch)
 
     def _pair_losses(self, models: Models, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
         """Per-row losses ``(B,)`` (both pairs of each row) and metric sums; DPO's loss / eval_step use them."""
@@ -313,7 +304,7 @@ class SafeDPO(DPO):
         b = count_pairs(batch)
         ref = self.reference_logps(models, batch)
         assert ref is not None
-        logps = sequence_logps(models["policy"], batch)
+        logps = models.sequence_logps("policy", batch)
         lengths = batch["response_lengths"].to(logps.dtype)
         reward, cost = self._frozen(models, batch, "reward"), self._frozen(models, batch, "cost")
         unsafe_0, unsafe_1 = batch.get("chosen_unsafe"), batch.get("rejected_unsafe")

@@ -16,7 +16,6 @@ from alignkit.data.io import NOTHING_TO_LEARN, PROMPT_TOO_LONG, TRUNCATED, DataE
 from alignkit.data.pipelines import TokenData
 from alignkit.data.tokenize import encode_chat, encode_prompt_response
 from alignkit.losses.sft import sft_loss
-from alignkit.models.policy import forward_logps
 from alignkit.models.roles import ModelSpec, Models
 
 
@@ -77,14 +76,14 @@ class SFT(OfflineAlgorithm):
                           chunk_size=cfg.sft.logps_chunk_size)]
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        logps = forward_logps(models["policy"], batch)  # (N,) over loss tokens
+        logps = models.logps("policy", batch)  # (N,) over loss tokens
         m = MetricSums()
         m.add("nll", -logps.detach().sum(), logps.numel())
         return sft_loss(logps, normalizer=normalizer), m
 
     @torch.no_grad()
     def eval_step(self, models: Models, batch: Batch) -> MetricSums:
-        logps = forward_logps(models["policy"], batch)
+        logps = models.logps("policy", batch)
         m = MetricSums()
         m.add("loss", -logps.sum(), logps.numel())
         return m

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 
-from alignkit.algorithms.base import Example, OfflineAlgorithm
+from alignkit.algorithms.base import Context, Example, OfflineAlgorithm
 from alignkit.algorithms.sft import SFT
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.vlm import VLMData
 from alignkit.errors import ConfigError
-from alignkit.models.roles import ModelSpec, Models
+from alignkit.models.roles import ModelSpec
 
 log = logging.getLogger("alignkit")
 
@@ -125,10 +125,10 @@ class VLMSFT(SFT):
         return [ModelSpec("policy", cfg.model.name_or_path, "vlm", trainable=True, lora=cfg.model.lora is not None,
                           chunk_size=v.logps_chunk_size, train_parts=v.train_parts(), projector_from=v.projector_from)]
 
-    def before_training(self, models: Models, train_set: list[Example], eval_set: list[Example], strategy: Any) -> None:
+    def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         from alignkit.models.vlm import describe_trainable
 
-        if strategy.is_main:
+        if ctx.strategy.is_main:
             v = self.cfg.vlm
             src = f", projector from {v.projector_from}" if v.projector_from else ""
-            log.info(f"VLM stage {v.stage}{src}: {describe_trainable(strategy.unwrap(models['policy']))}")
+            log.info(f"VLM stage {v.stage}{src}: {describe_trainable(ctx.strategy.unwrap(ctx.models['policy']))}")

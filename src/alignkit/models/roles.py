@@ -1,8 +1,9 @@
 """Models as declared roles.
 
 An algorithm lists the models it needs as :class:`ModelSpec` s (``policy`` / ``reference`` /
-``reward`` / ``cost`` / ``value`` / ``target``; ``kind`` lm | scalar | vlm; trainable or frozen). The
-runner builds each through the :data:`BUILDERS` registry of its kind, hands trainable ones to the
+``reward`` / ``cost`` / ``value`` / ``target``; ``kind``: an entry of :data:`~alignkit.models.kinds.KINDS`,
+lm | scalar | vlm or one registered from outside; trainable or frozen). The
+runner builds each through its kind's adapter, hands trainable ones to the
 Strategy (one handle each) and frozen ones to ``Strategy.prepare_frozen``, and gives the algorithm
 the resulting :class:`Models` bundle. The memory planner sizes the same specs, so nothing under
 ``distributed/`` names an algorithm.
@@ -10,20 +11,22 @@ the resulting :class:`Models` bundle. The memory planner sizes the same specs, s
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
 
 from alignkit.config.schema import ModelConfig
-from alignkit.registry import Registry
+from alignkit.constants import IGNORE_INDEX
+from alignkit.data.batch import Batch
+from alignkit.models.kinds import KINDS, ModelKind
 
 if TYPE_CHECKING:
     from alignkit.distributed.strategy.base import Handle
 
 ROLES = ("policy", "reference", "reward", "cost", "value", "cost_value", "target")
-KINDS = ("lm", "scalar", "vlm")
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ and language model), the rest frozen before the Strategy sees the model.
         if self.role not in ROLES:
             raise ValueError(f"ModelSpec.role must be one of {ROLES}, got {self.role!r}")
         if self.kind not in KINDS:
-            raise ValueError(f"ModelSpec.kind must be one of {KINDS}, got {self.kind!r}")
+            raise ValueError(f"ModelSpec.kind must be one of {KINDS.names()}, got {self.kind!r}")
         if self.trainable and (self.transient or self.shares):
             raise ValueError("a trainable model cannot be transient or share another role's weights")
         if self.kind == "lm" and (self.train_parts is not None or self.projector_from):
@@ -89,58 +92,26 @@ class Workload:
         return [s for s in self.specs if not s.trainable and s.loaded]
 
 
-#: kind -> builder(spec, model config, dtype, tokenizer) -> the module algorithms call
-Builder = Callable[[ModelSpec, ModelConfig, torch.dtype, Any], nn.Module]
-BUILDERS: Registry[Builder] = Registry("model kind")
-
-
-@BUILDERS.register("lm")
-def build_lm(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
-    """A causal LM whose forward returns per-token log-probs (:class:`CausalLMLogps`)."""
-    from alignkit.models.adapters import load_lm
-    from alignkit.models.policy import CausalLMLogps
-
-    lm = load_lm(cfg, name_or_path=spec.source, dtype=dtype, trainable=spec.trainable)
-    return CausalLMLogps(lm, chunk_size=spec.chunk_size)
-
-
-@BUILDERS.register("scalar")
-def build_scalar(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
-    """A sequence-scoring model (reward / cost / value head) returning one score per sequence."""
-    from alignkit.models.scalar import ScalarHeadModel, load_scalar_model
-
-    pad = getattr(tokenizer, "pad_token_id", None)
-    return ScalarHeadModel(load_scalar_model(cfg, name_or_path=spec.source, dtype=dtype, trainable=spec.trainable,
-                                             pad_token_id=pad, train_parts=spec.train_parts))
-
-
-@BUILDERS.register("vlm")
-def build_vlm(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
-    """A vision-language model (LLaVA family) with the same log-prob forward as ``lm``: its batches carry
-    ``pixel_values`` (and ``image_sizes``, ...), which ``forward_logps`` passes through to the backbone."""
-    from alignkit.models.policy import CausalLMLogps
-    from alignkit.models.vlm import load_vlm_model
-
-    model = load_vlm_model(cfg, spec.source, dtype, trainable=spec.trainable, train_parts=spec.train_parts,
-                           projector_from=spec.projector_from, lora=spec.lora)
-    return CausalLMLogps(model, chunk_size=spec.chunk_size)
-
-
 def build_model(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
-    """The model of ``spec``; a missing / unreachable model or a corrupt weights file is one ModelError line."""
+    """The model of ``spec`` built by its kind's adapter; a missing / unreachable model or a corrupt weights
+    file is one ModelError line."""
     from alignkit.models.sources import model_errors
 
     with model_errors(spec.source):
-        return BUILDERS.get(spec.kind)(spec, cfg, dtype, tokenizer)
+        return KINDS.get(spec.kind).build(spec, cfg, dtype, tokenizer)
 
 
 @dataclass
 class Models:
     """A run's models by role: trainable ones as Strategy handles (``handles[role].module`` is what
-    forward calls: the DDP / FSDP module or DeepSpeed engine), frozen ones as placed modules."""
+    forward calls: the DDP / FSDP module or DeepSpeed engine), frozen ones as placed modules, and each
+    role's spec (its kind's adapter answers :meth:`logps`, :meth:`scores`, :meth:`values`,
+    :meth:`generate`). A role that ``shares`` the policy (the LoRA base as reference) is served by the
+    policy with its adapters off, in eval mode: the one place that resolves it."""
 
     handles: dict[str, Handle] = field(default_factory=dict)
     frozen: dict[str, nn.Module] = field(default_factory=dict)
+    specs: dict[str, ModelSpec] = field(default_factory=dict)
 
     def __getitem__(self, role: str) -> nn.Module:
         if role in self.handles:
@@ -152,18 +123,55 @@ class Models:
     def __contains__(self, role: object) -> bool:
         return role in self.handles or role in self.frozen
 
-    def get(self, role: str) -> nn.Module | None:
-        return self[role] if role in self else None
-
     @property
     def primary(self) -> str:
         """The first trainable role (its weights are the run's ``final/``)."""
         return next(iter(self.handles))
 
-    @property
-    def trainable(self) -> nn.Module:
-        """The module of the primary trainable role (what a one-model algorithm trains)."""
-        return self.handles[self.primary].module
+    def kind(self, role: str) -> ModelKind:
+        """The adapter of ``role``'s kind (``lm`` when the bundle was built without specs, as in tests)."""
+        spec = self.specs.get(role)
+        return KINDS.get(spec.kind if spec is not None else "lm")
+
+    @contextlib.contextmanager
+    def running(self, role: str) -> Iterator[nn.Module]:
+        """The module that computes ``role``: its own, or for a role sharing the policy's weights the policy
+        with its LoRA adapters disabled and in eval mode (no dropout, like a frozen copy), restored after."""
+        spec = self.specs.get(role)
+        if spec is None or spec.shares is None:
+            yield self[role]
+            return
+        from alignkit.models.adapters import adapters_disabled
+
+        owner = self[spec.shares]
+        was_training = owner.training
+        owner.eval()
+        try:
+            with adapters_disabled(owner):
+                yield owner
+        finally:
+            owner.train(was_training)
+
+    def logps(self, role: str, batch: Batch) -> torch.Tensor:
+        """``(N,)`` log-probs of the batch's targets under ``role`` (row-major over target positions)."""
+        with self.running(role) as module:
+            return self.kind(role).logps(module, batch)
+
+    def sequence_logps(self, role: str, batch: Batch) -> torch.Tensor:
+        """``(S,)`` per-sequence sums of :meth:`logps` (``seq_index``; S = ``len(response_lengths)``)."""
+        from alignkit.ops.segments import segment_sum
+
+        token_logps = self.logps(role, batch)
+        seq = batch["seq_index"][batch["targets"] != IGNORE_INDEX]
+        return segment_sum(token_logps, seq, int(batch["response_lengths"].shape[0]))
+
+    def scores(self, role: str, batch: Batch) -> torch.Tensor:
+        """``(S,)`` one score per sequence of a reward / cost model."""
+        return self.kind(role).scores(self[role], batch)
+
+    def values(self, role: str, batch: Batch) -> torch.Tensor:
+        """``(N,)`` a critic's value at every target position, aligned with :meth:`logps`."""
+        return self.kind(role).values(self[role], batch)
 
     def free(self, role: str) -> None:
         """Drop a frozen model (e.g. a reference whose log-probs are cached)."""

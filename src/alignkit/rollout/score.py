@@ -17,7 +17,6 @@ from typing import Any, Sequence
 import torch
 
 from alignkit.distributed import comm
-from alignkit.models.policy import forward_scores
 from alignkit.models.roles import Models
 from alignkit.rollout.rewards import RewardFunctionError, WeightedFunction, call, combine, resolve
 
@@ -48,9 +47,12 @@ class Scorer:
     def components(self) -> list[str]:
         return [f.name for f in self.functions] + (["model"] if self.model_role else [])
 
-    def score(self, models: Models, inputs: ScoreInputs, strategy: Any) -> dict[str, list[float]]:
-        """Per component (function name, ``model``) this rank's scores, and ``total`` (NaN = masked)."""
-        parts = self._functions(inputs)
+    def score(self, models: Models, inputs: ScoreInputs, strategy: Any, *,
+              placement: str | None = None) -> dict[str, list[float]]:
+        """Per component (function name, ``model``) this rank's scores, and ``total`` (NaN = masked).
+        ``placement`` (``local`` | ``main``) overrides the scorer's own for this call (evaluation runs
+        locally: ranks may hold different counts there)."""
+        parts = self._functions(inputs, placement or self.placement)
         if self.model_role:
             parts["model"] = self._model_scores(models, inputs, strategy)
         weights = {f.name: f.weight for f in self.functions} | {"model": self.model_weight}
@@ -60,10 +62,10 @@ class Scorer:
         parts["total"] = total
         return parts
 
-    def _functions(self, inputs: ScoreInputs) -> dict[str, list[float]]:
+    def _functions(self, inputs: ScoreInputs, placement: str) -> dict[str, list[float]]:
         if not self.functions:
             return {}
-        if self.placement == "main" and comm.world_size() > 1:
+        if placement == "main" and comm.world_size() > 1:
             return self._on_main(inputs)
         return {f.name: call(f, inputs.prompts, inputs.completions, _by_field(inputs.fields)) for f in self.functions}
 
@@ -96,7 +98,7 @@ class Scorer:
         out: list[float] = []
         for batch in inputs.batches:
             with strategy.autocast():
-                out += forward_scores(models[self.model_role], batch).float().cpu().tolist()
+                out += models.scores(self.model_role, batch).float().cpu().tolist()
         return out
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from alignkit.algorithms.base import Example, MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import Context, Example, MetricSums, OfflineAlgorithm
 from alignkit.config import RunConfig
 from alignkit.data.sampler import EvalSampler
 from alignkit.distributed import comm
@@ -82,7 +82,7 @@ def run_eval(cfg: RunConfig, model_dir: str | None = None, out: str | None = Non
         raise ConfigError(f"data.eval: no usable examples in {cfg.data.eval}")
     # evaluation only: no optimizer and no gradient-sync wrapper, just the replicated models
     models = session.build_models(train=False)
-    algo.before_training(models, [], eval_set, strategy)
+    algo.before_training(Context(models, strategy), [], eval_set)
     t = cfg.training
     metrics = evaluate(algo, models, eval_set, strategy, batch_size=t.eval_batch_size or t.per_device_batch_size or 8)
     metrics["examples"] = float(len(eval_set))

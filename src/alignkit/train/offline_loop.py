@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 from torch.utils.data import DataLoader
 
-from alignkit.algorithms.base import Batch, Example, OfflineAlgorithm
+from alignkit.algorithms.base import Batch, Context, Example, OfflineAlgorithm
 from alignkit.config import RunConfig, dump_yaml
 from alignkit.data.examples import subset
 from alignkit.data.sampler import GlobalOrder
@@ -77,7 +77,7 @@ class OfflineTrainer:
     # ------------------------------------------------------------------ main
     def fit(self) -> TrainResult:
         cfg, algo, log, steps = self.cfg, self.algo, self.log, self.steps
-        algo.before_training(self.models, self.examples_used(), self.eval_set, self.strategy)
+        algo.before_training(Context(self.models, self.strategy), self.examples_used(), self.eval_set)
         for handle in self.models.handles.values():
             handle.scheduler = build_scheduler(handle.optimizer, cfg.training, steps.total)
         self._startup_lines()
@@ -99,7 +99,7 @@ class OfflineTrainer:
             guard.observe(state.step, result)
             losses.append(result.loss)
             window.add(result)
-            extra = algo.on_step_end(state.step, result.metrics)
+            extra = algo.on_step_end(Context(self.models, self.strategy, state.step, result.metrics))
             log.advance({"loss": result.loss})
             if state.step % cfg.logging.logging_steps == 0 or state.step == steps.total:
                 metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra,

@@ -4,12 +4,12 @@ One iteration (module docstring of ``algorithms/online.py`` for the batch semant
 
 1. prompts: the next ``global_batch / num_generations`` prompts of the epoch's seeded global order,
    each repeated ``num_generations`` times; rank r takes the r-th contiguous slice of completions;
-2. rollout: the engine generates this rank's completions from the policy's full parameters, gathered
-   once (``Strategy.full_params``), in eval mode with the KV cache on;
-3. scores: every signal (reward, cost) of this rank's samples, then gathered from every rank in
-   global order (the algorithm's statistics use the whole iteration);
-4. experience: the algorithm fills its per-token fields (log-probs, values, advantages);
-5. update: ``rollout.update_epochs`` optimizer steps, each over all of this rank's samples in
+2. rollout: the algorithm's ``rollout`` (``algorithms/online.py``; by default the engine generates
+   this rank's completions from the policy's full parameters, gathered once (``Strategy.full_params``),
+   in eval mode with the KV cache on; every signal (reward, cost) scores them, gathered from every
+   rank in global order; the algorithm fills its per-token fields: log-probs, values, advantages);
+   the loop names no role;
+3. update: ``rollout.update_epochs`` optimizer steps, each over all of this rank's samples in
    ``per_device`` micro-batches through the shared step code (global normaliser, ``no_sync``, one
    reduction of the step's metrics).
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from alignkit.algorithms.base import Batch, MetricSums
+from alignkit.algorithms.base import Context
 from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config import RunConfig, dump_yaml
 from alignkit.data.sampler import GlobalOrder
@@ -36,8 +36,8 @@ from alignkit.distributed.strategy.base import Strategy
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
 from alignkit.rollout.engine import SamplingParams, build_engine
-from alignkit.rollout.experience import Sample, collate_samples, micro_batches, tokens_in
-from alignkit.rollout.score import ScoreInputs, gather_scores, nan_stats
+from alignkit.rollout.context import Experience, RolloutContext
+from alignkit.rollout.experience import Sample, micro_batches, tokens_in
 from alignkit.train.offline_loop import TrainResult
 from alignkit.train.optim import build_scheduler
 from alignkit.train.run_plan import RunPlan
@@ -51,7 +51,6 @@ from alignkit.train.step import (
     log_window,
     optimizer_step,
     reduce_step,
-    to_device,
 )
 
 
@@ -67,7 +66,6 @@ class OnlineTrainer:
         self.per_iteration = b.global_batch // self.G
         self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
         self.engine = build_engine(cfg.rollout.engine, algo.tokenizer)
-        self.scorers = algo.scorers()
         self.out = Path(cfg.output_dir)
         self.checkpointer = Checkpointer(self.out, strategy, models, config_yaml=dump_yaml(cfg), tokenizer=algo.tokenizer,
                                          save_total_limit=cfg.checkpoint.save_total_limit, log=logger, batch=b)
@@ -91,7 +89,8 @@ class OnlineTrainer:
         self.models.train()
         while state.step < total:
             lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
-            samples, stats, rollout_s = self._rollout(state)
+            experience, rollout_s = self._rollout(state)
+            samples, stats = experience.samples, experience.stats
             start = time.perf_counter()
             results = []
             for _ in range(self.cfg.rollout.update_epochs):
@@ -109,7 +108,8 @@ class OnlineTrainer:
             for r in results:
                 window.add(r)
             window.sums.merge(stats)  # identical on every rank already: not reduced again
-            extra = self.algo.on_iteration_end(state.step, {**result.metrics, **stats.means()})
+            extra = self.algo.on_step_end(Context(self.models, self.strategy, state.step,
+                                                  {**result.metrics, **stats.means()}))
             log.advance({"loss": result.loss, "reward": stats.means().get("reward_mean", math.nan)})
             if self._crossed(cfg.logging.logging_steps, state.step, len(results)) or state.step == total:
                 metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra)
@@ -126,8 +126,7 @@ class OnlineTrainer:
         return TrainResult(final_dir, metrics, eval_metrics, losses)
 
     def _step(self, samples: list[Sample]) -> StepResult:
-        pad = self.algo.tokenizer.pad_token_id
-        group = [collate_samples(mb, pad) for mb in micro_batches(samples, self.plan.batch.per_device)]
+        group = [self.algo.collate(mb) for mb in micro_batches(samples, self.plan.batch.per_device)]
         strategy, models = self.strategy, self.models
         losses, sums, tokens = accumulate(strategy, models, group, self.algo.loss, self.algo.units, tokens_in)
         norms, dropped = optimizer_step(strategy, models, self.cfg.training.max_grad_norm, losses)
@@ -144,81 +143,34 @@ class OnlineTrainer:
         state.consumed += self.per_iteration
         return idx
 
-    def _rollout(self, state: TrainState) -> tuple[list[Sample], MetricSums, float]:
+    def _context(self, rows: list[dict[str, Any]], mine: slice, params: SamplingParams) -> RolloutContext:
+        return RolloutContext(self.models, self.strategy, self.engine, rows, mine, params, self.plan.batch.per_device,
+                              self.algo.collate, self._decode, gather_full_params=self.cfg.rollout.gather_full_params)
+
+    def _decode(self, ids: list[list[int]]) -> list[str]:
+        return self.algo.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    def _rollout(self, state: TrainState) -> tuple[Experience, float]:
+        """The algorithm's rollout of this rank's share of the iteration's prompts."""
         start = time.perf_counter()
         completions = [i for i in self._next_prompts(state) for _ in range(self.G)]
         rank = self.strategy.dp_rank
         mine = slice(rank * self.n_local, (rank + 1) * self.n_local)
-        rows = [self.prompts[i] for i in completions[mine]]
         r = self.cfg.rollout
         params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
-        gens = self._generate([row["prompt_ids"] for row in rows], params)
-        gen_s = time.perf_counter() - start
-        samples, inputs = self._score_inputs(rows, gens)
-        batches, texts = inputs.batches, inputs.completions
-        scores: dict[str, torch.Tensor] = {}
-        for name, scorer in self.scorers.items():
-            for part, values in gather_scores(scorer.score(self.models, inputs, self.strategy)).items():
-                scores[name if part == "total" else f"{name}/{part}"] = values
-        stats = self.algo.make_experience(self.models, samples, batches, scores, mine, self.strategy)
-        for s, row, text in zip(samples, rows, texts):
-            s["prompt"], s["completion"] = row["prompt"], text
-        self._rollout_stats(stats, scores, gens.truncated, [len(c) for c in gens.completion_ids], gen_s)
-        return samples, stats, time.perf_counter() - start
-
-    def _score_inputs(self, rows: list[dict[str, Any]], gens: Any) -> tuple[list[Sample], ScoreInputs]:
-        """The samples (prompt + completion ids) of generated completions, and what the scorers read: the
-        prompts as written, decoded completions, token counts, row fields, micro-batches on the device."""
-        samples = [{"prompt_ids": row["prompt_ids"], "completion_ids": ids} for row, ids in zip(rows, gens.completion_ids)]
-        texts = self.algo.tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
-        pad, device = self.algo.tokenizer.pad_token_id, self.strategy.device
-        batches = [to_device(collate_samples(mb, pad), device) for mb in micro_batches(samples, self.plan.batch.per_device)]
-        return samples, ScoreInputs([row["prompt"] for row in rows], texts, [len(c) for c in gens.completion_ids],
-                                    [row["fields"] for row in rows], batches)
-
-    def _generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Any:
-        policy = self.models.handles["policy"].module
-        if self.cfg.rollout.gather_full_params or not self.strategy.frozen_plan():
-            with self.strategy.full_params(policy) as plain:
-                return self.engine.generate(plain.hf_model, prompt_ids, params)
-        # too big to gather: generate on the sharded model, every rank stepping until all are done
-        return self.engine.generate(self.strategy.unwrap(policy).hf_model, prompt_ids, params, synced=True)
-
-    def _rollout_stats(self, stats: MetricSums, scores: dict[str, torch.Tensor], truncated: list[bool],
-                       lengths: list[int], gen_s: float) -> None:
-        """Reward means (total and per function) and length / truncation / speed of the whole iteration."""
-        for name, values in scores.items():
-            mean = nan_stats(values)[0]
-            stats.add(f"{name}_mean" if "/" not in name else name, mean, 1)
-        local = torch.tensor([sum(lengths), len(lengths), sum(truncated), gen_s], dtype=torch.float64)
-        total = comm.all_reduce_sum(local[:3])
-        gen_max = comm.all_reduce_max(local[3:])
-        stats.add("completion_length", float(total[0]) / max(1.0, float(total[1])), 1)
-        stats.add("truncated_fraction", float(total[2]) / max(1.0, float(total[1])), 1)
-        stats.add("gen_tokens_per_s", float(total[0]) / max(float(gen_max[0]), 1e-9), 1)
+        experience = self.algo.rollout(self._context([self.prompts[i] for i in completions[mine]], mine, params))
+        return experience, time.perf_counter() - start
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def _evaluate(self, step: int) -> dict[str, float]:
-        """Greedy completions of every eval prompt exactly once (interleaved shares), scored by the reward
-        signal; sums and counts reduced over ranks."""
+        """Greedy completions of every eval prompt exactly once (interleaved shares), scored by the
+        algorithm's ``evaluate``; sums and counts reduced over ranks."""
         world, rank = self.strategy.dp_size, self.strategy.dp_rank
         rows = self.eval_prompts[rank::world]
         params = SamplingParams(self.cfg.rollout.max_new_tokens, 0.0, batch_size=self.cfg.rollout.generation_batch_size)
-        gens = self._generate([r["prompt_ids"] for r in rows], params) if rows else None
-        sums = torch.zeros(3, dtype=torch.float64)
-        if rows:
-            _, inputs = self._score_inputs(rows, gens)
-            scorer = self.scorers["reward"]
-            placement, scorer.placement = scorer.placement, "local"  # ranks may hold different counts here
-            try:
-                total = torch.tensor(scorer.score(self.models, inputs, self.strategy)["total"], dtype=torch.float64)
-            finally:
-                scorer.placement = placement
-            ok = ~torch.isnan(total)
-            sums = torch.tensor([float(total[ok].sum()), float(ok.sum()), float(sum(len(c) for c in gens.completion_ids))],
-                                dtype=torch.float64)
-        sums = comm.all_reduce_sum(sums)
+        local = self.algo.evaluate(self._context(rows, slice(0, len(rows)), params)) if rows else (0.0, 0.0, 0.0)
+        sums = comm.all_reduce_sum(torch.tensor(local, dtype=torch.float64))
         metrics = {"reward_mean": float(sums[0]) / max(1.0, float(sums[1])),
                    "completion_length": float(sums[2]) / max(1, len(self.eval_prompts))}
         self.log.log_metrics(step, metrics, prefix="eval/")
@@ -248,7 +200,7 @@ class OnlineTrainer:
             return
         with (self.out / "samples.jsonl").open("a", encoding="utf-8") as fh:
             for s in samples[:n]:
-                fh.write(json.dumps({"step": step, "prompt": s["prompt"], "completion": s["completion"],
+                fh.write(json.dumps({"step": step, "prompt": s.get("prompt"), "completion": s.get("completion"),
                                      "advantage": s["advantages"][0] if s.get("advantages") else None},
                                     ensure_ascii=False) + "\n")
 
@@ -287,4 +239,4 @@ def online_steps(n_prompts: int, plan: RunPlan, cfg: RunConfig) -> RunPlan:
     return dataclasses.replace(plan, steps=StepPlan(iterations * b.accumulation, per_epoch, total))
 
 
-__all__ = ["OnlineTrainer", "check_groups", "online_steps", "Batch"]
+__all__ = ["OnlineTrainer", "check_groups", "online_steps"]

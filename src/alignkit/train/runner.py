@@ -124,7 +124,7 @@ def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy,
     """Every loaded role of ``workload``: trainable ones prepared by the strategy with an optimizer
     from ``make_optimizer`` (None: evaluation only, placed like a frozen model in fp32), frozen ones
     in the compute dtype through ``strategy.prepare_frozen``."""
-    models = Models()
+    models = Models(specs={spec.role: spec for spec in workload.specs})
     for spec in workload.specs:
         if not spec.loaded:
             continue

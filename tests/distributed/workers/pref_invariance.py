@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from alignkit.algorithms.base import Context
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.config.loader import apply_overrides, build_dataclass
 from alignkit.config.schema import RunConfig
@@ -78,7 +79,7 @@ def one_step(model_dir: str, case: str, env: DistEnv, per_device: int, ga: int) 
     torch.manual_seed(0)  # the same fresh score head everywhere
     models = build_models(workload_of(cfg), cfg.model, strategy, tok,
                           make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.0))
-    model = models.trainable
+    model = models[models.primary]
     with torch.no_grad():  # move the trainable weights off the reference, identically on every rank
         g = torch.Generator().manual_seed(1)
         for p in strategy.unwrap(model).parameters():
@@ -107,12 +108,12 @@ def precompute_and_eval(model_dir: str, env: DistEnv) -> tuple[list[float], dict
     torch.manual_seed(0)
     models = build_models(workload_of(cfg), cfg.model, strategy, algo.tokenizer,
                           make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.0))
-    model = models.trainable
+    model = models[models.primary]
     with torch.no_grad():  # a policy that differs from its reference, identically on every rank
         g = torch.Generator().manual_seed(1)
         for p in strategy.unwrap(model).parameters():
             p.add_(0.02 * torch.randn(p.shape, generator=g))
-    algo.before_training(models, train_set, eval_set, strategy)
+    algo.before_training(Context(models, strategy), train_set, eval_set)
     cached = [e[k] for e in train_set + eval_set for k in ("ref_chosen_logps", "ref_rejected_logps")]
     return cached, evaluate(algo, models, eval_set, strategy, batch_size=2)
 

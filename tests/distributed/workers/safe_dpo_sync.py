@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from alignkit.algorithms import ALGORITHMS, workload_of
+from alignkit.algorithms.base import Context
 from alignkit.config.loader import apply_overrides, build_dataclass
 from alignkit.config.schema import RunConfig
 from alignkit.distributed import comm
@@ -76,7 +77,7 @@ def setup(paths: tuple[str, str, str], over: list[str], env: DistEnv) -> tuple[A
                           make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.0))
     with torch.no_grad():  # move the policy off its reference, identically on every rank
         g = torch.Generator().manual_seed(1)
-        for p in strategy.unwrap(models.trainable).parameters():
+        for p in strategy.unwrap(models[models.primary]).parameters():
             p.add_(0.02 * torch.randn(p.shape, generator=g))
     return cfg, algo, strategy, models, rows
 
@@ -84,7 +85,7 @@ def setup(paths: tuple[str, str, str], over: list[str], env: DistEnv) -> tuple[A
 def one_step(paths: tuple[str, str, str], case: str, env: DistEnv, per_device: int, ga: int) -> tuple[float, torch.Tensor]:
     cfg, algo, strategy, models, rows = setup(paths, CASES[case] + [f"training.per_device_batch_size={per_device}",
                                                                      f"training.gradient_accumulation_steps={ga}"], env)
-    algo.before_training(models, rows, [], strategy)
+    algo.before_training(Context(models, strategy), rows, [])
     assert ("reward_0" in rows[0]) == (case == "cached")
     mine = rows[env.rank :: env.world_size]
     group = [algo.data.collate(mine[i : i + per_device]) for i in range(0, len(mine), per_device)]
@@ -94,26 +95,27 @@ def one_step(paths: tuple[str, str, str], case: str, env: DistEnv, per_device: i
     if dist.is_initialized():
         dist.all_reduce(loss)
         loss /= env.world_size
-    params = [p for p in strategy.unwrap(models.trainable).parameters() if p.requires_grad]
+    params = [p for p in strategy.unwrap(models[models.primary]).parameters() if p.requires_grad]
     return float(loss), torch.cat([p.grad.reshape(-1) for p in params]).detach().clone()
 
 
 def multiplier_run(paths: tuple[str, str, str], env: DistEnv) -> dict[str, Any]:
     """5 updates; the state after update 2 goes into a fresh algorithm which then makes update 3."""
     cfg, algo, strategy, models, rows = setup(paths, [], env)
-    algo.before_training(models, rows, [], strategy)
+    ctx = Context(models, strategy)
+    algo.before_training(ctx, rows, [])
     states, lambdas, batches = [], [], []
     for step in range(1, 6):
         # sampling is seeded by (seed, estimate, rank): on_step_end draws these same costs again
-        batches.append(algo.sample_costs(step - 1))
-        extra = algo.on_step_end(step, {})
+        batches.append(algo.sample_costs(ctx, step - 1))
+        extra = algo.on_step_end(Context(models, strategy, step))
         lambdas.append(extra["lambda"])
         states.append(copy.deepcopy(algo.state_dict()))
     fresh = ALGORITHMS.get("safe_dpo")(cfg, algo.tokenizer)
     fresh.load_state_dict(json.loads(json.dumps(states[1])))  # through JSON, as trainer_state is written
     restored = fresh.state_dict()
-    fresh.models, fresh.strategy, fresh.prompts = models, strategy, algo.prompts
-    resumed = fresh.on_step_end(3, {})["lambda"]
+    fresh.prompts = algo.prompts
+    resumed = fresh.on_step_end(Context(models, strategy, 3))["lambda"]
     return {"lambdas": lambdas, "J_C": [s["multiplier"]["J_C"] for s in states], "final": states[-1],
             "batches": batches, "restored": restored, "saved_2": states[1], "resumed_3": resumed,
             "world": comm.world_size()}

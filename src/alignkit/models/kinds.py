@@ -1,0 +1,147 @@
+"""Model kinds: one adapter per kind of model owns what algorithms and the loops ask of it.
+
+A :class:`ModelSpec`'s ``kind`` names an entry of :data:`KINDS`. The adapter builds the module, and is
+the one place that knows how such a module computes log-probs of given outputs (a policy), scores or
+per-token values (a scalar head), samples outputs (through the run's rollout engine for token models),
+which inner module is written in its ecosystem's format, and its dimensions for the memory estimator.
+Algorithms call these through :class:`~alignkit.models.roles.Models` (``models.logps("policy", batch)``),
+never a token helper directly, so a new kind (a diffusers pipeline, a non-token toy policy) is one
+adapter registered here and no algorithm changes.
+
+Kinds shipped: ``lm`` (a causal LM returning per-token log-probs), ``scalar`` (reward / cost / value
+head), ``vlm`` (a LLaVA-family model with the ``lm`` forward; its batches carry ``pixel_values``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from alignkit.config.schema import ModelConfig
+from alignkit.data.batch import Batch
+from alignkit.registry import Registry
+
+if TYPE_CHECKING:
+    from alignkit.distributed.model_dims import ModelDims
+    from alignkit.models.roles import ModelSpec
+    from alignkit.rollout.engine import Generations, RolloutEngine, SamplingParams
+
+
+class ModelKind:
+    """What a kind of model offers; a kind overrides what it supports (the rest say so in one line)."""
+
+    name = "kind"
+
+    def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
+        raise NotImplementedError(f"model kind {self.name!r} does not build models")
+
+    def logps(self, module: nn.Module, batch: Batch) -> torch.Tensor:
+        """``(N,)`` log-probs of the batch's given outputs (``targets``), row-major over scored positions."""
+        raise TypeError(f"a {self.name!r} model has no log-probs (it is not a policy)")
+
+    def scores(self, module: nn.Module, batch: Batch) -> torch.Tensor:
+        """``(S,)`` one scalar per sequence (reward / cost models)."""
+        raise TypeError(f"a {self.name!r} model gives no sequence scores")
+
+    def values(self, module: nn.Module, batch: Batch) -> torch.Tensor:
+        """``(N,)`` a value per scored position, aligned with :meth:`logps` (a PPO critic)."""
+        raise TypeError(f"a {self.name!r} model gives no per-token values")
+
+    def generate(self, module: nn.Module, engine: RolloutEngine, prompts: list[Any], params: SamplingParams, *,
+                 synced: bool = False) -> Generations:
+        """Sample one output per prompt from the plain (unwrapped, gathered) ``module``."""
+        raise TypeError(f"a {self.name!r} model cannot generate")
+
+    def exported(self, module: nn.Module) -> nn.Module:
+        """The inner module written in its ecosystem's format (``save_pretrained``) and loaded back."""
+        from alignkit.models.loading import hf_model
+
+        return hf_model(module)
+
+    def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
+        """The estimator's architecture numbers; ValueError where the kind cannot say."""
+        raise ValueError(f"model kind {self.name!r} gives no dimensions to the memory estimator")
+
+
+KINDS: Registry[ModelKind] = Registry("model kind")
+
+
+def register_kind(name: str) -> Any:
+    """Class decorator: ``@register_kind("mine")`` registers an instance of the adapter under ``name``."""
+
+    def wrap(cls: type[ModelKind]) -> type[ModelKind]:
+        cls.name = name
+        KINDS.register(name)(cls())
+        return cls
+
+    return wrap
+
+
+@register_kind("lm")
+class CausalLMKind(ModelKind):
+    """A causal LM whose forward returns per-token log-probs (:class:`~alignkit.models.policy.CausalLMLogps`)."""
+
+    def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
+        from alignkit.models.adapters import load_lm
+        from alignkit.models.policy import CausalLMLogps
+
+        lm = load_lm(cfg, name_or_path=spec.source, dtype=dtype, trainable=spec.trainable)
+        return CausalLMLogps(lm, chunk_size=spec.chunk_size)
+
+    def logps(self, module: nn.Module, batch: Batch) -> torch.Tensor:
+        from alignkit.models.policy import forward_logps
+
+        return forward_logps(module, batch)
+
+    def generate(self, module: nn.Module, engine: RolloutEngine, prompts: list[Any], params: SamplingParams, *,
+                 synced: bool = False) -> Generations:
+        return engine.generate(self.exported(module), prompts, params, synced=synced)
+
+    def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
+        from alignkit.distributed.model_dims import resolve_dims
+
+        return resolve_dims(spec.source, trust_remote_code)
+
+
+@register_kind("vlm")
+class VisionLMKind(CausalLMKind):
+    """A vision-language model (LLaVA family) with the ``lm`` forward: its batches carry ``pixel_values``
+    (and ``image_sizes``, ...) as declared model inputs, which the log-prob forward passes through."""
+
+    def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
+        from alignkit.models.policy import CausalLMLogps
+        from alignkit.models.vlm import load_vlm_model
+
+        model = load_vlm_model(cfg, spec.source, dtype, trainable=spec.trainable, train_parts=spec.train_parts,
+                               projector_from=spec.projector_from, lora=spec.lora)
+        return CausalLMLogps(model, chunk_size=spec.chunk_size)
+
+
+@register_kind("scalar")
+class ScalarKind(ModelKind):
+    """A sequence-scoring model (reward / cost / value head) on an LM or VLM backbone."""
+
+    def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
+        from alignkit.models.scalar import ScalarHeadModel, load_scalar_model
+
+        pad = getattr(tokenizer, "pad_token_id", None)
+        return ScalarHeadModel(load_scalar_model(cfg, name_or_path=spec.source, dtype=dtype, trainable=spec.trainable,
+                                                 pad_token_id=pad, train_parts=spec.train_parts))
+
+    def scores(self, module: nn.Module, batch: Batch) -> torch.Tensor:
+        from alignkit.models.policy import forward_scores
+
+        return forward_scores(module, batch)
+
+    def values(self, module: nn.Module, batch: Batch) -> torch.Tensor:
+        from alignkit.models.policy import token_values
+
+        return token_values(module, batch)
+
+    def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
+        from alignkit.distributed.model_dims import resolve_dims
+
+        d = resolve_dims(spec.source, trust_remote_code)
+        return d.as_score_model() if d.head == "lm" else d

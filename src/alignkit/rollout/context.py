@@ -1,0 +1,108 @@
+"""What an online algorithm's ``rollout`` works with: this rank's prompts and the run's models, engine
+and Strategy, with the steps every rollout is made of (generate from a role, build the scorers'
+inputs, score and gather) as methods. The loop builds one per iteration and knows no role names; the
+algorithm decides which roles generate and what is scored (red-team RL sends the policy's outputs
+through a frozen ``target`` role first).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from alignkit.data.batch import Batch
+from alignkit.distributed import comm
+from alignkit.rollout.engine import Generations, RolloutEngine, SamplingParams
+from alignkit.rollout.experience import Sample, micro_batches
+from alignkit.rollout.score import ScoreInputs, Scorer, gather_scores, nan_stats
+
+if TYPE_CHECKING:
+    from alignkit.algorithms.base import MetricSums
+    from alignkit.distributed.strategy.base import Strategy
+    from alignkit.models.roles import Models
+
+
+@dataclass
+class Experience:
+    """One rollout's result: this rank's samples with their per-token fields filled (what the update
+    trains on), the gathered scores by signal (``(global,)``) and the iteration's statistics (the same
+    on every rank)."""
+
+    samples: list[Sample]
+    scores: dict[str, torch.Tensor]
+    stats: MetricSums
+
+
+@dataclass
+class RolloutContext:
+    """This rank's share of one iteration: ``rows`` (prompt rows: ``prompt``, ``prompt_ids``, ``fields``),
+    ``mine`` (their slice of the iteration's global order), sampling ``params``, and the run's models,
+    engine and Strategy. ``collate`` turns samples into a micro-batch; ``per_device`` is its size."""
+
+    models: Models
+    strategy: Strategy
+    engine: RolloutEngine
+    rows: list[dict[str, Any]]
+    mine: slice
+    params: SamplingParams
+    per_device: int
+    collate: Callable[[list[Sample]], Batch]
+    decode: Callable[[list[list[int]]], list[str]]
+    gather_full_params: bool = True
+    #: seconds spent generating (summed over :meth:`generate` calls), for tokens/s
+    generate_s: float = field(default=0.0)
+
+    def generate(self, role: str, prompts: list[Any], params: SamplingParams | None = None) -> Generations:
+        """One output per prompt from ``role`` (trainable or frozen) through its kind's adapter, with the
+        role's full parameters gathered once for the call (FSDP2 / ZeRO-3), or, with
+        ``rollout.gather_full_params: false``, on the sharded module with every rank stepping together."""
+        start = time.perf_counter()
+        kind, module, params = self.models.kind(role), self.models[role], params or self.params
+        try:
+            if self.gather_full_params or not self.strategy.frozen_plan():
+                with self.strategy.full_params(module) as plain:
+                    return kind.generate(plain, self.engine, prompts, params)
+            return kind.generate(self.strategy.unwrap(module), self.engine, prompts, params, synced=True)
+        finally:
+            self.generate_s += time.perf_counter() - start
+
+    def samples(self, completion_ids: list[list[int]]) -> list[Sample]:
+        """Samples (this rank's prompt ids + the given completion ids), in the order of ``rows``."""
+        return [{"prompt_ids": row["prompt_ids"], "completion_ids": list(ids)} for row, ids in zip(self.rows, completion_ids)]
+
+    def batches(self, samples: list[Sample]) -> list[Batch]:
+        """``samples`` collated in ``per_device`` micro-batches, on the device."""
+        return [self.collate(mb).to(self.strategy.device) for mb in micro_batches(samples, self.per_device)]
+
+    def score_inputs(self, samples: list[Sample], completions: list[str], prompts: list[Any] | None = None) -> ScoreInputs:
+        """What scorers read: the prompts as written (or ``prompts``), completion texts and token counts, row
+        fields, and ``samples`` collated for a scalar model."""
+        return ScoreInputs(prompts if prompts is not None else [row["prompt"] for row in self.rows], completions,
+                           [len(s["completion_ids"]) for s in samples], [row["fields"] for row in self.rows],
+                           self.batches(samples))
+
+    def score(self, scorers: dict[str, Scorer], inputs: ScoreInputs, *, placement: str | None = None) -> dict[str, torch.Tensor]:
+        """Every signal's scores of every rank, gathered in global order (``signal`` -> ``(global,)``; a
+        signal's parts as ``signal/part``). ``placement`` overrides where the functions run."""
+        scores: dict[str, torch.Tensor] = {}
+        for name, scorer in scorers.items():
+            local = scorer.score(self.models, inputs, self.strategy, placement=placement)
+            for part, values in gather_scores(local).items():
+                scores[name if part == "total" else f"{name}/{part}"] = values
+        return scores
+
+
+def rollout_stats(stats: MetricSums, scores: dict[str, torch.Tensor], gens: Generations, gen_s: float) -> None:
+    """Score means (total and per part) and the length / truncation / speed of the whole iteration."""
+    for name, values in scores.items():
+        stats.add(f"{name}_mean" if "/" not in name else name, nan_stats(values)[0], 1)
+    lengths = [len(c) for c in gens.completion_ids]
+    local = torch.tensor([sum(lengths), len(lengths), sum(gens.truncated), gen_s], dtype=torch.float64)
+    total = comm.all_reduce_sum(local[:3])
+    gen_max = comm.all_reduce_max(local[3:])
+    stats.add("completion_length", float(total[0]) / max(1.0, float(total[1])), 1)
+    stats.add("truncated_fraction", float(total[2]) / max(1.0, float(total[1])), 1)
+    stats.add("gen_tokens_per_s", float(total[0]) / max(float(gen_max[0]), 1e-9), 1)
