@@ -139,14 +139,14 @@ class DPO(OfflineAlgorithm):
         saved, self.processor = preference_inputs(cfg, tokenizer)
         #: the policy's text tokenizer (a vision-language processor's own tokenizer)
         self.text_tokenizer = self.processor.tokenizer if self.processor is not None else tokenizer
-        super().__init__(cfg, saved, self.make_data())
+        super().__init__(cfg, saved, self.make_data(cfg))
         self.reference = dpo_reference(cfg)
         if cfg.data.streaming and cfg.dpo.precompute_ref_logps:
             raise ConfigError("dpo.precompute_ref_logps: needs the whole training set ahead, not data.streaming")
 
-    def make_data(self) -> PairData:
+    def make_data(self, cfg: RunConfig) -> PairData:
         """The data pipeline (safe_dpo reads two-response rows instead)."""
-        return PairData(self.text_tokenizer, self.cfg.data, pair=self.cfg.dpo.pair, processor=self.processor)
+        return PairData(self.text_tokenizer, cfg.data, pair=cfg.dpo.pair, processor=self.processor)
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:

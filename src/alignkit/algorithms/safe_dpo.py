@@ -42,13 +42,13 @@ import torch
 from alignkit.algorithms.base import Batch, Context, Example, MetricSums
 from alignkit.algorithms.cost_estimate import (
     EstimatePrompt,
-    Multiplier,
     prompt_inputs,
     prompt_share,
     sample_responses,
     score_responses,
 )
 from alignkit.algorithms.dpo import DPO, PairValues, cache_pair_values, dpo_reference
+from alignkit.algorithms.lagrange import Multiplier
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.io import DataError, read_rows
@@ -59,7 +59,7 @@ from alignkit.distributed import comm
 from alignkit.errors import ConfigError, ModelError
 from alignkit.losses.safe_dpo import SAFE_DPO_VARIANTS, SafeParams, SafeRows, safe_rows_loss
 from alignkit.models.loading import hf_model
-from alignkit.models.roles import ModelSpec, Models
+from alignkit.models.roles import Models, ModelSpec
 from alignkit.models.scalar import saved_scorer_kind
 
 log = logging.getLogger("alignkit")
@@ -155,8 +155,8 @@ class SafeDPO(DPO):
         self.multiplier = Multiplier(math.log(s.lambda_init), s.threshold, s.lambda_lr, s.lambda_max, s.cost_window)
         self.prompts: list[EstimatePrompt] = []
 
-    def make_data(self) -> SafetyData:
-        return SafetyData(self.text_tokenizer, self.cfg.data, self.processor)
+    def make_data(self, cfg: RunConfig) -> SafetyData:
+        return SafetyData(self.text_tokenizer, cfg.data, self.processor)
 
     @staticmethod
     def frozen_scorers(cfg: RunConfig) -> list[str]:
