@@ -171,10 +171,6 @@ class Strategy(ABC):
             decision = estimate(plan, self.dp_size, dataclasses.replace(memory, bytes_per_rank=smallest))
         return comm.broadcast_object(decision)
 
-    def teardown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
     def barrier(self) -> None:
         if dist.is_initialized():
             dist.barrier()
