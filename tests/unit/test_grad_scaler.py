@@ -4,6 +4,7 @@ optimizer sees its role's true (unscaled) gradients."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ INIT_SCALE = 2.0**16  # torch.amp.GradScaler's default init_scale
 
 def fp16_strategy() -> SingleStrategy:
     strategy = SingleStrategy(DistributedConfig(), ENV, "fp16")
-    assert strategy.device.type == "cpu" and strategy.compute_dtype == torch.float16
+    assert strategy.compute_dtype == torch.float16  # on the CPU too: torch.amp.GradScaler("cpu")
     return strategy
 
 
@@ -48,9 +49,8 @@ def test_each_role_steps_with_its_own_scaler() -> None:
     strategy = fp16_strategy()
     models = two_roles(strategy)
     policy, value = models.handles["policy"], models.handles["value"]
-    x = torch.tensor([[1.0, -2.0, 0.5], [0.25, 1.5, -1.0]])
-    true_value = nn.Linear(3, 2)
-    true_value.load_state_dict(value.module.state_dict())
+    x = torch.tensor([[1.0, -2.0, 0.5], [0.25, 1.5, -1.0]], device=strategy.device)
+    true_value = copy.deepcopy(value.module)
     (true_value(x) ** 2).sum().backward()
     before = {role: [p.detach().clone() for p in h.module.parameters()] for role, h in models.handles.items()}
     seen_value, seen_policy = record_grads(value), record_grads(policy)
@@ -86,7 +86,8 @@ def test_scaler_state_saved_and_loaded_per_role(tmp_path: Path) -> None:
         scaler.update(scale)
     for role, handle in models.handles.items():
         (tmp_path / role).mkdir()
-        save_file(handle.module.state_dict(), str(tmp_path / role / "model.safetensors"))
+        weights = {k: v.cpu() for k, v in handle.module.state_dict().items()}
+        save_file(weights, str(tmp_path / role / "model.safetensors"))
         strategy.save_training_state(handle, tmp_path / role)
 
     fresh = fp16_strategy()
