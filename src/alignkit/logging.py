@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import sys
 import time
@@ -195,7 +194,3 @@ def peak_memory_mb(device_type: str) -> float:
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 1024 if sys.platform != "darwin" else rss / 2**20
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")

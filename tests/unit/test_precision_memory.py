@@ -71,7 +71,7 @@ def test_low_precision_autocast_trains_on_cpu(sft_config: dict[str, Any], dtype:
     cfg, algo = make(sft_config, f"model.dtype={dtype}")
     env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr=None, master_port=None)
     strategy = SingleStrategy(cfg.distributed, env, cfg.model.dtype)
-    assert (strategy.scaler is not None) == (dtype == "fp16")
+    assert (strategy.new_scaler() is not None) == (dtype == "fp16")
     l_low, g_low = loss_and_grads(algo, strategy)
     _, ref = make(sft_config)
     l_ref, _ = loss_and_grads(ref)

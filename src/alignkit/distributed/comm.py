@@ -48,10 +48,6 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     return _reduce(t, dist.ReduceOp.MAX)
 
 
-def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
-    return all_reduce_sum(t) / world_size()
-
-
 def all_gather_tensor(t: torch.Tensor) -> torch.Tensor:
     """Concatenate equal-shaped tensors from every rank along dim 0, in rank order."""
     if not is_initialized():

@@ -46,8 +46,3 @@ def segment_sum(values: Tensor, segment_ids: Tensor, num_segments: int) -> Tenso
         raise ValueError(f"segment_sum: values {tuple(values.shape)} and ids {tuple(segment_ids.shape)} differ")
     out = torch.zeros(num_segments, dtype=values.dtype, device=values.device)
     return out.index_add(0, segment_ids, values)
-
-
-def segment_count(segment_ids: Tensor, num_segments: int) -> Tensor:
-    """Number of entries of each segment, ``(S,)`` int64."""
-    return torch.bincount(segment_ids, minlength=num_segments)[:num_segments]

@@ -108,7 +108,9 @@ def optimizer_step(strategy: Strategy, models: Models, max_grad_norm: float,
         norms[role] = strategy.step(handle, max_grad_norm, skip=skip)
         if handle.scheduler is not None:
             handle.scheduler.step()
-    dropped = skip or (not strategy.scales_loss and not all(math.isfinite(n) for n in norms.values()))
+    # a handle whose fp16 scaler skipped its overflowing step drops nothing else: the other roles stepped
+    dropped = skip or any(not math.isfinite(norms[role]) and not strategy.scales_loss(handle)
+                          for role, handle in models.handles.items())
     return norms, dropped
 
 

@@ -46,14 +46,17 @@ class Handle:
     """One trainable model as the engine holds it.
 
     ``module`` is what forward calls (the DDP / FSDP module or the DeepSpeed engine); ``engine`` is
-    the DeepSpeed engine (None elsewhere); ``scheduler`` is set by the loop; ``sync`` is False while
-    an accumulation micro-batch that is not the last of the step runs (``Strategy.no_sync``).
+    the DeepSpeed engine (None elsewhere); ``scaler`` is this model's fp16 loss scaler (None for
+    bf16 / fp32 and for DeepSpeed, which scales itself): one per model, so one role's overflow
+    neither skips nor rescales another role's step; ``scheduler`` is set by the loop; ``sync`` is
+    False while an accumulation micro-batch that is not the last of the step runs (``Strategy.no_sync``).
     """
 
     role: str
     module: nn.Module
     optimizer: torch.optim.Optimizer
     engine: Any = None
+    scaler: torch.amp.GradScaler | None = None
     scheduler: Any = None
     sync: bool = True
 
@@ -98,8 +101,6 @@ class Strategy(ABC):
         self.device = pick_device(env)
         self.compute_dtype = pick_compute_dtype(dtype, self.device)
         self.backend = pick_backend(cfg.backend, self.device)
-        # fp16 needs loss scaling; bf16 and fp32 do not.
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.compute_dtype == torch.float16 else None
         self.shard_frozen = False  # whether prepare_frozen shards; decided by decide_frozen_sharding
         self.frozen_note = ""  # that decision in words, logged by rank 0 with the first frozen model
 
@@ -171,10 +172,6 @@ class Strategy(ABC):
             decision = estimate(plan, self.dp_size, dataclasses.replace(memory, bytes_per_rank=smallest))
         return comm.broadcast_object(decision)
 
-    def teardown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
     def barrier(self) -> None:
         if dist.is_initialized():
             dist.barrier()
@@ -182,7 +179,11 @@ class Strategy(ABC):
     # ------------------------------------------------------------------ models
     @abstractmethod
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str = "policy") -> Handle:
-        """Place/wrap a trainable model and build its optimizer."""
+        """Place/wrap a trainable model and build its optimizer (and its loss scaler: :meth:`new_scaler`)."""
+
+    def new_scaler(self) -> torch.amp.GradScaler | None:
+        """A fresh loss scaler for one trainable model: fp16 needs loss scaling, bf16 and fp32 do not."""
+        return torch.amp.GradScaler(self.device.type) if self.compute_dtype == torch.float16 else None
 
     def policy_dtype(self, *, lora: bool) -> torch.dtype:
         """The dtype a trainable model is loaded in: fp32 master weights, except that a LoRA
@@ -232,32 +233,31 @@ class Strategy(ABC):
             handle.sync = True
 
     def backward(self, loss: torch.Tensor, handle: Handle) -> None:
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
+        if handle.scaler is not None:
+            handle.scaler.scale(loss).backward()
         else:
             loss.backward()
 
-    @property
-    def scales_loss(self) -> bool:
-        """Whether the engine's fp16 loss scaler skips overflowing steps itself (then a non-finite
-        gradient norm is its business, not a non-finite step of the run)."""
-        return self.scaler is not None
+    def scales_loss(self, handle: Handle) -> bool:
+        """Whether ``handle``'s fp16 loss scaler skips its overflowing steps itself (then a non-finite
+        gradient norm of that handle is its business, not a non-finite step of the run)."""
+        return handle.scaler is not None
 
     def step(self, handle: Handle, max_grad_norm: float, *, skip: bool = False) -> float:
         """Clip, step and zero the grads of one handle; returns its global gradient norm before clipping.
 
         ``skip`` (the loss was not finite on some rank) or a non-finite norm (the same on every rank:
-        it is computed from the synchronised gradients) drops the update; the fp16 scaler keeps its
-        own overflow handling."""
-        optimizer = handle.optimizer
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)
+        it is computed from the synchronised gradients) drops the update; the handle's fp16 scaler
+        keeps its own overflow handling."""
+        optimizer, scaler = handle.optimizer, handle.scaler
+        if scaler is not None:
+            scaler.unscale_(optimizer)
         params = [p for p in handle.module.parameters() if p.grad is not None]
         norm = float(self.clip_grads(params, max_grad_norm)) if params else 0.0
-        if self.scaler is not None:
+        if scaler is not None:
             if not skip:
-                self.scaler.step(optimizer)  # skips by itself when the unscaled grads overflow
-            self.scaler.update()
+                scaler.step(optimizer)  # skips by itself when the unscaled grads overflow
+            scaler.update()
         elif not skip and math.isfinite(norm):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -279,11 +279,12 @@ class Strategy(ABC):
         self.barrier()
 
     def save_training_state(self, handle: Handle, out_dir: Path) -> None:
-        """Optimizer (and scaler) state; rank 0 only, since DDP replicas are identical."""
+        """Optimizer (and the handle's scaler) state in ``out_dir`` (the role's own folder); rank 0
+        only, since DDP replicas are identical."""
         if self.is_main:
             state = {"optimizer": handle.optimizer.state_dict()}
-            if self.scaler is not None:
-                state["scaler"] = self.scaler.state_dict()
+            if handle.scaler is not None:
+                state["scaler"] = handle.scaler.state_dict()
             torch.save(state, out_dir / "optimizer.pt")
         self.barrier()
 
@@ -294,5 +295,7 @@ class Strategy(ABC):
         load_weights_into(hf_model(self.unwrap(handle.module)), ckpt_dir)
         state = torch.load(ckpt_dir / "optimizer.pt", map_location=self.device, weights_only=True)
         handle.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler is not None and "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
+        # checkpoints from before per-handle scalers hold the shared scaler's state in every role's
+        # folder under the same key: each role then starts from that one
+        if handle.scaler is not None and "scaler" in state:
+            handle.scaler.load_state_dict(state["scaler"])

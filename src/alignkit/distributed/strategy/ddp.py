@@ -37,7 +37,7 @@ class DDPStrategy(Strategy):
                 static_graph=o.static_graph,
                 **buffer_sync(o.broadcast_buffers),
             )
-        return Handle(role, model, make_optimizer(model))
+        return Handle(role, model, make_optimizer(model), scaler=self.new_scaler())
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model

@@ -58,7 +58,6 @@ class DeepSpeedStrategy(Strategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.scaler = None  # DeepSpeed scales fp16 losses itself
         self.ds_config: dict[str, Any] = {}
 
     def configure(self, batch: BatchPlan, max_grad_norm: float) -> None:
@@ -167,8 +166,11 @@ class DeepSpeedStrategy(Strategy):
         handle.engine.set_gradient_accumulation_boundary(handle.sync)
         handle.engine.backward(loss, scale_wrt_gas=False)
 
-    @property
-    def scales_loss(self) -> bool:
+    def new_scaler(self) -> None:
+        return None  # DeepSpeed scales fp16 losses itself
+
+    def scales_loss(self, handle: Handle) -> bool:
+        # each handle's engine runs its own fp16 loss scaler, as the other engines' handles do
         return bool(self.ds_config.get("fp16", {}).get("enabled"))
 
     def step(self, handle: Handle, max_grad_norm: float, *, skip: bool = False) -> float:

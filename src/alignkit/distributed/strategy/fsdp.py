@@ -84,7 +84,7 @@ class FSDPStrategy(Strategy):
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str = "policy") -> Handle:
         model = self._shard(model, trainable=True)
         # The optimizer is built over the DTensor shards, so its state is sharded too.
-        return Handle(role, model, make_optimizer(model))
+        return Handle(role, model, make_optimizer(model), scaler=self.new_scaler())
 
     def frozen_plan(self) -> str | None:
         o = self.cfg.fsdp
@@ -162,8 +162,8 @@ class FSDPStrategy(Strategy):
 
         msd, osd = get_state_dict(handle.module, handle.optimizer, options=_options())
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(out_dir / DCP_DIR))
-        if self.scaler is not None and self.is_main:
-            torch.save({"scaler": self.scaler.state_dict()}, out_dir / "scaler.pt")
+        if handle.scaler is not None and self.is_main:  # out_dir is the role's own folder
+            torch.save({"scaler": handle.scaler.state_dict()}, out_dir / "scaler.pt")
         self.barrier()
 
     def load_training_state(self, handle: Handle, ckpt_dir: Path) -> None:
@@ -190,8 +190,8 @@ class FSDPStrategy(Strategy):
         if missing or result.unexpected_keys:
             unexpected = result.unexpected_keys[:3]
             raise ModelError(f"{path}: model state mismatch (missing {missing[:3]}, unexpected {unexpected})")
-        if self.scaler is not None and (ckpt_dir / "scaler.pt").is_file():
-            self.scaler.load_state_dict(torch.load(ckpt_dir / "scaler.pt", weights_only=True)["scaler"])
+        if handle.scaler is not None and (ckpt_dir / "scaler.pt").is_file():
+            handle.scaler.load_state_dict(torch.load(ckpt_dir / "scaler.pt", weights_only=True)["scaler"])
 
 
 def _reshard_setting(unit: Any) -> bool:
