@@ -105,8 +105,9 @@ def prompt_inputs(tokenizer: Any, prompts: list[EstimatePrompt], *, chat_templat
 def sample_responses(lm: nn.Module, tokenizer: Any, prompts: list[Prompt], *, max_new_tokens: int,
                      do_sample: bool, temperature: float) -> list[str]:
     """Responses of the HF causal LM ``lm`` (special tokens stripped) to the requests of
-    :func:`prompt_inputs`, by the rollout engine in ONE batch (a sampled estimate's draws do not depend on
-    a batch size). ``lm`` is put in eval mode for the call and restored."""
+    :func:`prompt_inputs`, by the rollout engine in ONE batch: the batch split decides which random numbers
+    each row's draws take, so one batch keeps a seeded estimate's samples what they were. ``lm`` is put in
+    eval mode for the call and restored."""
     params = SamplingParams(max_new_tokens, temperature if do_sample else 0.0, batch_size=max(1, len(prompts)))
     return build_engine("hf", tokenizer).generate(lm, prompts, params).texts
 
