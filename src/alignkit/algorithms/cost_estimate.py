@@ -21,7 +21,8 @@ from alignkit.data.safety import prompt_ids
 from alignkit.data.tokenize import render_chat
 from alignkit.data.vlm import RowImages, pixel_inputs
 from alignkit.models.policy import model_inputs
-from alignkit.rollout.engine import SamplingParams, sampling_kwargs
+from alignkit.rollout.engine import Prompt, SamplingParams, build_engine
+from alignkit.rollout.vlm_generate import image_prompt
 
 
 @dataclass
@@ -37,44 +38,28 @@ def _row_images(processor: Any, p: EstimatePrompt) -> RowImages:
 
 
 def prompt_inputs(tokenizer: Any, prompts: list[EstimatePrompt], *, chat_template: bool,
-                  processor: Any = None) -> tuple[list[list[int]], dict[str, torch.Tensor]]:
-    """The prompts' token ids exactly as training encodes them before the response, and the image inputs
-    (``pixel_values``, ...) of a vision-language model (its ``<image>`` tokens expanded)."""
+                  processor: Any = None) -> list[Prompt]:
+    """The engine requests of ``prompts``: token ids exactly as training encodes them before the response,
+    and, for a vision-language model, each prompt's image inputs (its ``<image>`` tokens expanded)."""
     if processor is None:
-        return [prompt_ids(tokenizer, p.prompt, chat_template=chat_template) for p in prompts], {}
-    ids = []
+        return [Prompt(prompt_ids(tokenizer, p.prompt, chat_template=chat_template)) for p in prompts]
+    requests = []
     for p in prompts:
         images = _row_images(processor, p)
         chat = images.place(as_chat(p.prompt, "user"), Row({}, "<cost prompts>", 0))
         text = render_chat(tokenizer, chat, add_generation_prompt=True)
-        ids.append(list(processor(text=[text], images=images.images or None, add_special_tokens=False)["input_ids"][0]))
-    return ids, pixel_inputs(processor, [s for p in prompts for s in p.images])
+        requests.append(image_prompt(processor, text, images.images))
+    return requests
 
 
-@torch.no_grad()
-def sample_responses(lm: nn.Module, tokenizer: Any, prompts: list[list[int]], *, max_new_tokens: int,
-                     do_sample: bool, temperature: float, inputs: dict[str, torch.Tensor] | None = None) -> list[str]:
-    """Responses of the HF causal LM ``lm`` to token-id prompts (left-padded, one batch), special
-    tokens stripped; ``inputs``: extra model inputs (a VLM's ``pixel_values``). ``lm`` is put in eval
-    mode for the call and restored."""
-    device = next(lm.parameters()).device
-    width = max(len(p) for p in prompts)
-    pad = tokenizer.pad_token_id
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    extra = {k: v.to(device) for k, v in (inputs or {}).items()}
-    was_training = lm.training
-    lm.eval()
-    try:
-        out = lm.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                          pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, use_cache=True, **extra,
-                          **sampling_kwargs(SamplingParams(max_new_tokens, temperature if do_sample else 0.0)))
-    finally:
-        lm.train(was_training)
-    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+def sample_responses(lm: nn.Module, tokenizer: Any, prompts: list[Prompt], *, max_new_tokens: int,
+                     do_sample: bool, temperature: float) -> list[str]:
+    """Responses of the HF causal LM ``lm`` (special tokens stripped) to the requests of
+    :func:`prompt_inputs`, by the rollout engine in ONE batch: the batch split decides which random numbers
+    each row's draws take, so one batch keeps a seeded estimate's samples what they were. ``lm`` is put in
+    eval mode for the call and restored."""
+    params = SamplingParams(max_new_tokens, temperature if do_sample else 0.0, batch_size=max(1, len(prompts)))
+    return build_engine("hf", tokenizer).generate(lm, prompts, params).texts
 
 
 @torch.no_grad()

@@ -268,14 +268,14 @@ class SafeDPO(DPO):
         idx = prompt_share(len(self.prompts), s.cost_eval_prompts, estimate, strategy.dp_rank, strategy.dp_size)
         prompts = [self.prompts[i] for i in idx]
         chat, tok = self.cfg.data.chat_template, self.text_tokenizer
-        ids, inputs = prompt_inputs(tok, prompts, chat_template=chat, processor=self.processor)
+        requests = prompt_inputs(tok, prompts, chat_template=chat, processor=self.processor)
         accelerated = strategy.device.type != "cpu"  # fork the device's generator too, where there is one
         with torch.random.fork_rng(devices=[strategy.device] if accelerated else [], device_type=strategy.device.type
                                    if accelerated else None):
             torch.manual_seed(self.cfg.training.seed * 1_000_003 + estimate * 1_009 + strategy.dp_rank)
             with strategy.full_params(models.handles["policy"].module) as module, strategy.autocast():
-                responses = sample_responses(hf_model(module), tok, ids, max_new_tokens=s.cost_max_new_tokens,
-                                             do_sample=s.cost_do_sample, temperature=s.cost_temperature, inputs=inputs)
+                responses = sample_responses(hf_model(module), tok, requests, max_new_tokens=s.cost_max_new_tokens,
+                                             do_sample=s.cost_do_sample, temperature=s.cost_temperature)
         with strategy.autocast():
             costs = score_responses(models["cost"], tok, prompts, responses, chat_template=chat,
                                     max_length=self.cfg.data.max_length, device=strategy.device,

@@ -1,10 +1,13 @@
-"""The rollout engine: prompt token ids in, completion token ids out.
+"""The rollout engine: prompts in (token ids, plus a VLM's image inputs), completions out.
 
-A small interface so that the generator is a registry entry: Hugging Face ``generate`` with the KV
-cache is the engine now; a vLLM / SGLang engine (what GPU users pick at scale) is one more entry that
-receives the same prompts and returns the same :class:`Generations`. Log-probs of the completions
-are computed afterwards by the training forward (``forward_logps``), so the old log-probs match the
-training numerics exactly and the first PPO ratio is 1.
+Every generation goes through this interface (ARCHITECTURE 7b): online rollouts, evaluation and
+``alignkit generate`` (:func:`alignkit.rollout.generate.generate`,
+:func:`alignkit.rollout.vlm_generate.generate_with_images`), Safe-MM-DPO's on-policy cost estimate. The engine owns the padding policy (left-padded batches of
+``SamplingParams.batch_size`` prompts), pad / EOS, sampling and decoding, so a generator is a registry
+entry: Hugging Face ``generate`` with the KV cache is the engine now; a vLLM / SGLang engine is one more
+entry that receives the same :class:`Prompt` s and returns the same :class:`Generations`. Log-probs of
+the completions are computed afterwards by the training forward (``forward_logps``), so the old
+log-probs match the training numerics exactly and the first PPO ratio is 1.
 
 The engine gets the plain module to generate with: the caller enters ``Strategy.full_params`` once per
 rollout (FSDP2 / ZeRO-3 gather the parameters once, never per token), or, with
@@ -16,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Protocol, Sequence
 
 import torch
 from torch import nn
 
+from alignkit.progress import track
 from alignkit.registry import Registry
 
 
@@ -33,19 +37,37 @@ class SamplingParams:
     batch_size: int = 64  # sequences per generate call
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """One generation request. ``ids``: the prompt's token ids as the model reads them (a VLM's image
+    tokens already expanded, no padding); ``inputs``: its extra model inputs, each tensor's first dim
+    indexing this prompt's images (``pixel_values`` ``(n_images, C, H, W)``); None for a text prompt."""
+
+    ids: list[int]
+    inputs: dict[str, torch.Tensor] | None = None
+
+
 @dataclass
 class Generations:
-    """Completions of ``prompt_ids[i]``: ``completion_ids[i]`` (ending with EOS when the model stopped)
-    and ``truncated[i]`` (stopped by max_new_tokens instead)."""
+    """One completion per prompt, in order: ``completion_ids[i]`` (ending with EOS when the model stopped),
+    ``finish_reasons[i]`` ("stop": EOS; "length": max_new_tokens reached first) and ``texts[i]`` (decoded,
+    special tokens skipped)."""
 
     completion_ids: list[list[int]]
-    truncated: list[bool]
+    finish_reasons: list[str]
+    texts: list[str]
+
+    @property
+    def truncated(self) -> list[bool]:
+        """Whether each completion was cut by max_new_tokens."""
+        return [r == "length" for r in self.finish_reasons]
 
 
 class RolloutEngine(Protocol):
-    def generate(self, model: nn.Module, prompt_ids: list[list[int]], params: SamplingParams, *,
-                 synced: bool = False) -> Generations:
-        """Sample one completion per prompt (repeat a prompt for several)."""
+    def generate(self, model: nn.Module, prompts: Sequence[Prompt] | Sequence[list[int]], params: SamplingParams,
+                 *, synced: bool = False, progress: str | None = None) -> Generations:
+        """Sample one completion per prompt (repeat a prompt for several); ``prompts``: :class:`Prompt` s or
+        plain token-id lists; ``progress``: show a progress bar over the batches with this description."""
 
 
 ENGINES: Registry[type] = Registry("rollout engine")
@@ -109,43 +131,71 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         [InverseCDFSampler(params.temperature, params.top_k, params.top_p)])}
 
 
+def as_prompts(prompts: Sequence[Prompt] | Sequence[list[int]]) -> list[Prompt]:
+    """Requests of ``prompts`` (plain token-id lists are wrapped as text prompts)."""
+    return [p if isinstance(p, Prompt) else Prompt(list(p)) for p in prompts]
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, T)`` ids and attention mask of ``rows``, padded on the left to the longest (T): a decoder-only
+    model continues each row from its last column, so the real tokens must end there."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def stitch_inputs(chunk: Sequence[Prompt]) -> dict[str, torch.Tensor]:
+    """The batch's extra model inputs: each prompt's tensors concatenated along dim 0 in row order (a LLaVA
+    model fills its image tokens with image features in reading order, row by row); {} for text."""
+    keys = sorted({k for p in chunk for k in (p.inputs or {})})
+    return {k: torch.cat([p.inputs[k] for p in chunk if p.inputs and k in p.inputs]) for k in keys}
+
+
 @ENGINES.register("hf")
 class HFEngine:
-    """Hugging Face ``generate`` with the KV cache, left-padded batches; sampling by
-    :class:`InverseCDFSampler`."""
+    """Hugging Face ``generate`` with the KV cache on left-padded batches (:func:`left_pad`, image inputs
+    by :func:`stitch_inputs`); sampling by :class:`InverseCDFSampler`, greedy at temperature 0."""
 
-    def __init__(self, pad_token_id: int, eos_token_id: int | list[int] | None) -> None:
-        self.pad = pad_token_id
-        self.eos = set(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]) - {None}
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
+        # any id pads (the attention mask hides it); a tokenizer without a pad token pads with EOS
+        pad = tokenizer.pad_token_id
+        self.pad = pad if pad is not None else min(self.eos, default=0)
 
-    def generate(self, model: nn.Module, prompt_ids: list[list[int]], params: SamplingParams, *,
-                 synced: bool = False) -> Generations:
+    def generate(self, model: nn.Module, prompts: Sequence[Prompt] | Sequence[list[int]], params: SamplingParams,
+                 *, synced: bool = False, progress: str | None = None) -> Generations:
+        requests = as_prompts(prompts)
         device = next(model.parameters()).device
-        out, truncated = [], []
+        out, reasons = [], []
+        starts = range(0, len(requests), params.batch_size)
         with generation_mode(model):
-            for start in range(0, len(prompt_ids), params.batch_size):
-                chunk = prompt_ids[start : start + params.batch_size]
-                new = self._call(model, chunk, params, device, synced)
+            for start in track(starts, len(starts), progress, "batches") if progress else starts:
+                new = self._call(model, requests[start : start + params.batch_size], params, device, synced)
                 for row in new.tolist():
                     ids, stopped = self._cut(row)
                     out.append(ids)
-                    truncated.append(not stopped)
-        return Generations(out, truncated)
+                    reasons.append("stop" if stopped else "length")
+        texts = self.tokenizer.batch_decode(out, skip_special_tokens=True) if out else []
+        return Generations(out, reasons, texts)
 
-    def _call(self, model: nn.Module, chunk: list[list[int]], params: SamplingParams, device: torch.device,
+    def _call(self, model: nn.Module, chunk: list[Prompt], params: SamplingParams, device: torch.device,
               synced: bool) -> torch.Tensor:
-        width = max(len(p) for p in chunk)
-        ids = torch.full((len(chunk), width), self.pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(chunk):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+        """``(B, new)`` generated ids of one batch (EOS-finished rows padded after their EOS)."""
+        ids, mask = left_pad([p.ids for p in chunk], self.pad)
         kwargs: dict[str, Any] = dict(max_new_tokens=params.max_new_tokens, pad_token_id=self.pad,
                                       eos_token_id=sorted(self.eos) or None, use_cache=True, **sampling_kwargs(params))
         if synced:
             kwargs["synced_gpus"] = True
-        gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
-        return gen[:, width:].cpu()
+        extra = {k: v.to(device) for k, v in stitch_inputs(chunk).items()}
+        gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **extra, **kwargs)
+        return gen[:, ids.shape[1]:].cpu()
 
     def _cut(self, row: list[int]) -> tuple[list[int], bool]:
         """The completion up to and including the first EOS; (ids, whether it stopped)."""
@@ -156,5 +206,6 @@ class HFEngine:
 
 
 def build_engine(name: str, tokenizer: Any) -> RolloutEngine:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return ENGINES.get(name)(tokenizer.pad_token_id, eos)
+    """The engine registered as ``name`` (``hf``), decoding and padding with ``tokenizer`` (a VLM's:
+    its processor's tokenizer). Built once per run; ``generate`` is called per rollout / evaluation."""
+    return ENGINES.get(name)(tokenizer)

@@ -1,15 +1,15 @@
-"""Batched greedy / sampled generation from chat prompts (evaluation, demos, online rollouts)."""
+"""Generation from text / chat prompts (evaluation, the demo, ``alignkit generate``): the prompts rendered
+and tokenised here, then the rollout engine (:mod:`alignkit.rollout.engine`) pads, generates and decodes,
+as it does for online rollouts."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-import torch
 from torch import nn
 
 from alignkit.errors import DataError
-from alignkit.progress import track
-from alignkit.rollout.engine import SamplingParams, sampling_kwargs
+from alignkit.rollout.engine import SamplingParams, build_engine
 
 
 def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
@@ -22,32 +22,6 @@ def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
     return prompt
 
 
-@torch.no_grad()
-def batched_generate(model: nn.Module, tokenizer: Any, n: int, encode: Callable[[int, int], Any], *,
-                     max_new_tokens: int, batch_size: int, temperature: float = 0.0) -> list[str]:
-    """Completions (special tokens stripped) of ``n`` prompts, in order: ``encode(start, stop)`` gives the model
-    inputs of prompts ``start..stop-1`` (left-padded: the tokenizer pads left for the call); greedy when
-    ``temperature`` is 0, else sampled. The model is in eval mode for the call and restored after."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    old_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    out: list[str] = []
-    starts = range(0, n, batch_size)
-    try:
-        for i in track(starts, len(starts), "generating", "batches"):
-            enc = encode(i, min(i + batch_size, n)).to(device)
-            gen = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=tokenizer.eos_token_id, use_cache=True,
-                                 **sampling_kwargs(SamplingParams(max_new_tokens, temperature)))
-            out += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    finally:
-        tokenizer.padding_side = old_side
-        model.train(was_training)
-    return out
-
-
 def generate(
     model: nn.Module,
     tokenizer: Any,
@@ -58,9 +32,12 @@ def generate(
     do_sample: bool = False,
     temperature: float = 1.0,
 ) -> list[str]:
-    """Completions (special tokens stripped) for each prompt, in order. Left-pads each batch."""
+    """Completions (special tokens stripped) for each prompt, in order: greedy, or sampled at
+    ``temperature`` with ``do_sample``. The model is in eval mode for the call and restored after."""
+    if not prompts:
+        return []
     texts = [prompt_text(tokenizer, p) for p in prompts]
-    return batched_generate(model, tokenizer, len(prompts),
-                            lambda a, b: tokenizer(texts[a:b], return_tensors="pt", padding=True, add_special_tokens=False),
-                            max_new_tokens=max_new_tokens, batch_size=batch_size,
-                            temperature=temperature if do_sample else 0.0)
+    # the template already holds the special tokens; each text alone gives the ids a padded batch holds
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    params = SamplingParams(max_new_tokens, temperature if do_sample else 0.0, batch_size=batch_size)
+    return build_engine("hf", tokenizer).generate(model, ids, params, progress="generating").texts

@@ -1,7 +1,8 @@
-"""Batched generation from image + chat prompts with a LLaVA-family model (evaluation, demos).
+"""Generation from image + chat prompts with a LLaVA-family model (evaluation, demos).
 
 The text twin is :func:`alignkit.rollout.generate.generate`; here the processor renders each prompt
-(``<image>`` placeholders expanded to image tokens) and preprocesses its images into ``pixel_values``.
+(``<image>`` placeholders expanded to image tokens) and preprocesses its images into ``pixel_values``
+(:func:`image_prompt`), and the rollout engine pads, batches, generates and decodes.
 """
 
 from __future__ import annotations
@@ -12,10 +13,21 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from alignkit.rollout.generate import batched_generate
+from alignkit.rollout.engine import Prompt, SamplingParams, build_engine
+
+#: processor outputs with one entry per token, not per image: the engine pads and masks the ids itself
+_PER_TOKEN = ("input_ids", "attention_mask", "token_type_ids")
 
 
-@torch.no_grad()
+def image_prompt(processor: Any, text: str, images: Sequence[Any]) -> Prompt:
+    """The engine request of one rendered prompt ``text`` (one ``<image>`` per image) and its PIL
+    ``images``: the processor's ids (image tokens expanded) and image inputs (``pixel_values``
+    ``(len(images), C, H, W)``; none for a prompt without images)."""
+    enc = processor(text=[text], images=list(images) or None, add_special_tokens=False, return_tensors="pt")
+    inputs = {k: v for k, v in enc.items() if k not in _PER_TOKEN and isinstance(v, torch.Tensor)}
+    return Prompt(enc["input_ids"][0].tolist(), inputs or None)
+
+
 def generate_with_images(
     model: nn.Module,
     processor: Any,
@@ -28,17 +40,13 @@ def generate_with_images(
     """Greedy completions (special tokens stripped), in order.
 
     ``prompts[i]``: a chat whose string contents hold one ``<image>`` per image of ``images[i]`` (PIL
-    images); the assistant turn is opened by the chat template. Left-pads each batch.
+    images); the assistant turn is opened by the chat template. The engine left-pads each batch.
     """
     tok = processor.tokenizer
-    texts = [tok.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True) for p in prompts]
-
-    def encode(a: int, b: int) -> Any:
-        flat = [img for imgs in images[a:b] for img in imgs]
-        return processor(text=texts[a:b], images=flat or None, padding=True, add_special_tokens=False,
-                         return_tensors="pt")
-
-    return batched_generate(model, tok, len(prompts), encode, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    requests = [image_prompt(processor, tok.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True),
+                             imgs) for p, imgs in zip(prompts, images)]
+    params = SamplingParams(max_new_tokens, 0.0, batch_size=batch_size)
+    return build_engine("hf", tok).generate(model, requests, params, progress="generating").texts
 
 
 def shapes_accuracy(model: nn.Module, processor: Any, rows: Sequence[dict[str, Any]], image_root: str,
