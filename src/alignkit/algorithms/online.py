@@ -79,8 +79,7 @@ class OnlineAlgorithm(Algorithm):
         signal of :meth:`scorers` (gathered from every rank), then :meth:`make_experience`. Override to put
         something between generation and scoring (e.g. a frozen ``target`` role answering the completions)."""
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
-        samples = ctx.samples(gens.completion_ids)
-        texts = ctx.decode(gens.completion_ids)
+        samples, texts = ctx.samples(gens.completion_ids), gens.texts
         inputs = ctx.score_inputs(samples, texts)
         scores = ctx.score(self.scorers(), inputs)
         stats = self.make_experience(ctx, samples, inputs.batches, scores)
@@ -103,7 +102,7 @@ class OnlineAlgorithm(Algorithm):
         rewards, how many were scored, completion tokens)."""
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
         samples = ctx.samples(gens.completion_ids)
-        inputs = ctx.score_inputs(samples, ctx.decode(gens.completion_ids))
+        inputs = ctx.score_inputs(samples, gens.texts)
         total = torch.tensor(self.scorers()["reward"].score(ctx.models, inputs, ctx.strategy, placement="local")["total"],
                              dtype=torch.float64)
         ok = ~torch.isnan(total)

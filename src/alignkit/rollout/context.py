@@ -50,7 +50,6 @@ class RolloutContext:
     params: SamplingParams
     per_device: int
     collate: Callable[[list[Sample]], Batch]
-    decode: Callable[[list[list[int]]], list[str]]
     gather_full_params: bool = True
     #: seconds spent generating (summed over :meth:`generate` calls), for tokens/s
     generate_s: float = field(default=0.0)

@@ -145,10 +145,7 @@ class OnlineTrainer:
 
     def _context(self, rows: list[dict[str, Any]], mine: slice, params: SamplingParams) -> RolloutContext:
         return RolloutContext(self.models, self.strategy, self.engine, rows, mine, params, self.plan.batch.per_device,
-                              self.algo.collate, self._decode, gather_full_params=self.cfg.rollout.gather_full_params)
-
-    def _decode(self, ids: list[list[int]]) -> list[str]:
-        return self.algo.tokenizer.batch_decode(ids, skip_special_tokens=True)
+                              self.algo.collate, gather_full_params=self.cfg.rollout.gather_full_params)
 
     def _rollout(self, state: TrainState) -> tuple[Experience, float]:
         """The algorithm's rollout of this rank's share of the iteration's prompts."""
