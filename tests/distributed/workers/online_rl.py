@@ -87,12 +87,12 @@ def record_ranks(out: Path, run: str) -> None:
     seen: list[dict] = []
 
     def spy(self, state):
-        samples, stats, took = original(self, state)
-        row = {k: v for k, v in stats.means().items() if not k.endswith("_s") and "per_s" not in k}
+        experience, took = original(self, state)
+        row = {k: v for k, v in experience.stats.means().items() if not k.endswith("_s") and "per_s" not in k}
         row["lambda"] = getattr(self.algo, "lam", None)
         seen.append(row)
         (out / f"ranks_{run}_{comm.rank()}.json").write_text(json.dumps(seen))
-        return samples, stats, took
+        return experience, took
 
     online_loop.OnlineTrainer._rollout = spy
 
