@@ -20,6 +20,7 @@ from typing import Any
 
 def _model_and_defaults(target: str) -> tuple[str, int, float]:
     if target.endswith((".yaml", ".yml")):
+        import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
         from alignkit.config import load_config
 
         cfg = load_config(target, [])

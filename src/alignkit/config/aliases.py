@@ -21,6 +21,7 @@ Decisions (README "Config keys from elsewhere"):
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from alignkit.config.alias_readers import (
@@ -208,10 +209,17 @@ def read_aliases(
     return raw, notes, list(origins)
 
 
+def _is_rank_zero() -> bool:
+    """RANK as every launcher exports it, read here rather than through distributed/env.py: config/ is
+    the bottom floor and imports nothing above it. A malformed RANK is named by read_env at start-up."""
+    try:
+        return int(os.environ.get("RANK") or 0) == 0
+    except ValueError:
+        return True
+
+
 def emit_notes(notes: list[str]) -> None:
     """One line per note, from rank 0 only (every rank reads the config)."""
-    from alignkit.distributed.env import read_env
-
-    if notes and read_env().is_main:
+    if notes and _is_rank_zero():
         for line in notes:
             log.warning(line)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from alignkit.config.sections import SECTIONS, load_sections
+from alignkit.config.sections import registered_sections
 
 #: changes to these keys (dotted, or a prefix ending in ".") are not a resume of the same run
 FIXED = ("algorithm", "model.", "data.", "training.seed", "training.weight_decay", "training.adam_beta1",
@@ -57,8 +57,7 @@ def saved_config(ckpt: Path) -> dict[str, Any] | None:
 
 def compare(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(keys that may not change but did, keys that changed and are applied), as ``key: old -> new``."""
-    load_sections()
-    fixed_all = FIXED + tuple(f"{name}." for name in SECTIONS.names())
+    fixed_all = FIXED + tuple(f"{name}." for name in registered_sections())
     fixed, allowed = [], []
     for key, a, b in changes(saved, current):
         line = f"{key}: {a!r} -> {b!r}"
