@@ -73,3 +73,21 @@ def test_a_config_read_before_the_registrations_fails_clearly() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0
     assert "RuntimeError: no algorithms are registered: import alignkit.algorithms" in proc.stderr, proc.stderr
+
+
+def test_library_code_reads_algorithm_sections_typed() -> None:
+    """``cfg.section(DPOConfig)``, not ``cfg.dpo``: the attribute form (RunConfig.__getattr__) is ``Any``
+    to a type checker and stays for users' scripts and tests only."""
+    import alignkit.algorithms  # noqa: F401  (registers the sections)
+    from alignkit.config.sections import SECTIONS
+
+    names = set(SECTIONS.names())
+    offenders = []
+    for f in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in names:
+                owner = ast.unparse(node.value).split(".")[-1]
+                if owner in ("cfg", "config", "run_cfg", "run_config"):
+                    offenders.append(f"{f.relative_to(PKG)}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, "\n".join(offenders)
+    assert {"dpo", "rollout", "reward"} <= names

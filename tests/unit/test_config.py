@@ -38,6 +38,27 @@ def test_defaults_and_overrides() -> None:
     assert cfg.distributed.strategy == "auto"
 
 
+def test_algorithm_sections_read_typed_through_section() -> None:
+    from dataclasses import dataclass
+
+    from alignkit.algorithms.dpo import DPOConfig
+    from alignkit.algorithms.online import RolloutConfig
+
+    cfg = cfg_from({**BASE, "algorithm": "dpo", "dpo": {"beta": 0.25}})
+    d = cfg.section(DPOConfig)
+    assert isinstance(d, DPOConfig) and d.beta == 0.25
+    assert cfg.dpo is d  # the attribute form (scripts, tests) is the same object
+    assert cfg.section(RolloutConfig) == RolloutConfig()  # absent from the YAML: its defaults
+    assert RunConfig().section(DPOConfig) == DPOConfig()
+
+    @dataclass
+    class Unregistered:
+        x: int = 0
+
+    with pytest.raises(KeyError, match="Unregistered is not a registered config section"):
+        cfg.section(Unregistered)
+
+
 def test_unknown_key_names_closest() -> None:
     with pytest.raises(ConfigError, match=r"unknown config key 'training.learning_rat'.*'training.learning_rate'"):
         cfg_from(BASE, ["training.learning_rat=1e-4"])

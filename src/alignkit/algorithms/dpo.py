@@ -93,7 +93,7 @@ class DPOConfig:
 
 def resolve_reference(cfg: Any) -> str:
     """The concrete reference source for ``dpo.reference`` (see the module docstring)."""
-    d, m = cfg.dpo, cfg.model
+    d, m = cfg.section(DPOConfig), cfg.model
     has_lora = m.lora is not None or is_adapter_dir(m.name_or_path)
     if d.reference == "auto":
         if d.loss_type in REFERENCE_FREE:
@@ -148,14 +148,14 @@ class DPO(OfflineAlgorithm):
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         saved, processor = preference_inputs(cfg, tokenizer)
         tok = processor.tokenizer if processor is not None else tokenizer
-        super().__init__(cfg, saved, PairData(tok, cfg.data, pair=cfg.dpo.pair, processor=processor))
+        super().__init__(cfg, saved, PairData(tok, cfg.data, pair=cfg.section(DPOConfig).pair, processor=processor))
         self.reference = resolve_reference(cfg)
-        if cfg.data.streaming and cfg.dpo.precompute_ref_logps:
+        if cfg.data.streaming and cfg.section(DPOConfig).precompute_ref_logps:
             raise ConfigError("dpo.precompute_ref_logps: needs the whole training set ahead, not data.streaming")
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        m, d = cfg.model, cfg.dpo
+        m, d = cfg.model, cfg.section(DPOConfig)
         lora = m.lora is not None or is_adapter_dir(m.name_or_path)
         vlm = vlm_spec_options(cfg)
         kind = "vlm" if vlm else "lm"
@@ -191,7 +191,7 @@ class DPO(OfflineAlgorithm):
     def before_training(self, models: Models, train_set: list[Example], eval_set: list[Example],
                         strategy: Strategy) -> None:
         """``dpo.precompute_ref_logps``: cache reference log-probs in every example (module docstring)."""
-        if not self.cfg.dpo.precompute_ref_logps or self.reference == "none":
+        if not self.cfg.section(DPOConfig).precompute_ref_logps or self.reference == "none":
             return
         start = time.perf_counter()
 
@@ -214,7 +214,7 @@ class DPO(OfflineAlgorithm):
 
     # ------------------------------------------------------------------ math
     def _pair_losses(self, models: Models, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
-        d = self.cfg.dpo
+        d = self.cfg.section(DPOConfig)
         b = count_pairs(batch)
         ref = self.reference_logps(models, batch)
         logps = sequence_logps(models["policy"], batch)

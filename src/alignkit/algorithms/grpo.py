@@ -22,7 +22,8 @@ from typing import Any, Literal, Optional
 import torch
 
 from alignkit.algorithms.base import Batch, MetricSums
-from alignkit.algorithms.online import Aggregation, OnlineAlgorithm, policy_specs, resolve_reference
+from alignkit.algorithms.online import Aggregation, OnlineAlgorithm, RolloutConfig, policy_specs, resolve_reference
+from alignkit.algorithms.reward import RewardConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.losses.kl import kl_estimate
@@ -60,21 +61,21 @@ class GroupRelative(OnlineAlgorithm):
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
-        g = cfg.grpo
+        g = cfg.section(GRPOConfig)
         self.reference = resolve_reference(cfg, g.reference, needed=g.beta > 0)
         self.aggregation = g.loss_aggregation if g.loss_aggregation != "auto" else (
             "constant" if self.name == "dr_grpo" else "sequence_mean")
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        specs = policy_specs(cfg, resolve_reference(cfg, cfg.grpo.reference, needed=cfg.grpo.beta > 0))
-        if cfg.reward.model:
-            specs.append(ModelSpec("reward", cfg.reward.model, "scalar"))
+        specs = policy_specs(cfg, resolve_reference(cfg, cfg.section(GRPOConfig).reference, needed=cfg.section(GRPOConfig).beta > 0))
+        if cfg.section(RewardConfig).model:
+            specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
         return specs
 
     def make_experience(self, models: Models, samples: list[Sample], batches: list[Batch],
                         scores: dict[str, torch.Tensor], mine: slice, strategy: Any) -> MetricSums:
-        g, G = self.cfg.grpo, self.cfg.rollout.num_generations
+        g, G = self.cfg.section(GRPOConfig), self.cfg.section(RolloutConfig).num_generations
         scale = "none" if self.name == "dr_grpo" else g.scale_rewards
         adv = ADVANTAGES.get(self.name)(scores["reward"], G, scale_rewards=scale)  # (global,), same on every rank
         for s, a in zip(samples, adv[mine].tolist()):
@@ -82,13 +83,13 @@ class GroupRelative(OnlineAlgorithm):
         if self.reference != "none":
             for s, ref in zip(samples, self.token_logps(models, batches, strategy, role="reference")):
                 s["ref_logps"] = ref
-        if self.cfg.rollout.update_epochs > 1:
+        if self.cfg.section(RolloutConfig).update_epochs > 1:
             for s, old in zip(samples, self.token_logps(models, batches, strategy)):
                 s["old_logps"] = old
         return group_stats(scores["reward"], adv, G)
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        g = self.cfg.grpo
+        g = self.cfg.section(GRPOConfig)
         logps = forward_logps(models["policy"], batch)
         old = flat(batch, "old_logps") if "old_logps" in batch else logps.detach()
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
@@ -108,7 +109,7 @@ class GroupRelative(OnlineAlgorithm):
         if self.aggregation == "token_mean":
             return int(batch["response_lengths"].sum())
         seqs = int(batch["response_lengths"].shape[0])
-        return seqs * self.cfg.rollout.max_new_tokens if self.aggregation == "constant" else seqs
+        return seqs * self.cfg.section(RolloutConfig).max_new_tokens if self.aggregation == "constant" else seqs
 
 
 def group_stats(rewards: torch.Tensor, adv: torch.Tensor, group_size: int) -> MetricSums:

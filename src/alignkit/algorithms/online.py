@@ -23,6 +23,7 @@ from typing import Any, Iterator, Literal
 import torch
 
 from alignkit.algorithms.base import Batch, MetricSums
+from alignkit.algorithms.reward import RewardConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.prompts import PromptData
@@ -89,7 +90,7 @@ class OnlineAlgorithm(ABC):
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
-        self.data = PromptData(tokenizer, cfg.data, max_new_tokens=cfg.rollout.max_new_tokens)
+        self.data = PromptData(tokenizer, cfg.data, max_new_tokens=cfg.section(RolloutConfig).max_new_tokens)
         self.reference = "none"
 
     @classmethod
@@ -99,7 +100,7 @@ class OnlineAlgorithm(ABC):
 
     def scorers(self) -> dict[str, Scorer]:
         """The signals the loop scores and gathers: ``reward`` always (``reward.*``), more (``cost``) if any."""
-        r, ro = self.cfg.reward, self.cfg.rollout
+        r, ro = self.cfg.section(RewardConfig), self.cfg.section(RolloutConfig)
         return {"reward": Scorer("reward", r.functions, model_role="reward" if r.model else None,
                                  model_weight=r.model_weight, length_penalty=r.length_penalty,
                                  max_new_tokens=ro.max_new_tokens, placement=r.placement)}

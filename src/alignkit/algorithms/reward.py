@@ -110,7 +110,7 @@ class RewardModel(ScoredPairs):
     name = "reward_model"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
-        pair = "helpful" if cfg.reward.pair == "auto" else cfg.reward.pair
+        pair = "helpful" if cfg.section(RewardConfig).pair == "auto" else cfg.section(RewardConfig).pair
         super().__init__(cfg, *pair_data(cfg, tokenizer, pair))
 
     @classmethod
@@ -119,7 +119,7 @@ class RewardModel(ScoredPairs):
 
     def pair_loss(self, scores: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
         """Per-pair losses ``(B,)`` and metric sums from the 2B scores (chosen 0..B-1, then rejected)."""
-        r = self.cfg.reward
+        r = self.cfg.section(RewardConfig)
         b = count_pairs(batch)
         margin = batch["margin"].to(scores.dtype)
         margin = torch.where(torch.isnan(margin), torch.full_like(margin, r.margin), margin)
@@ -138,7 +138,7 @@ class CostModel(ScoredPairs):
     name = "cost_model"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
-        r = cfg.reward
+        r = cfg.section(RewardConfig)
         if r.pair not in ("auto", "safety"):
             raise ConfigError("reward.pair: the cost model ranks responses by safety; use auto or safety")
         if r.margin or r.center_coeff:
@@ -154,7 +154,7 @@ class CostModel(ScoredPairs):
         # chosen = the safer response, rejected = the unsafer one (PairText ordering for pair=safety)
         b = count_pairs(batch)
         losses, met = cost_model_loss(
-            scores[b:], scores[:b], batch["rejected_unsafe"], batch["chosen_unsafe"], reg_coeff=self.cfg.reward.reg_coeff
+            scores[b:], scores[:b], batch["rejected_unsafe"], batch["chosen_unsafe"], reg_coeff=self.cfg.section(RewardConfig).reg_coeff
         )
         m = MetricSums()
         m.add_mean("accuracy", met["accuracy"])

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from alignkit.algorithms.base import Batch, MetricSums
-from alignkit.algorithms.online import OnlineAlgorithm
+from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
 from alignkit.config import RunConfig, dump_yaml
 from alignkit.data.sampler import GlobalOrder
 from alignkit.distributed import comm
@@ -61,12 +61,12 @@ class OnlineTrainer:
         assert plan.steps is not None, "the run plan needs its step counts (online_steps)"
         self.cfg, self.algo, self.strategy, self.models, self.plan = cfg, algo, strategy, models, plan
         self.prompts, self.eval_prompts, self.log = prompts, eval_prompts, logger
-        self.G = cfg.rollout.num_generations
+        self.G = cfg.section(RolloutConfig).num_generations
         b = plan.batch
         self.n_local = b.per_device * b.accumulation
         self.per_iteration = b.global_batch // self.G
         self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
-        self.engine = build_engine(cfg.rollout.engine, algo.tokenizer)
+        self.engine = build_engine(cfg.section(RolloutConfig).engine, algo.tokenizer)
         self.scorers = algo.scorers()
         self.out = Path(cfg.output_dir)
         self.checkpointer = Checkpointer(self.out, strategy, models, config_yaml=dump_yaml(cfg), tokenizer=algo.tokenizer,
@@ -94,7 +94,7 @@ class OnlineTrainer:
             samples, stats, rollout_s = self._rollout(state)
             start = time.perf_counter()
             results = []
-            for _ in range(self.cfg.rollout.update_epochs):
+            for _ in range(self.cfg.section(RolloutConfig).update_epochs):
                 if state.step >= total:
                     break
                 results.append(self._step(samples))
@@ -150,7 +150,7 @@ class OnlineTrainer:
         rank = self.strategy.dp_rank
         mine = slice(rank * self.n_local, (rank + 1) * self.n_local)
         rows = [self.prompts[i] for i in completions[mine]]
-        r = self.cfg.rollout
+        r = self.cfg.section(RolloutConfig)
         params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
         gens = self._generate([row["prompt_ids"] for row in rows], params)
         gen_s = time.perf_counter() - start
@@ -178,7 +178,7 @@ class OnlineTrainer:
 
     def _generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Any:
         policy = self.models.handles["policy"].module
-        if self.cfg.rollout.gather_full_params or not self.strategy.frozen_plan():
+        if self.cfg.section(RolloutConfig).gather_full_params or not self.strategy.frozen_plan():
             with self.strategy.full_params(policy) as plain:
                 return self.engine.generate(plain.hf_model, prompt_ids, params)
         # too big to gather: generate on the sharded model, every rank stepping until all are done
@@ -204,7 +204,7 @@ class OnlineTrainer:
         signal; sums and counts reduced over ranks."""
         world, rank = self.strategy.dp_size, self.strategy.dp_rank
         rows = self.eval_prompts[rank::world]
-        params = SamplingParams(self.cfg.rollout.max_new_tokens, 0.0, batch_size=self.cfg.rollout.generation_batch_size)
+        params = SamplingParams(self.cfg.section(RolloutConfig).max_new_tokens, 0.0, batch_size=self.cfg.section(RolloutConfig).generation_batch_size)
         gens = self._generate([r["prompt_ids"] for r in rows], params) if rows else None
         sums = torch.zeros(3, dtype=torch.float64)
         if rows:
@@ -226,7 +226,7 @@ class OnlineTrainer:
 
     # ------------------------------------------------------------------ helpers
     def _startup_lines(self) -> None:
-        b, steps, r = self.plan.batch, self.plan.steps, self.cfg.rollout
+        b, steps, r = self.plan.batch, self.plan.steps, self.cfg.section(RolloutConfig)
         self.log.info(f"Effective batch size: {b.global_batch} completions (per_device={b.per_device} x "
                       f"accumulation={b.accumulation} x {self.strategy.dp_size} processes) = {self.per_iteration} "
                       f"prompts x {self.G} generations per iteration")
@@ -243,7 +243,7 @@ class OnlineTrainer:
         return bool(every) and (step // every) > ((step - taken) // every)
 
     def _log_samples(self, step: int, samples: list[Sample]) -> None:
-        n = self.cfg.rollout.log_samples
+        n = self.cfg.section(RolloutConfig).log_samples
         if not n or not self.strategy.is_main or "jsonl" not in self.cfg.logging.report_to:
             return
         with (self.out / "samples.jsonl").open("a", encoding="utf-8") as fh:
@@ -261,7 +261,7 @@ def check_groups(plan: RunPlan, cfg: RunConfig) -> None:
     """The global batch (completions) must hold whole groups of ``num_generations``."""
     from alignkit.errors import ConfigError
 
-    G, b = cfg.rollout.num_generations, plan.batch
+    G, b = cfg.section(RolloutConfig).num_generations, plan.batch
     if b.global_batch % G:
         raise ConfigError(f"training.global_batch_size ({b.global_batch} completions = per_device {b.per_device} x "
                           f"accumulation {b.accumulation} x {b.world_size} processes) must be a multiple of "
@@ -276,12 +276,12 @@ def online_steps(n_prompts: int, plan: RunPlan, cfg: RunConfig) -> RunPlan:
     from alignkit.train.run_plan import StepPlan
 
     check_groups(plan, cfg)
-    G, b = cfg.rollout.num_generations, plan.batch
+    G, b = cfg.section(RolloutConfig).num_generations, plan.batch
     per_iteration = b.global_batch // G
     iterations = n_prompts // per_iteration
     if iterations == 0:
         raise DataError(f"the prompt set has {n_prompts} prompts, fewer than the {per_iteration} one iteration needs")
-    per_epoch = iterations * cfg.rollout.update_epochs
+    per_epoch = iterations * cfg.section(RolloutConfig).update_epochs
     t = cfg.training
     total = t.max_steps if t.max_steps is not None else max(1, math.ceil(per_epoch * t.epochs))
     return dataclasses.replace(plan, steps=StepPlan(iterations * b.accumulation, per_epoch, total))
