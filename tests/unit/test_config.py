@@ -9,7 +9,7 @@ import pytest
 from alignkit.config import ConfigError, load_config, resolve_batch, scaled_learning_rate
 from alignkit.config.loader import apply_overrides, build_dataclass
 from alignkit.config.schema import RunConfig
-from tests.conftest import run_cli, write_config
+from tests.conftest import REPO, run_cli, write_config
 
 BASE = {
     "algorithm": "sft",
@@ -146,3 +146,15 @@ def test_validate_prints_plan(tmp_path: Path, micro_model: Path) -> None:
     assert "effective batch" in out and "16 (per_device=4 x accumulation=2 x 2 processes)" in out
     # 100 examples / 2 ranks = 50 per rank -> 13 micro-batches of 4 -> 7 optimizer steps
     assert "optimizer steps per epoch" in out and out.rstrip().endswith("7")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_every_shipped_config_loads_in_native_keys(name: str) -> None:
+    """Every recipe in configs/ loads (types, ranges, sections) and says nothing about keys read from
+    elsewhere: the shipped files show the keys users should write (reward_model:, not reward.pair)."""
+    from alignkit.config.loader import native_raw
+
+    path = REPO / "configs" / name
+    _, notes = native_raw(path)
+    assert notes == [], notes
+    assert load_config(path, notes=False).algorithm
