@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from alignkit.config.aliases import apply_aliases
 from alignkit.config.sections import registered_sections
 
 #: changes to these keys (dotted, or a prefix ending in ".") are not a resume of the same run
@@ -52,7 +53,10 @@ def saved_config(ckpt: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    # a checkpoint written before a key moved (reward.pair -> reward_model.pair) compares under the new names
+    return apply_aliases(data)[0]
 
 
 def compare(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
