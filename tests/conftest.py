@@ -12,6 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
+# the algorithms and their config sections are registered by their import, as the CLI does before it
+# loads a config (config/ itself never imports them): tests load configs directly
+import alignkit.algorithms  # noqa: F401, E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
 from alignkit.config import load_config
 from alignkit.data.io import read_rows
 from alignkit.data.judges import judge_correct

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from alignkit.train.resume import compare
 from tests.conftest import REPO, assert_ok, run_cli
@@ -77,3 +78,16 @@ def test_compare_classifies_keys() -> None:
     assert fixed == ["model.lora: None -> {'r': 8}", "dpo.beta: 0.1 -> 0.2"]
     assert allowed == ["model.gradient_checkpointing: False -> True", "training.learning_rate: 0.001 -> 0.002",
                        "logging.logging_steps: 1 -> 5"]
+
+
+def test_a_checkpoint_saved_before_reward_model_existed_compares_under_the_new_keys(tmp_path: Path) -> None:
+    from alignkit.train.resume import saved_config
+
+    old = {"algorithm": "reward_model", "reward": {"pair": "helpful", "reg_coeff": 0.001, "model_weight": 1.0}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    saved = saved_config(tmp_path)
+    assert saved == {"algorithm": "reward_model", "reward": {"model_weight": 1.0},
+                     "reward_model": {"pair": "helpful", "reg_coeff": 0.001}}
+    new = {"algorithm": "reward_model", "reward": {"model_weight": 1.0},
+           "reward_model": {"pair": "helpful", "reg_coeff": 0.01}}
+    assert compare(saved, new)[0] == ["reward_model.reg_coeff: 0.001 -> 0.01"]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from alignkit.config import ConfigError, load_config
-from alignkit.config.aliases import ALIASES, TOP, TRAINING, apply_aliases
+from alignkit.config.aliases import ALIASES, REWARD, TOP, TRAINING, apply_aliases
 from alignkit.config.loader import build_dataclass
 from alignkit.config.migrate import migrate_raw
 from alignkit.config.schema import RunConfig
@@ -117,6 +117,10 @@ CASES: list[tuple[dict[str, Any], dict[str, Any]]] = [
      {"distributed.ddp.find_unused_parameters": True, "distributed.ddp.bucket_cap_mb": 50.0,
       "distributed.ddp.broadcast_buffers": True}),
     ({"ddp_find_unused_parameters": True}, {"distributed.ddp.find_unused_parameters": True}),
+    # alignkit's own keys that moved: reward-model training left the online scoring section
+    ({"reward": {"pair": "safety", "reg_coeff": 0.001}}, {"reward_model.pair": "safety", "reward_model.reg_coeff": 0.001}),
+    ({"reward": {"margin": 0.5, "center_coeff": 0.01, "length_penalty": 0.1}},  # online scoring keys stay
+     {"reward_model.margin": 0.5, "reward_model.center_coeff": 0.01, "reward.length_penalty": 0.1}),
 ]
 
 
@@ -157,6 +161,7 @@ def test_alias_maps_to_its_native_key(given: dict[str, Any], expected: dict[str,
 def test_every_alias_has_a_case() -> None:
     seen = {(TRAINING, k) for given, _ in CASES for k in given.get("training", {})}
     seen |= {(TOP, k) for given, _ in CASES for k in given if k != "training"}
+    seen |= {(REWARD, k) for given, _ in CASES for k in given.get(REWARD, {})}
     missing = [(p, n) for a in ALIASES for p in a.places for n in a.names if (p, n) not in seen]
     assert not missing, missing
 
@@ -165,10 +170,10 @@ def test_no_alias_shadows_a_native_key() -> None:
     import dataclasses
 
     top = {f.name for f in dataclasses.fields(RunConfig)}
-    training = {f.name for f in dataclasses.fields(RunConfig().training)}
     for a in ALIASES:
         for place in a.places:
-            assert not set(a.names) & (top if place == TOP else training), (place, a.names)
+            native_keys = top if place == TOP else {f.name for f in dataclasses.fields(value(RunConfig(), place))}
+            assert not set(a.names) & native_keys, (place, a.names)
 
 
 def test_note_says_how_the_alias_was_read() -> None:
@@ -203,6 +208,9 @@ def test_note_says_how_the_alias_was_read() -> None:
         ({"save_strategy": "no", "save_steps": 100}, r"disagrees with save_steps=100"),
         ({"seed": 1, "training": {"accumulation_steps": 2}, "accumulation_steps": 4},
          r"^accumulation_steps=4 and training.accumulation_steps=2 disagree; give one$"),
+        ({"reward": {"pair": "safety"}, "reward_model": {"pair": "helpful"}},
+         r"^reward.pair=safety \(read as reward_model.pair=safety\) disagrees with reward_model.pair=helpful; "
+         r"give only reward_model.pair$"),
     ],
 )
 def test_bad_or_conflicting_alias_is_a_one_line_error(given: dict[str, Any], pattern: str) -> None:
@@ -238,6 +246,32 @@ def test_notes_come_from_rank_zero_only(tmp_path: Path, monkeypatch: pytest.Monk
     assert said == ["config: per_device_train_batch_size=4 read as training.per_device_batch_size=4"]
     load_config(path, notes=False)
     assert len(said) == 1
+
+
+def test_reward_model_keys_under_reward_still_read_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config written before reward_model: existed trains the same model; rank 0 says where the keys went,
+    an override may use the old name, and ``alignkit migrate`` writes the new one."""
+    from alignkit.algorithms.reward import RewardConfig, RewardModelConfig
+    from alignkit.cli import main
+    from alignkit.config import aliases
+
+    said: list[str] = []
+    monkeypatch.setattr(aliases.log, "warning", lambda msg, *a: said.append(msg))
+    old = {**REQUIRED, "algorithm": "cost_model", "training": {"per_device_batch_size": 2},
+           "reward": {"pair": "safety", "reg_coeff": 0.001}}
+    path = write_config(tmp_path / "rm.yaml", old)
+    cfg = load_config(path)
+    assert cfg.section(RewardModelConfig) == RewardModelConfig(pair="safety", reg_coeff=0.001)
+    assert cfg.section(RewardConfig) == RewardConfig()
+    assert said == ["config: reward.pair=safety, reward.reg_coeff=0.001 read as reward_model.pair=safety, "
+                    "reward_model.reg_coeff=0.001 (reward-model training keys moved to reward_model:; "
+                    "reward: is online scoring)"]
+    assert load_config(path, ["reward.reg_coeff=0.01"]).section(RewardModelConfig).reg_coeff == 0.01
+    out = tmp_path / "native.yaml"
+    assert main(["migrate", str(path), "--out", str(out)]) == 0
+    new = {**old, "reward_model": {"pair": "safety", "reg_coeff": 0.001}}
+    del new["reward"]
+    assert yaml.safe_load(out.read_text()) == new
 
 
 # ---------------------------------------------------------------- migrate

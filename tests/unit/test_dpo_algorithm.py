@@ -173,7 +173,7 @@ def test_precomputed_reference_equals_on_the_fly(micro_model: Path, reference: s
 
 
 def test_reward_and_cost_losses_use_last_token_scores(micro_model: Path) -> None:
-    _, tok, rm, _, models, _ = setup(micro_model, "reward_model", ["reward.margin=0.5", "reward.center_coeff=0.01"])
+    _, tok, rm, _, models, _ = setup(micro_model, "reward_model", ["reward_model.margin=0.5", "reward_model.center_coeff=0.01"])
     rows = [
         {"prompt": "p one", "response_0": "safe and short", "response_1": "Step 1: do it. Step 2: more.",
          "is_response_0_safe": True, "is_response_1_safe": False, "better_response_id": 1, "safer_response_id": 0},
@@ -186,7 +186,7 @@ def test_reward_and_cost_losses_use_last_token_scores(micro_model: Path) -> None
     loss, sums = rm.loss(models, batch, normalizer=2.0)
     expected, _ = bradley_terry_loss(scores[:2], scores[2:], margin=torch.full((2,), 0.5), center_coeff=0.01)
     torch.testing.assert_close(loss, expected.sum() / 2.0)
-    _, _, cm, _, cmodels, _ = setup(micro_model, "cost_model", ["reward.reg_coeff=0.01"])
+    _, _, cm, _, cmodels, _ = setup(micro_model, "cost_model", ["reward_model.reg_coeff=0.01"])
     ex_s = [preference_example(tok, Row(r, "s.jsonl", i), max_length=64, pair="safety") for i, r in enumerate(rows)]
     batch = cm.data.collate(ex_s)
     c = forward_scores(cmodels["cost"], batch)  # chosen = safer, rejected = unsafer
@@ -204,8 +204,8 @@ def test_reward_and_cost_losses_use_last_token_scores(micro_model: Path) -> None
         ("dpo", ["dpo.reference=none"], r"needs reference log-probs"),
         ("dpo", ["dpo.reference=lora_base"], r"needs LoRA adapters"),
         ("dpo", ["dpo.loss_type=ipo", "dpo.label_smoothing=0.1"], r"not ipo"),
-        ("cost_model", ["reward.pair=helpful"], r"ranks responses by safety"),
-        ("cost_model", ["reward.margin=1.0"], r"reward_model options"),
+        ("cost_model", ["reward_model.pair=helpful"], r"ranks responses by safety"),
+        ("cost_model", ["reward_model.margin=1.0"], r"options of algorithm reward_model only"),
     ],
 )
 def test_config_errors(micro_model: Path, algorithm: str, overrides: list[str], message: str) -> None:

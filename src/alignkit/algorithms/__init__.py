@@ -1,4 +1,7 @@
-"""Algorithms by the name the config's ``algorithm`` key uses."""
+"""Algorithms by the name the config's ``algorithm`` key uses.
+
+Importing this package registers every algorithm and its config section (config/sections.py); entry
+points that load a config (the CLI, the runner, scripts) import it first."""
 
 from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
 from alignkit.algorithms.dpo import DPO
@@ -10,18 +13,26 @@ from alignkit.algorithms.safe_dpo import SafeDPO
 from alignkit.algorithms.sft import SFT
 from alignkit.algorithms.vlm import VLMSFT
 from alignkit.config.schema import RunConfig
+from alignkit.config.sections import register_algorithm_name
 from alignkit.models.roles import Workload
 from alignkit.registry import Registry
 
 ALGORITHMS: Registry[type[OfflineAlgorithm] | type[OnlineAlgorithm]] = Registry("algorithm")
-ALGORITHMS.register("sft")(SFT)
-ALGORITHMS.register("reward_model")(RewardModel)
-ALGORITHMS.register("cost_model")(CostModel)
-ALGORITHMS.register("dpo")(DPO)
-ALGORITHMS.register("safe_dpo")(SafeDPO)
+
+
+def _register(name: str, cls: type[OfflineAlgorithm] | type[OnlineAlgorithm]) -> None:
+    ALGORITHMS.register(name)(cls)
+    register_algorithm_name(name)  # config/ checks the algorithm key against these without importing us
+
+
+_register("sft", SFT)
+_register("reward_model", RewardModel)
+_register("cost_model", CostModel)
+_register("dpo", DPO)
+_register("safe_dpo", SafeDPO)
 for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag):  # the online loop's algorithms
-    ALGORITHMS.register(_online.name)(_online)
-ALGORITHMS.register("vlm_sft")(VLMSFT)
+    _register(_online.name, _online)
+_register("vlm_sft", VLMSFT)
 
 
 

@@ -22,7 +22,7 @@ from alignkit.config.schema import RunConfig
 from alignkit.data.batch import Batch
 from alignkit.errors import ConfigError
 from alignkit.models.adapters import is_adapter_dir
-from alignkit.models.roles import ModelSpec, Models
+from alignkit.models.roles import Models, ModelSpec
 
 if TYPE_CHECKING:
     from alignkit.data.io import RowCounts

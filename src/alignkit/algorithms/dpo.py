@@ -37,7 +37,15 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import torch
 
-from alignkit.algorithms.base import Batch, Context, Example, MetricSums, OfflineAlgorithm, policy_specs, resolve_reference
+from alignkit.algorithms.base import (
+    Batch,
+    Context,
+    Example,
+    MetricSums,
+    OfflineAlgorithm,
+    policy_specs,
+    resolve_reference,
+)
 from alignkit.algorithms.vlm import preference_inputs, vlm_spec_options
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
@@ -47,7 +55,7 @@ from alignkit.data.preference import count_pairs
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError
 from alignkit.losses.dpo import DPO_LOSSES, dpo_loss
-from alignkit.models.roles import ModelSpec, Models
+from alignkit.models.roles import Models, ModelSpec
 from alignkit.progress import Progress
 
 if TYPE_CHECKING:
@@ -91,7 +99,7 @@ class DPOConfig:
 
 def dpo_reference(cfg: RunConfig) -> str:
     """The concrete reference of ``dpo.reference`` (see the module docstring; simpo needs and loads none)."""
-    d = cfg.dpo
+    d = cfg.section(DPOConfig)
     return resolve_reference(cfg, d.reference, needed=d.loss_type not in REFERENCE_FREE,
                              key="dpo.reference", why=f"loss_type {d.loss_type!r} (simpo does not)")
 
@@ -141,16 +149,16 @@ class DPO(OfflineAlgorithm):
         self.text_tokenizer = self.processor.tokenizer if self.processor is not None else tokenizer
         super().__init__(cfg, saved, self.make_data(cfg))
         self.reference = dpo_reference(cfg)
-        if cfg.data.streaming and cfg.dpo.precompute_ref_logps:
+        if cfg.data.streaming and cfg.section(DPOConfig).precompute_ref_logps:
             raise ConfigError("dpo.precompute_ref_logps: needs the whole training set ahead, not data.streaming")
 
     def make_data(self, cfg: RunConfig) -> PairData:
         """The data pipeline (safe_dpo reads two-response rows instead)."""
-        return PairData(self.text_tokenizer, cfg.data, pair=cfg.dpo.pair, processor=self.processor)
+        return PairData(self.text_tokenizer, cfg.data, pair=cfg.section(DPOConfig).pair, processor=self.processor)
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        d, vlm = cfg.dpo, vlm_spec_options(cfg)
+        d, vlm = cfg.section(DPOConfig), vlm_spec_options(cfg)
         return policy_specs(cfg, dpo_reference(cfg), kind="vlm" if vlm else "lm", chunk_size=d.logps_chunk_size,
                             transient_reference=d.precompute_ref_logps, **vlm)
 
@@ -167,7 +175,7 @@ class DPO(OfflineAlgorithm):
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         """``dpo.precompute_ref_logps``: cache reference log-probs in every example (module docstring)."""
-        if not self.cfg.dpo.precompute_ref_logps or self.reference == "none":
+        if not self.cfg.section(DPOConfig).precompute_ref_logps or self.reference == "none":
             return
         start = time.perf_counter()
 
@@ -192,7 +200,7 @@ class DPO(OfflineAlgorithm):
 
     # ------------------------------------------------------------------ math
     def _pair_losses(self, models: Models, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
-        d = self.cfg.dpo
+        d = self.cfg.section(DPOConfig)
         b = count_pairs(batch)
         ref = self.reference_logps(models, batch)
         logps = models.sequence_logps("policy", batch)

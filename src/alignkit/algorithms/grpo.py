@@ -22,12 +22,13 @@ from typing import Any, Literal, Optional
 import torch
 
 from alignkit.algorithms.base import Batch, MetricSums, policy_specs, resolve_reference
-from alignkit.algorithms.online import Aggregation, OnlineAlgorithm
+from alignkit.algorithms.online import Aggregation, OnlineAlgorithm, RolloutConfig
+from alignkit.algorithms.reward import RewardConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate
-from alignkit.models.roles import ModelSpec, Models
+from alignkit.models.roles import Models, ModelSpec
 from alignkit.rollout.advantages import ADVANTAGES
 from alignkit.rollout.context import RolloutContext
 from alignkit.rollout.experience import Sample, flat, token_seq
@@ -60,22 +61,22 @@ class GroupRelative(OnlineAlgorithm):
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
-        g = cfg.grpo
+        g = cfg.section(GRPOConfig)
         self.reference = resolve_reference(cfg, g.reference, needed=g.beta > 0, key="grpo.reference")
         self.aggregation = g.loss_aggregation if g.loss_aggregation != "auto" else (
             "constant" if self.name == "dr_grpo" else "sequence_mean")
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        specs = policy_specs(cfg, resolve_reference(cfg, cfg.grpo.reference, needed=cfg.grpo.beta > 0,
+        specs = policy_specs(cfg, resolve_reference(cfg, cfg.section(GRPOConfig).reference, needed=cfg.section(GRPOConfig).beta > 0,
                                                     key="grpo.reference"))
-        if cfg.reward.model:
-            specs.append(ModelSpec("reward", cfg.reward.model, "scalar"))
+        if cfg.section(RewardConfig).model:
+            specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
         return specs
 
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
                         scores: dict[str, torch.Tensor]) -> MetricSums:
-        g, G = self.cfg.grpo, self.cfg.rollout.num_generations
+        g, G = self.cfg.section(GRPOConfig), self.cfg.section(RolloutConfig).num_generations
         scale = "none" if self.name == "dr_grpo" else g.scale_rewards
         adv = ADVANTAGES.get(self.name)(scores["reward"], G, scale_rewards=scale)  # (global,), same on every rank
         for s, a in zip(samples, adv[ctx.mine].tolist()):
@@ -83,13 +84,13 @@ class GroupRelative(OnlineAlgorithm):
         if self.reference != "none":
             for s, ref in zip(samples, self.token_logps(ctx, batches, role="reference")):
                 s["ref_logps"] = ref
-        if self.cfg.rollout.update_epochs > 1:
+        if self.cfg.section(RolloutConfig).update_epochs > 1:
             for s, old in zip(samples, self.token_logps(ctx, batches)):
                 s["old_logps"] = old
         return group_stats(scores["reward"], adv, G)
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        g = self.cfg.grpo
+        g = self.cfg.section(GRPOConfig)
         logps = models.logps("policy", batch)
         old = flat(batch, "old_logps") if "old_logps" in batch else logps.detach()
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
@@ -109,7 +110,7 @@ class GroupRelative(OnlineAlgorithm):
         if self.aggregation == "token_mean":
             return int(batch["response_lengths"].sum())
         seqs = int(batch["response_lengths"].shape[0])
-        return seqs * self.cfg.rollout.max_new_tokens if self.aggregation == "constant" else seqs
+        return seqs * self.cfg.section(RolloutConfig).max_new_tokens if self.aggregation == "constant" else seqs
 
 
 def group_stats(rewards: torch.Tensor, adv: torch.Tensor, group_size: int) -> MetricSums:

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 
 from alignkit.algorithms.base import Algorithm, Batch, MetricSums
+from alignkit.algorithms.reward import RewardConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.prompts import PromptData
@@ -63,12 +64,12 @@ class OnlineAlgorithm(Algorithm):
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
-        self.data = PromptData(tokenizer, cfg.data, max_new_tokens=cfg.rollout.max_new_tokens)
+        self.data = PromptData(tokenizer, cfg.data, max_new_tokens=cfg.section(RolloutConfig).max_new_tokens)
         self.reference = "none"
 
     def scorers(self) -> dict[str, Scorer]:
         """The signals a rollout scores and gathers: ``reward`` always (``reward.*``), more (``cost``) if any."""
-        r, ro = self.cfg.reward, self.cfg.rollout
+        r, ro = self.cfg.section(RewardConfig), self.cfg.section(RolloutConfig)
         return {"reward": Scorer("reward", r.functions, model_role="reward" if r.model else None,
                                  model_weight=r.model_weight, length_penalty=r.length_penalty,
                                  max_new_tokens=ro.max_new_tokens, placement=r.placement)}

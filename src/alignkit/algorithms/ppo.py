@@ -26,15 +26,15 @@ import torch
 
 from alignkit.algorithms.base import Batch, Context, MetricSums, policy_specs, resolve_reference
 from alignkit.algorithms.lagrange import Multiplier
-from alignkit.algorithms.online import OnlineAlgorithm
-from alignkit.algorithms.reward import RewardFunctionConfig
+from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
+from alignkit.algorithms.reward import RewardConfig, RewardFunctionConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError
 from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss
-from alignkit.models.roles import ModelSpec, Models
+from alignkit.models.roles import Models, ModelSpec
 from alignkit.rollout.advantages import gae, whiten
 from alignkit.rollout.context import RolloutContext
 from alignkit.rollout.experience import Sample, flat, per_sequence, token_seq
@@ -79,8 +79,8 @@ class PPO(OnlineAlgorithm):
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
-        self.reference = resolve_reference(cfg, cfg.ppo.reference, needed=True, key="ppo.reference")
-        lag = cfg.ppo_lag
+        self.reference = resolve_reference(cfg, cfg.section(PPOConfig).reference, needed=True, key="ppo.reference")
+        lag = cfg.section(PPOLagConfig)
         if self.constrained and not (lag.cost_functions or lag.cost_model):
             raise ConfigError("ppo_lag: set ppo_lag.cost_functions or ppo_lag.cost_model (what the constraint limits)")
         # J_C = the mean cost of the last ``window`` iterations (one entry per iteration)
@@ -89,24 +89,24 @@ class PPO(OnlineAlgorithm):
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        m, p = cfg.model, cfg.ppo
+        m, p = cfg.model, cfg.section(PPOConfig)
         specs = policy_specs(cfg, resolve_reference(cfg, p.reference, needed=True, key="ppo.reference"))
         specs.insert(1, ModelSpec("value", p.value_model or m.name_or_path, "scalar", trainable=True))
         if cls.constrained:
-            source = cfg.ppo_lag.cost_value_model or p.value_model or m.name_or_path
+            source = cfg.section(PPOLagConfig).cost_value_model or p.value_model or m.name_or_path
             specs.insert(2, ModelSpec("cost_value", source, "scalar", trainable=True))
-            if cfg.ppo_lag.cost_model:
-                specs.append(ModelSpec("cost", cfg.ppo_lag.cost_model, "scalar"))
-        if cfg.reward.model:
-            specs.append(ModelSpec("reward", cfg.reward.model, "scalar"))
+            if cfg.section(PPOLagConfig).cost_model:
+                specs.append(ModelSpec("cost", cfg.section(PPOLagConfig).cost_model, "scalar"))
+        if cfg.section(RewardConfig).model:
+            specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
         return specs
 
     def scorers(self) -> dict[str, Scorer]:
         out = super().scorers()
         if self.constrained:
-            lag, ro = self.cfg.ppo_lag, self.cfg.rollout
+            lag, ro = self.cfg.section(PPOLagConfig), self.cfg.section(RolloutConfig)
             out["cost"] = Scorer("cost", lag.cost_functions, model_role="cost" if lag.cost_model else None,
-                                 max_new_tokens=ro.max_new_tokens, placement=self.cfg.reward.placement)
+                                 max_new_tokens=ro.max_new_tokens, placement=self.cfg.section(RewardConfig).placement)
         return out
 
     @property
@@ -116,7 +116,7 @@ class PPO(OnlineAlgorithm):
     # ------------------------------------------------------------------ experience
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
                         scores: dict[str, torch.Tensor]) -> MetricSums:
-        p = self.cfg.ppo
+        p = self.cfg.section(PPOConfig)
         old = self.token_logps(ctx, batches)
         ref = self.token_logps(ctx, batches, role="reference")
         m = MetricSums()
@@ -155,7 +155,7 @@ class PPO(OnlineAlgorithm):
                     kl_sign: float) -> None:
         """GAE of one signal per sample: token rewards kl_sign x kl_coef x KL_t, the clipped sequence score
         at the last token; a NaN score (unscorable) masks the sample: advantage 0, returns = values."""
-        p = self.cfg.ppo
+        p = self.cfg.section(PPOConfig)
         for s, v, score in zip(samples, values, seq_scores):
             s[prefix + "values"] = v
             if math.isnan(score):
@@ -169,7 +169,7 @@ class PPO(OnlineAlgorithm):
 
     # ------------------------------------------------------------------ update
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[dict[str, torch.Tensor], MetricSums]:
-        p = self.cfg.ppo
+        p = self.cfg.section(PPOConfig)
         logps = models.logps("policy", batch)
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
         per_token, clipped = clipped_surrogate(logps, flat(batch, "old_logps"), flat(batch, "advantages"),

@@ -1,7 +1,7 @@
 """Reward and cost models: a scalar head scored at each response's last token (ALGORITHMS 1.2, 4).
 
 * ``reward_model``: Bradley-Terry  -log sigma(r_c - r_r - m)  (+ centring, + L2), on helpful pairs
-  by default (``reward.pair``).
+  by default (``reward_model.pair``).
 * ``cost_model``: the Safe RLHF cost model on safety pairs, C > 0 meaning unsafe: the ranking
   term  -log sigma(C_unsafer - C_safer)  plus the two sign terms from the per-response safety
   labels (``losses.cost_model_loss``).
@@ -9,6 +9,8 @@
 Both are per-pair losses (``loss_unit = "sequences"``: one unit per pair). The 2B responses of a
 micro-batch go through ONE forward in the padding-free packed layout (``PairCollator``).
 Image + text rows train a vision-language reward / cost model (a score head on LLaVA, ``models.vlm``).
+Both read the ``reward_model:`` section (how the scalar model is trained); ``reward:`` is how the online
+algorithms score completions (functions, a trained reward model, a length penalty).
 Metrics: ``accuracy`` (pairwise; for the cost model, the unsafer response costs more) and
 ``margin`` (r_c - r_r; cost model: C_unsafer - C_safer), both positive when the model is right.
 """
@@ -29,7 +31,7 @@ from alignkit.data.preference import count_pairs
 from alignkit.errors import ConfigError
 from alignkit.losses.cost import cost_model_loss
 from alignkit.losses.reward import bradley_terry_loss
-from alignkit.models.roles import ModelSpec, Models
+from alignkit.models.roles import Models, ModelSpec
 from alignkit.rollout.rewards import REWARD_FUNCTIONS
 
 
@@ -45,9 +47,11 @@ class RewardFunctionConfig:
             REWARD_FUNCTIONS.get(self.name)  # the one-line error with the closest name
 
 
-@register_section("reward")
+@register_section("reward_model")
 @dataclass
-class RewardConfig:
+class RewardModelConfig:
+    """Training a scalar model: algorithm reward_model, and cost_model (pair, reg_coeff)."""
+
     pair: Literal["auto", "helpful", "safety"] = f(
         "auto", "Pair of a PKU-SafeRLHF row: helpful (by better_response_id) or safety (by safer_response_id); "
         "auto = helpful for reward_model, safety for cost_model."
@@ -57,7 +61,13 @@ class RewardConfig:
     center_coeff: float = f(0.0, "reward_model: centring term center_coeff * (r_c + r_r)^2 per pair "
                             "(TRL center_rewards_coefficient).", ge=0)
     reg_coeff: float = f(0.0, "L2 regulariser reg_coeff * mean(score^2) over both responses (Safe RLHF).", ge=0)
-    # --- online algorithms (grpo, rloo, dr_grpo, ppo, ppo_lag): how completions are scored ---
+
+
+@register_section("reward")
+@dataclass
+class RewardConfig:
+    """How the online algorithms (grpo, rloo, dr_grpo, ppo, ppo_lag) score completions."""
+
     functions: list[RewardFunctionConfig] = f(
         [], "Online: reward functions with weights, e.g. [{name: exact_match, weight: 1.0}, {name: "
         "'my_pkg.rewards:fn', weight: 0.5}]; builtins: " + ", ".join(REWARD_FUNCTIONS.names()) + ".")
@@ -109,7 +119,7 @@ class RewardModel(ScoredPairs):
     name = "reward_model"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
-        pair = "helpful" if cfg.reward.pair == "auto" else cfg.reward.pair
+        pair = "helpful" if cfg.section(RewardModelConfig).pair == "auto" else cfg.section(RewardModelConfig).pair
         super().__init__(cfg, *pair_data(cfg, tokenizer, pair))
 
     @classmethod
@@ -118,7 +128,7 @@ class RewardModel(ScoredPairs):
 
     def pair_loss(self, scores: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
         """Per-pair losses ``(B,)`` and metric sums from the 2B scores (chosen 0..B-1, then rejected)."""
-        r = self.cfg.reward
+        r = self.cfg.section(RewardModelConfig)
         b = count_pairs(batch)
         margin = batch["margin"].to(scores.dtype)
         margin = torch.where(torch.isnan(margin), torch.full_like(margin, r.margin), margin)
@@ -137,12 +147,12 @@ class CostModel(ScoredPairs):
     name = "cost_model"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
-        r = cfg.reward
+        r = cfg.section(RewardModelConfig)
         if r.pair not in ("auto", "safety"):
-            raise ConfigError("reward.pair: the cost model ranks responses by safety; use auto or safety")
+            raise ConfigError("reward_model.pair: the cost model ranks responses by safety; use auto or safety")
         if r.margin or r.center_coeff:
-            raise ConfigError("reward.margin / reward.center_coeff: reward_model options; the cost model's "
-                              "sign terms already pin C = 0 as the safe/unsafe boundary")
+            raise ConfigError("reward_model.margin / reward_model.center_coeff: options of algorithm reward_model only; "
+                              "the cost model's sign terms already pin C = 0 as the safe/unsafe boundary")
         super().__init__(cfg, *pair_data(cfg, tokenizer, "safety", needs_safety_labels=True))
 
     @classmethod
@@ -153,7 +163,7 @@ class CostModel(ScoredPairs):
         # chosen = the safer response, rejected = the unsafer one (PairText ordering for pair=safety)
         b = count_pairs(batch)
         losses, met = cost_model_loss(
-            scores[b:], scores[:b], batch["rejected_unsafe"], batch["chosen_unsafe"], reg_coeff=self.cfg.reward.reg_coeff
+            scores[b:], scores[:b], batch["rejected_unsafe"], batch["chosen_unsafe"], reg_coeff=self.cfg.section(RewardModelConfig).reg_coeff
         )
         m = MetricSums()
         m.add_mean("accuracy", met["accuracy"])

@@ -47,7 +47,7 @@ from alignkit.algorithms.cost_estimate import (
     sample_responses,
     score_responses,
 )
-from alignkit.algorithms.dpo import DPO, PairValues, cache_pair_values, dpo_reference
+from alignkit.algorithms.dpo import DPO, DPOConfig, PairValues, cache_pair_values, dpo_reference
 from alignkit.algorithms.lagrange import Multiplier
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
@@ -122,7 +122,7 @@ def check_scalar_model(path: str, key: str) -> None:
 
 
 def _check_config(cfg: RunConfig) -> None:
-    d, s = cfg.dpo, cfg.safe_dpo
+    d, s = cfg.section(DPOConfig), cfg.section(SafeDPOConfig)
     if d.loss_type != "sigmoid" or d.label_smoothing or d.rpo_alpha:
         raise ConfigError("dpo.loss_type / label_smoothing / rpo_alpha: safe_dpo uses the sigmoid DPO loss with "
                           "dpo.beta as beta_0 (set safe_dpo.variant for the other losses)")
@@ -145,7 +145,7 @@ class SafeDPO(DPO):
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         _check_config(cfg)
         super().__init__(cfg, tokenizer)
-        s = cfg.safe_dpo
+        s = cfg.section(SafeDPOConfig)
         self.variant = SAFE_DPO_VARIANTS.get(s.variant)
         #: the frozen scalar roles this run scores with (``reward`` = helpful RM, ``cost``)
         self.frozen_roles = self.frozen_scorers(cfg)
@@ -161,14 +161,14 @@ class SafeDPO(DPO):
     @staticmethod
     def frozen_scorers(cfg: RunConfig) -> list[str]:
         """Frozen scalar roles the run loads: ``reward`` (helpful RM) and/or ``cost``."""
-        s = cfg.safe_dpo
+        s = cfg.section(SafeDPOConfig)
         v = SAFE_DPO_VARIANTS.get(s.variant)
         return [r for r, need in (("reward", v.needs_reward), ("cost", v.needs_cost or s.cost_eval_every > 0)) if need]
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
         _check_config(cfg)
-        s = cfg.safe_dpo
+        s = cfg.section(SafeDPOConfig)
         specs = DPO.model_specs(cfg)
         for role in cls.frozen_scorers(cfg):
             keep = role == "cost" and s.cost_eval_every > 0  # the on-policy estimate scores with it
@@ -180,7 +180,7 @@ class SafeDPO(DPO):
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         """Cache reference log-probs and frozen scores, check the cost model's sign, pick the prompts."""
         super().before_training(ctx, train_set, eval_set)
-        s, models, strategy = self.cfg.safe_dpo, ctx.models, ctx.strategy
+        s, models, strategy = self.cfg.section(SafeDPOConfig), ctx.models, ctx.strategy
         if s.precompute_scores and self.frozen_roles:
             start = time.perf_counter()
             cache_pair_values(self.data.collate, (train_set, eval_set), strategy, self._frozen_scores(models),
@@ -208,14 +208,14 @@ class SafeDPO(DPO):
 
     def _check_cost_sign(self, ctx: Context, train_set: list[Example]) -> None:
         """Labelled-unsafe responses must cost more on average than safe ones (C > 0 = unsafe)."""
-        rows = train_set[: self.cfg.safe_dpo.sign_check_rows]
+        rows = train_set[: self.cfg.section(SafeDPOConfig).sign_check_rows]
         if not all("cost_0" in e for e in rows):  # not cached: score them (every rank the same rows)
             rows = [dict(e) for e in rows]
             cache_pair_values(self.data.collate, (rows,), ctx.strategy, self._frozen_scores(ctx.models),
                               batch_size=self.precompute_batch_size(), what="cost-sign check")
         unsafe = [e[f"cost_{k}"] for e in rows for k, lab in ((0, "chosen_unsafe"), (1, "rejected_unsafe")) if e[lab]]
         safe = [e[f"cost_{k}"] for e in rows for k, lab in ((0, "chosen_unsafe"), (1, "rejected_unsafe")) if not e[lab]]
-        path = self.cfg.safe_dpo.cost_model
+        path = self.cfg.section(SafeDPOConfig).cost_model
         if not unsafe or not safe:
             log.info(f"Cost-model sign check skipped: the first {len(rows)} rows hold no "
                      f"{'unsafe' if not unsafe else 'safe'} response")
@@ -232,7 +232,7 @@ class SafeDPO(DPO):
     def _estimate_prompts(self, train_set: list[Example]) -> list[EstimatePrompt]:
         """``safe_dpo.cost_prompts``' rows (``prompt``, or BeaverTails-V ``question``; with their images for a
         vision-language model), else the training rows' distinct prompts."""
-        spec = self.cfg.safe_dpo.cost_prompts
+        spec = self.cfg.section(SafeDPOConfig).cost_prompts
         if spec:
             out = []
             for r in read_rows(spec):
@@ -252,7 +252,7 @@ class SafeDPO(DPO):
 
     # ------------------------------------------------------------------ the constraint
     def on_step_end(self, ctx: Context) -> dict[str, float]:
-        every = self.cfg.safe_dpo.cost_eval_every
+        every = self.cfg.section(SafeDPOConfig).cost_eval_every
         if every and ctx.step % every == 0:
             self.multiplier.update(self.sample_costs(ctx, ctx.step // every - 1))
         extra = {"lambda": self.multiplier.value}
@@ -264,7 +264,7 @@ class SafeDPO(DPO):
         """Cost-model scores of policy samples for every rank's share of prompts (the same list on every
         rank, in rank order). Sampling is seeded by (seed, estimate, rank) without touching the
         training RNG streams, so a resumed run draws the same samples."""
-        s, models, strategy = self.cfg.safe_dpo, ctx.models, ctx.strategy
+        s, models, strategy = self.cfg.section(SafeDPOConfig), ctx.models, ctx.strategy
         idx = prompt_share(len(self.prompts), s.cost_eval_prompts, estimate, strategy.dp_rank, strategy.dp_size)
         prompts = [self.prompts[i] for i in idx]
         chat, tok = self.cfg.data.chat_template, self.text_tokenizer
@@ -300,7 +300,7 @@ class SafeDPO(DPO):
 
     def _pair_losses(self, models: Models, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
         """Per-row losses ``(B,)`` (both pairs of each row) and metric sums; DPO's loss / eval_step use them."""
-        s = self.cfg.safe_dpo
+        s = self.cfg.section(SafeDPOConfig)
         b = count_pairs(batch)
         ref = self.reference_logps(models, batch)
         assert ref is not None
@@ -312,7 +312,7 @@ class SafeDPO(DPO):
                         lengths[:b], lengths[b:],
                         None if reward is None else reward[:b], None if reward is None else reward[b:],
                         None if cost is None else cost[:b], None if cost is None else cost[b:], unsafe_0, unsafe_1)
-        params = SafeParams(beta=self.cfg.dpo.beta, w=s.beta_w, k=s.beta_k, lam=self.multiplier.value,
+        params = SafeParams(beta=self.cfg.section(DPOConfig).beta, w=s.beta_w, k=s.beta_k, lam=self.multiplier.value,
                             kl_coeff=s.kl_coeff, kl_estimator=s.kl_estimator, safety_margin=s.safety_margin,
                             modpo_weight=s.modpo_weight, safe_nll_coeff=s.safe_nll_coeff)
         losses, met = safe_rows_loss(rows, params, s.variant)

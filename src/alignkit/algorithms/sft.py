@@ -16,7 +16,7 @@ from alignkit.data.io import NOTHING_TO_LEARN, PROMPT_TOO_LONG, TRUNCATED, DataE
 from alignkit.data.pipelines import TokenData
 from alignkit.data.tokenize import encode_chat, encode_prompt_response
 from alignkit.losses.sft import sft_loss
-from alignkit.models.roles import ModelSpec, Models
+from alignkit.models.roles import Models, ModelSpec
 
 
 @register_section("sft")
@@ -66,14 +66,14 @@ class SFT(OfflineAlgorithm):
     loss_unit = "tokens"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
-        d, opts = cfg.data, cfg.sft
+        d, opts = cfg.data, cfg.section(SFTConfig)
         convert = functools.partial(sft_example, tokenizer, max_length=d.max_length, loss_on=opts.loss_on)
         super().__init__(cfg, tokenizer, TokenData(tokenizer, d, convert, fmt=f"sft:loss_on={opts.loss_on}"))
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
         return [ModelSpec("policy", cfg.model.name_or_path, "lm", trainable=True, lora=cfg.model.lora is not None,
-                          chunk_size=cfg.sft.logps_chunk_size)]
+                          chunk_size=cfg.section(SFTConfig).logps_chunk_size)]
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
         logps = models.logps("policy", batch)  # (N,) over loss tokens

@@ -14,7 +14,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-
 from alignkit.algorithms.base import Context, Example, OfflineAlgorithm
 from alignkit.algorithms.sft import SFT
 from alignkit.config.schema import RunConfig, f
@@ -88,10 +87,10 @@ def vlm_spec_options(cfg: RunConfig, kind: str = "vlm") -> dict[str, Any]:
     tower frozen unless ``vlm.train_vision_tower``) and ``vlm.projector_from``; {} for a text model."""
     if not is_vision_language(cfg):
         return {}
-    opts: dict[str, Any] = {"train_parts": cfg.vlm.train_parts()}
+    opts: dict[str, Any] = {"train_parts": cfg.section(VLMConfig).train_parts()}
     if kind == "vlm":
-        opts["projector_from"] = cfg.vlm.projector_from
-    elif cfg.vlm.projector_from:
+        opts["projector_from"] = cfg.section(VLMConfig).projector_from
+    elif cfg.section(VLMConfig).projector_from:
         raise ConfigError("vlm.projector_from: applies to a generating model (vlm_sft, the DPO family), "
                           "not to a reward / cost model")
     return opts
@@ -115,11 +114,11 @@ class VLMSFT(SFT):
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         processor = load_processor(cfg)
         # the processor is what a checkpoint saves beside the weights (tokenizer + image processor)
-        OfflineAlgorithm.__init__(self, cfg, processor, VLMData(processor, cfg.data, loss_on=cfg.vlm.loss_on))
+        OfflineAlgorithm.__init__(self, cfg, processor, VLMData(processor, cfg.data, loss_on=cfg.section(VLMConfig).loss_on))
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        v = cfg.vlm
+        v = cfg.section(VLMConfig)
         if v.stage == "pretrain" and cfg.model.lora is not None:
             raise ConfigError("model.lora: the pretrain stage trains the projector only; LoRA applies to vlm.stage=sft")
         return [ModelSpec("policy", cfg.model.name_or_path, "vlm", trainable=True, lora=cfg.model.lora is not None,
@@ -129,6 +128,6 @@ class VLMSFT(SFT):
         from alignkit.models.vlm import describe_trainable
 
         if ctx.strategy.is_main:
-            v = self.cfg.vlm
+            v = self.cfg.section(VLMConfig)
             src = f", projector from {v.projector_from}" if v.projector_from else ""
             log.info(f"VLM stage {v.stage}{src}: {describe_trainable(ctx.strategy.unwrap(ctx.models['policy']))}")

@@ -20,13 +20,15 @@ from typing import Any
 
 def _model_and_defaults(target: str) -> tuple[str, int, float]:
     if target.endswith((".yaml", ".yml")):
+        import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
+        from alignkit.algorithms.online import RolloutConfig
         from alignkit.config import load_config
 
         cfg = load_config(target, [])
         final = Path(cfg.output_dir) / "final"
         model = str(final) if (final / "config.json").is_file() or (final / "adapter_config.json").is_file() \
             else cfg.model.name_or_path
-        return model, cfg.rollout.max_new_tokens, cfg.rollout.temperature
+        return model, cfg.section(RolloutConfig).max_new_tokens, cfg.section(RolloutConfig).temperature
     return target, 32, 0.0
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
     from alignkit.config.migrate import migrate_file
 
     text, notes = migrate_file(args.config)

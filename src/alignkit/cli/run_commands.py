@@ -16,6 +16,7 @@ def with_config(sp: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
     from alignkit.config import load_config
     from alignkit.train.runner import run_train
 
@@ -31,6 +32,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
+    import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
     from alignkit.config import load_config
     from alignkit.launch import build_launch, run_launch
 

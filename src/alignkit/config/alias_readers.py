@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from alignkit.errors import ConfigError
 
-TOP, TRAINING = "", "training"
+TOP, TRAINING, REWARD = "", "training", "reward"
 BOTH = (TOP, TRAINING)
 Targets = dict[str, Any]  # native dotted key -> value ({} = accepted and ignored)
 
@@ -93,6 +93,13 @@ def rename(target: str, convert: Callable[[Any], Any] | None = None, why: str = 
     def read(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
         (value,) = found.values()
         return {target: convert(value) if convert else value}, why
+    return read
+
+
+def moved(section: str, why: str) -> Reader:
+    """Keys that moved, under the same names, to another section (reward.pair -> reward_model.pair)."""
+    def read(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+        return {f"{section}.{name}": value for name, value in found.items()}, why
     return read
 
 

@@ -3,7 +3,8 @@
 Each alias is read on the raw YAML dict, before the typed dataclasses are built, and says once how
 it was read (``config: per_device_train_batch_size=4 read as training.per_device_batch_size=4``).
 HF users write these flat, at the top level or inside ``training:``; :data:`ALIASES` lists where
-each is accepted. An alias and a native key (or two aliases) that give the same native key
+each is accepted. alignkit's own keys that moved are read the same way (``reward.pair`` ->
+``reward_model.pair``). An alias and a native key (or two aliases) that give the same native key
 different values are a one-line ConfigError naming both. ``alignkit migrate`` writes the result.
 
 Decisions (README "Config keys from elsewhere"):
@@ -21,9 +22,11 @@ Decisions (README "Config keys from elsewhere"):
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from alignkit.config.alias_readers import (
+    REWARD,
     TOP,
     TRAINING,
     WHY_DROP,
@@ -32,6 +35,7 @@ from alignkit.config.alias_readers import (
     Alias,
     Context,
     ignored,
+    moved,
     read_dataloader,
     read_deepspeed,
     read_distributed_flag,
@@ -117,6 +121,11 @@ ALIASES: tuple[Alias, ...] = (
     Alias(("ddp_find_unused_parameters",), rename("distributed.ddp.find_unused_parameters")),
     Alias(("ddp_bucket_cap_mb",), rename("distributed.ddp.bucket_cap_mb")),
     Alias(("ddp_broadcast_buffers",), rename("distributed.ddp.broadcast_buffers")),
+    # alignkit's own keys that moved: reward: scores online completions; training a reward / cost model
+    # is reward_model: (read together, so a config that sets several says it in one note)
+    Alias(("pair", "margin", "center_coeff", "reg_coeff"),
+          moved("reward_model", "reward-model training keys moved to reward_model:; reward: is online scoring"),
+          (REWARD,)),
 )
 
 
@@ -177,7 +186,7 @@ def read_aliases(
     ctx = Context(raw, given)
     origins: dict[str, str] = {}
     notes: list[str] = []
-    had_training = bool(raw.get(TRAINING))
+    had = {place for alias in ALIASES for place in alias.places if place and raw.get(place)}
     for alias in ALIASES:
         found: dict[str, Any] = {}  # read together wherever written (bf16 at the top, fp16 under training:)
         written: list[str] = []
@@ -203,15 +212,23 @@ def read_aliases(
             notes.append(f"config: {source} read as {read_as}" + (f" ({why})" if why else ""))
         else:
             notes.append(f"config: {source} accepted and ignored ({why})")
-    if had_training and raw.get(TRAINING) == {}:
-        del raw[TRAINING]  # held only aliases
+    for place in had:
+        if raw.get(place) == {}:
+            del raw[place]  # held only aliases
     return raw, notes, list(origins)
+
+
+def _is_rank_zero() -> bool:
+    """RANK as every launcher exports it, read here rather than through distributed/env.py: config/ is
+    the bottom floor and imports nothing above it. A malformed RANK is named by read_env at start-up."""
+    try:
+        return int(os.environ.get("RANK") or 0) == 0
+    except ValueError:
+        return True
 
 
 def emit_notes(notes: list[str]) -> None:
     """One line per note, from rank 0 only (every rank reads the config)."""
-    from alignkit.distributed.env import read_env
-
-    if notes and read_env().is_main:
+    if notes and _is_rank_zero():
         for line in notes:
             log.warning(line)

@@ -22,7 +22,7 @@ from alignkit.config.alias_readers import MISSING, find
 from alignkit.config.aliases import apply_aliases, emit_notes, put, read_aliases
 from alignkit.config.deepspeed_json import map_deepspeed_json
 from alignkit.config.schema import RunConfig
-from alignkit.config.sections import SECTIONS, load_sections
+from alignkit.config.sections import ALGORITHM_NAMES, registered_sections, require_registrations
 from alignkit.errors import ConfigError
 
 # ---------------------------------------------------------------- reading + overrides
@@ -166,8 +166,7 @@ def build_dataclass(cls: type, raw: dict[str, Any], prefix: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     sections: dict[str, type] = {}
     if cls is RunConfig:  # the registered per-algorithm sections read like core ones
-        load_sections()
-        sections = {name: SECTIONS.get(name) for name in SECTIONS.names()}
+        sections = registered_sections()
     valid = [*fields, *sections]
     for name in raw:
         if name not in valid:
@@ -196,8 +195,8 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     out = dataclasses.asdict(cfg)
     if isinstance(cfg, RunConfig):
         out.pop("sections", None)
-        for name in SECTIONS.names():
-            out[name] = dataclasses.asdict(getattr(cfg, name))
+        for name, cls in registered_sections().items():
+            out[name] = dataclasses.asdict(cfg.section(cls))
     return out
 
 
@@ -250,12 +249,12 @@ def scaled_learning_rate(cfg: RunConfig, plan: BatchPlan) -> float:
 
 def validate(cfg: RunConfig) -> None:
     """Checks that need more than one field; run once after building."""
-    from alignkit.algorithms import ALGORITHMS  # late import: algorithms import config
-
-    if cfg.algorithm not in ALGORITHMS:
-        close = difflib.get_close_matches(cfg.algorithm, ALGORITHMS.names(), n=1)
+    require_registrations()
+    if cfg.algorithm not in ALGORITHM_NAMES:  # alignkit.algorithms registered them (config/sections.py)
+        names = sorted(ALGORITHM_NAMES)
+        close = difflib.get_close_matches(cfg.algorithm, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"algorithm: unknown {cfg.algorithm!r}{hint}; choose one of {ALGORITHMS.names()}")
+        raise ConfigError(f"algorithm: unknown {cfg.algorithm!r}{hint}; choose one of {names}")
     if not cfg.model.name_or_path:
         raise ConfigError("model.name_or_path: required (a hub id or a local model directory)")
     if not cfg.data.train:

@@ -4,7 +4,7 @@ Every field has a docstring-like ``help`` in its metadata and, where it matters,
 (``ge`` / ``gt`` / ``le``). Choices are ``Literal`` types. Cross-field rules (batch arithmetic,
 algorithm needs) live in :mod:`alignkit.config.loader` and run once at load time. The sections of
 single algorithms (``dpo``, ``reward``, ``sft``, ...) live next to their algorithm files and are
-registered in :mod:`alignkit.config.sections`.
+registered in :mod:`alignkit.config.sections` and read with ``cfg.section(DPOConfig)``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, TypeVar, Union
 
+from alignkit.config.sections import ALGORITHM_NAMES, NOT_REGISTERED, SECTIONS, section_name
 from alignkit.errors import ConfigError
+
+T = TypeVar("T")
 
 
 def f(default: Any = None, help: str = "", **rules: Any) -> Any:  # noqa: A002 - mirrors argparse
@@ -25,7 +28,8 @@ def f(default: Any = None, help: str = "", **rules: Any) -> Any:  # noqa: A002 -
     return field(default=default, metadata={"help": help, **rules})
 
 
-def section(cls: type, help: str = "") -> Any:  # noqa: A002
+def subsection(cls: type, help: str = "") -> Any:  # noqa: A002
+    """A nested section field (``model:``, ``distributed.ddp:``) holding its defaults when absent."""
     return field(default_factory=cls, metadata={"help": help})
 
 
@@ -224,9 +228,9 @@ class DistributedConfig:
         "(a stuck or unreachable rank is named), and torch/transformers/alignkit versions and backend must match.",
         gt=0,
     )
-    ddp: DDPConfig = section(DDPConfig, "DistributedDataParallel options.")
-    fsdp: FSDPConfig = section(FSDPConfig, "FSDP2 (fully_shard) options, used when strategy=fsdp.")
-    deepspeed: DeepSpeedConfig = section(DeepSpeedConfig, "DeepSpeed ZeRO options, used when strategy=deepspeed.")
+    ddp: DDPConfig = subsection(DDPConfig, "DistributedDataParallel options.")
+    fsdp: FSDPConfig = subsection(FSDPConfig, "FSDP2 (fully_shard) options, used when strategy=fsdp.")
+    deepspeed: DeepSpeedConfig = subsection(DeepSpeedConfig, "DeepSpeed ZeRO options, used when strategy=deepspeed.")
 
 
 @dataclass
@@ -258,25 +262,31 @@ class LoggingConfig:
 class RunConfig:
     algorithm: str = f("sft", "Which algorithm to run (sft, ...).")
     output_dir: str = f("runs/alignkit", "Where checkpoints, logs and the final model go.")
-    model: ModelConfig = section(ModelConfig, "The trained (policy) model.")
-    data: DataConfig = section(DataConfig, "Data files and tokenization.")
-    training: TrainingConfig = section(TrainingConfig, "Optimisation and batch arithmetic.")
-    distributed: DistributedConfig = section(DistributedConfig, "Strategy and process group.")
-    checkpoint: CheckpointConfig = section(CheckpointConfig, "Saving and resuming.")
-    logging: LoggingConfig = section(LoggingConfig, "Metrics sinks.")
+    model: ModelConfig = subsection(ModelConfig, "The trained (policy) model.")
+    data: DataConfig = subsection(DataConfig, "Data files and tokenization.")
+    training: TrainingConfig = subsection(TrainingConfig, "Optimisation and batch arithmetic.")
+    distributed: DistributedConfig = subsection(DistributedConfig, "Strategy and process group.")
+    checkpoint: CheckpointConfig = subsection(CheckpointConfig, "Saving and resuming.")
+    logging: LoggingConfig = subsection(LoggingConfig, "Metrics sinks.")
     #: per-algorithm sections (``dpo``, ``reward``, ``sft``, ...) by YAML key; see config/sections.py
     sections: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
-    def __getattr__(self, name: str) -> Any:
-        """``cfg.dpo`` etc.: a registered algorithm section (its defaults when the YAML has none)."""
-        if name.startswith("__") or name == "sections":
-            raise AttributeError(name)
-        from alignkit.config.sections import SECTIONS, load_sections
-
-        load_sections()
-        if name not in SECTIONS:
-            raise AttributeError(f"RunConfig has no section {name!r}")
+    def section(self, cls: type[T]) -> T:
+        """The algorithm section ``cls`` (a registered dataclass, e.g. ``cfg.section(DPOConfig)``): what the
+        YAML's ``dpo:`` gave, or its defaults when the YAML has none."""
+        name = section_name(cls)
         sections = self.__dict__.setdefault("sections", {})
         if name not in sections:
-            sections[name] = SECTIONS.get(name)()
+            sections[name] = cls()
         return sections[name]
+
+    def __getattr__(self, name: str) -> Any:
+        """``cfg.dpo`` etc. for scripts, tests and the REPL (it reads like the YAML); library code calls
+        :meth:`section`, which is typed."""
+        if name.startswith("__") or name == "sections":
+            raise AttributeError(name)
+        if not ALGORITHM_NAMES:  # else ``cfg.dpo`` would read as "no section 'dpo'"
+            raise AttributeError(f"RunConfig.{name}: {NOT_REGISTERED}")
+        if name not in SECTIONS:
+            raise AttributeError(f"RunConfig has no section {name!r}")
+        return self.section(SECTIONS.get(name))

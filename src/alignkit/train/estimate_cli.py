@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from alignkit.config import load_config
 from alignkit.algorithms import workload_of
+from alignkit.config import load_config
 from alignkit.distributed.auto import describe, engine_for, memory_inputs, probe_device_memory
 from alignkit.distributed.env import read_env
 from alignkit.distributed.model_dims import PRESETS

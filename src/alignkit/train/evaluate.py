@@ -98,6 +98,7 @@ def run_eval(cfg: RunConfig, model_dir: str | None = None, out: str | None = Non
 
 
 def eval_command(config: str, overrides: list[str], model_dir: str | None, out: str | None) -> dict[str, Any]:
+    import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
     from alignkit.config import load_config
 
     return run_eval(load_config(config, overrides), model_dir, out)

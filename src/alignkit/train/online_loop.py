@@ -28,15 +28,15 @@ from typing import Any
 import torch
 
 from alignkit.algorithms.base import Context
-from alignkit.algorithms.online import OnlineAlgorithm
+from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
 from alignkit.config import RunConfig, dump_yaml
 from alignkit.data.sampler import GlobalOrder
 from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
-from alignkit.rollout.engine import SamplingParams, build_engine
 from alignkit.rollout.context import Experience, RolloutContext
+from alignkit.rollout.engine import SamplingParams, build_engine
 from alignkit.rollout.experience import Sample, micro_batches, tokens_in
 from alignkit.train.offline_loop import TrainResult
 from alignkit.train.optim import build_scheduler
@@ -60,12 +60,12 @@ class OnlineTrainer:
         assert plan.steps is not None, "the run plan needs its step counts (online_steps)"
         self.cfg, self.algo, self.strategy, self.models, self.plan = cfg, algo, strategy, models, plan
         self.prompts, self.eval_prompts, self.log = prompts, eval_prompts, logger
-        self.G = cfg.rollout.num_generations
+        self.G = cfg.section(RolloutConfig).num_generations
         b = plan.batch
         self.n_local = b.per_device * b.accumulation
         self.per_iteration = b.global_batch // self.G
         self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
-        self.engine = build_engine(cfg.rollout.engine, algo.tokenizer)
+        self.engine = build_engine(cfg.section(RolloutConfig).engine, algo.tokenizer)
         self.out = Path(cfg.output_dir)
         self.checkpointer = Checkpointer(self.out, strategy, models, config_yaml=dump_yaml(cfg), tokenizer=algo.tokenizer,
                                          save_total_limit=cfg.checkpoint.save_total_limit, log=logger, batch=b)
@@ -93,7 +93,7 @@ class OnlineTrainer:
             samples, stats = experience.samples, experience.stats
             start = time.perf_counter()
             results = []
-            for _ in range(self.cfg.rollout.update_epochs):
+            for _ in range(self.cfg.section(RolloutConfig).update_epochs):
                 if state.step >= total:
                     break
                 results.append(self._step(samples))
@@ -145,7 +145,7 @@ class OnlineTrainer:
 
     def _context(self, rows: list[dict[str, Any]], mine: slice, params: SamplingParams) -> RolloutContext:
         return RolloutContext(self.models, self.strategy, self.engine, rows, mine, params, self.plan.batch.per_device,
-                              self.algo.collate, gather_full_params=self.cfg.rollout.gather_full_params)
+                              self.algo.collate, gather_full_params=self.cfg.section(RolloutConfig).gather_full_params)
 
     def _rollout(self, state: TrainState) -> tuple[Experience, float]:
         """The algorithm's rollout of this rank's share of the iteration's prompts."""
@@ -153,7 +153,7 @@ class OnlineTrainer:
         completions = [i for i in self._next_prompts(state) for _ in range(self.G)]
         rank = self.strategy.dp_rank
         mine = slice(rank * self.n_local, (rank + 1) * self.n_local)
-        r = self.cfg.rollout
+        r = self.cfg.section(RolloutConfig)
         params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
         experience = self.algo.rollout(self._context([self.prompts[i] for i in completions[mine]], mine, params))
         return experience, time.perf_counter() - start
@@ -165,7 +165,7 @@ class OnlineTrainer:
         algorithm's ``evaluate``; sums and counts reduced over ranks."""
         world, rank = self.strategy.dp_size, self.strategy.dp_rank
         rows = self.eval_prompts[rank::world]
-        params = SamplingParams(self.cfg.rollout.max_new_tokens, 0.0, batch_size=self.cfg.rollout.generation_batch_size)
+        params = SamplingParams(self.cfg.section(RolloutConfig).max_new_tokens, 0.0, batch_size=self.cfg.section(RolloutConfig).generation_batch_size)
         local = self.algo.evaluate(self._context(rows, slice(0, len(rows)), params)) if rows else (0.0, 0.0, 0.0)
         sums = comm.all_reduce_sum(torch.tensor(local, dtype=torch.float64))
         metrics = {"reward_mean": float(sums[0]) / max(1.0, float(sums[1])),
@@ -175,7 +175,7 @@ class OnlineTrainer:
 
     # ------------------------------------------------------------------ helpers
     def _startup_lines(self) -> None:
-        b, steps, r = self.plan.batch, self.plan.steps, self.cfg.rollout
+        b, steps, r = self.plan.batch, self.plan.steps, self.cfg.section(RolloutConfig)
         self.log.info(f"Effective batch size: {b.global_batch} completions (per_device={b.per_device} x "
                       f"accumulation={b.accumulation} x {self.strategy.dp_size} processes) = {self.per_iteration} "
                       f"prompts x {self.G} generations per iteration")
@@ -192,7 +192,7 @@ class OnlineTrainer:
         return bool(every) and (step // every) > ((step - taken) // every)
 
     def _log_samples(self, step: int, samples: list[Sample]) -> None:
-        n = self.cfg.rollout.log_samples
+        n = self.cfg.section(RolloutConfig).log_samples
         if not n or not self.strategy.is_main or "jsonl" not in self.cfg.logging.report_to:
             return
         with (self.out / "samples.jsonl").open("a", encoding="utf-8") as fh:
@@ -210,7 +210,7 @@ def check_groups(plan: RunPlan, cfg: RunConfig) -> None:
     """The global batch (completions) must hold whole groups of ``num_generations``."""
     from alignkit.errors import ConfigError
 
-    G, b = cfg.rollout.num_generations, plan.batch
+    G, b = cfg.section(RolloutConfig).num_generations, plan.batch
     if b.global_batch % G:
         raise ConfigError(f"training.global_batch_size ({b.global_batch} completions = per_device {b.per_device} x "
                           f"accumulation {b.accumulation} x {b.world_size} processes) must be a multiple of "
@@ -225,12 +225,12 @@ def online_steps(n_prompts: int, plan: RunPlan, cfg: RunConfig) -> RunPlan:
     from alignkit.train.run_plan import StepPlan
 
     check_groups(plan, cfg)
-    G, b = cfg.rollout.num_generations, plan.batch
+    G, b = cfg.section(RolloutConfig).num_generations, plan.batch
     per_iteration = b.global_batch // G
     iterations = n_prompts // per_iteration
     if iterations == 0:
         raise DataError(f"the prompt set has {n_prompts} prompts, fewer than the {per_iteration} one iteration needs")
-    per_epoch = iterations * cfg.rollout.update_epochs
+    per_epoch = iterations * cfg.section(RolloutConfig).update_epochs
     t = cfg.training
     total = t.max_steps if t.max_steps is not None else max(1, math.ceil(per_epoch * t.epochs))
     return dataclasses.replace(plan, steps=StepPlan(iterations * b.accumulation, per_epoch, total))

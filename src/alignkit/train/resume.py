@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from alignkit.config.sections import SECTIONS, load_sections
+from alignkit.config.aliases import apply_aliases
+from alignkit.config.sections import registered_sections
 
 #: changes to these keys (dotted, or a prefix ending in ".") are not a resume of the same run
 FIXED = ("algorithm", "model.", "data.", "training.seed", "training.weight_decay", "training.adam_beta1",
@@ -52,13 +53,15 @@ def saved_config(ckpt: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    # a checkpoint written before a key moved (reward.pair -> reward_model.pair) compares under the new names
+    return apply_aliases(data)[0]
 
 
 def compare(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(keys that may not change but did, keys that changed and are applied), as ``key: old -> new``."""
-    load_sections()
-    fixed_all = FIXED + tuple(f"{name}." for name in SECTIONS.names())
+    fixed_all = FIXED + tuple(f"{name}." for name in registered_sections())
     fixed, allowed = [], []
     for key, a, b in changes(saved, current):
         line = f"{key}: {a!r} -> {b!r}"

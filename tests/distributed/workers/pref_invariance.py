@@ -35,8 +35,8 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "dpo_ipo": ("dpo", ["dpo.loss_type=ipo"]),
     "dpo_simpo_ls": ("dpo", ["dpo.loss_type=simpo", "dpo.beta=2.0", "dpo.label_smoothing=0.1"]),
     "dpo_lora_base": ("dpo", ["model.lora={r: 4, alpha: 8, dropout: 0.0}"]),
-    "reward_model": ("reward_model", ["reward.margin=0.3", "reward.center_coeff=0.01", "reward.reg_coeff=0.01"]),
-    "cost_model": ("cost_model", ["reward.reg_coeff=0.01", "data.train=builtin:safety_train.jsonl"]),
+    "reward_model": ("reward_model", ["reward_model.margin=0.3", "reward_model.center_coeff=0.01", "reward_model.reg_coeff=0.01"]),
+    "cost_model": ("cost_model", ["reward_model.reg_coeff=0.01", "data.train=builtin:safety_train.jsonl"]),
 }
 # (per_device, accumulation) layouts of the 4 pairs: one process, then two
 SINGLE_LAYOUTS = {"1x4": (4, 1), "1x1_ga4": (1, 4)}
