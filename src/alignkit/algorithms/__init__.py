@@ -13,27 +13,14 @@ from alignkit.algorithms.safe_dpo import SafeDPO
 from alignkit.algorithms.sft import SFT
 from alignkit.algorithms.vlm import VLMSFT
 from alignkit.config.schema import RunConfig
-from alignkit.config.sections import register_algorithm_name
+from alignkit.config.sections import ALGORITHMS, register_algorithm
 from alignkit.models.roles import Workload
-from alignkit.registry import Registry
 
-ALGORITHMS: Registry[type[OfflineAlgorithm] | type[OnlineAlgorithm]] = Registry("algorithm")
-
-
-def _register(name: str, cls: type[OfflineAlgorithm] | type[OnlineAlgorithm]) -> None:
-    ALGORITHMS.register(name)(cls)
-    register_algorithm_name(name)  # config/ checks the algorithm key against these without importing us
-
-
-_register("sft", SFT)
-_register("reward_model", RewardModel)
-_register("cost_model", CostModel)
-_register("dpo", DPO)
-_register("safe_dpo", SafeDPO)
+for _name, _cls in (("sft", SFT), ("reward_model", RewardModel), ("cost_model", CostModel), ("dpo", DPO),
+                    ("safe_dpo", SafeDPO), ("vlm_sft", VLMSFT)):
+    register_algorithm(_name)(_cls)
 for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag):  # the online loop's algorithms
-    _register(_online.name, _online)
-_register("vlm_sft", VLMSFT)
-
+    register_algorithm(_online.name)(_online)
 
 
 def workload_of(cfg: RunConfig) -> Workload:
@@ -42,4 +29,4 @@ def workload_of(cfg: RunConfig) -> Workload:
     return Workload(tuple(algo.model_specs(cfg)), algo.sequences_per_example)
 
 
-__all__ = ["ALGORITHMS", "MetricSums", "OfflineAlgorithm", "OnlineAlgorithm", "workload_of"]
+__all__ = ["ALGORITHMS", "MetricSums", "OfflineAlgorithm", "OnlineAlgorithm", "register_algorithm", "workload_of"]

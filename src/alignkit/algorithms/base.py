@@ -22,6 +22,7 @@ from alignkit.config.schema import RunConfig
 from alignkit.data.batch import Batch
 from alignkit.errors import ConfigError
 from alignkit.models.adapters import is_adapter_dir
+from alignkit.models.kinds import KINDS
 from alignkit.models.roles import Models, ModelSpec
 
 if TYPE_CHECKING:
@@ -174,6 +175,13 @@ def policy_specs(cfg: RunConfig, reference: str, *, kind: str = "lm", transient_
     """The trainable policy and, for ``reference`` ``model`` / ``lora_base``, its reference role (a frozen
     copy, or the policy's weights with adapters off: :meth:`Models.running` serves it)."""
     m = cfg.model
+    if m.kind != "auto":  # a kind chosen by name (a plugin's, say) over the algorithm's default
+        kind = m.kind
+        if kind not in KINDS:
+            try:
+                KINDS.get(kind)
+            except KeyError as e:  # the registry's line: the closest name and every choice
+                raise ConfigError(f"model.kind: {e.args[0]}") from None
     specs = [ModelSpec("policy", m.name_or_path, kind, trainable=True, lora=policy_has_lora(cfg),
                        chunk_size=chunk_size, **options)]
     if reference == "model":

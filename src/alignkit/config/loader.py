@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import math
+import sys
 import types
 import typing
 import warnings
@@ -22,7 +24,7 @@ from alignkit.config.alias_readers import MISSING, find
 from alignkit.config.aliases import apply_aliases, emit_notes, put, read_aliases
 from alignkit.config.deepspeed_json import map_deepspeed_json
 from alignkit.config.schema import RunConfig
-from alignkit.config.sections import ALGORITHM_NAMES, registered_sections, require_registrations
+from alignkit.config.sections import ALGORITHMS, registered_sections, require_registrations
 from alignkit.errors import ConfigError
 
 # ---------------------------------------------------------------- reading + overrides
@@ -250,8 +252,8 @@ def scaled_learning_rate(cfg: RunConfig, plan: BatchPlan) -> float:
 def validate(cfg: RunConfig) -> None:
     """Checks that need more than one field; run once after building."""
     require_registrations()
-    if cfg.algorithm not in ALGORITHM_NAMES:  # alignkit.algorithms registered them (config/sections.py)
-        names = sorted(ALGORITHM_NAMES)
+    if cfg.algorithm not in ALGORITHMS:  # alignkit.algorithms (and plugins) registered them
+        names = ALGORITHMS.names()
         close = difflib.get_close_matches(cfg.algorithm, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"algorithm: unknown {cfg.algorithm!r}{hint}; choose one of {names}")
@@ -331,12 +333,28 @@ def native_raw(path: str | Path | None, overrides: list[str] | None = None) -> t
     return raw, notes + more + map_deepspeed_json(raw)
 
 
+def import_plugins(modules: Any) -> None:
+    """Import the config's ``plugins`` (before its sections and algorithm are checked, since a plugin may
+    register them), with the working directory importable as ``python -m`` has it."""
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        raise ConfigError(f"plugins: expected a list of module names (e.g. [my_pkg.my_algo]), got {modules!r}")
+    cwd = str(Path.cwd())
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(f"plugins: cannot import {name!r} ({e})") from None
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None, *, notes: bool = True) -> RunConfig:
     """The validated run config. ``notes``: say (rank 0, one line each) how keys from elsewhere were read;
     off where the same config is loaded again right after (``alignkit launch`` checks it before its ranks do)."""
     raw, said = native_raw(path, overrides)
     if notes:
         emit_notes(said)
+    import_plugins(raw.get("plugins") or [])
     cfg = build_dataclass(RunConfig, raw)
     validate(cfg)
     return cfg

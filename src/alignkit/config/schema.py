@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, TypeVar, Union
 
-from alignkit.config.sections import ALGORITHM_NAMES, NOT_REGISTERED, SECTIONS, section_name
+from alignkit.config.sections import ALGORITHMS, NOT_REGISTERED, SECTIONS, section_name
 from alignkit.errors import ConfigError
 
 T = TypeVar("T")
@@ -55,6 +55,8 @@ class ModelConfig:
     trust_remote_code: bool = f(False, "Allow model code from the hub/local dir to run. Off by default.")
     lora: Optional[LoraConfig] = f(None, "LoRA adapters through peft; null = full fine-tuning.")
     ref_name_or_path: Optional[str] = f(None, "Reference model for DPO/PPO; defaults to the policy start.")
+    kind: str = f("auto", "The policy's model kind (models/kinds.py): lm, vlm, or one a plugin registers; auto = "
+                  "vlm for a vision-language model, else lm.")
 
 
 @dataclass
@@ -261,6 +263,8 @@ class LoggingConfig:
 @dataclass
 class RunConfig:
     algorithm: str = f("sft", "Which algorithm to run (sft, ...).")
+    plugins: list[str] = f([], "Python modules imported before the config is read, e.g. [my_pkg.my_algo]: they "
+                           "register algorithms, model kinds, reward functions or config sections of their own.")
     output_dir: str = f("runs/alignkit", "Where checkpoints, logs and the final model go.")
     model: ModelConfig = subsection(ModelConfig, "The trained (policy) model.")
     data: DataConfig = subsection(DataConfig, "Data files and tokenization.")
@@ -285,7 +289,7 @@ class RunConfig:
         :meth:`section`, which is typed."""
         if name.startswith("__") or name == "sections":
             raise AttributeError(name)
-        if not ALGORITHM_NAMES:  # else ``cfg.dpo`` would read as "no section 'dpo'"
+        if not ALGORITHMS.names():  # else ``cfg.dpo`` would read as "no section 'dpo'"
             raise AttributeError(f"RunConfig.{name}: {NOT_REGISTERED}")
         if name not in SECTIONS:
             raise AttributeError(f"RunConfig has no section {name!r}")

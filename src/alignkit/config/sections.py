@@ -24,8 +24,9 @@ from alignkit.registry import Registry
 T = TypeVar("T")
 
 SECTIONS: Registry[type] = Registry("config section")
-#: names of the algorithms (the values of the ``algorithm`` key), registered by alignkit.algorithms
-ALGORITHM_NAMES: list[str] = []
+#: the algorithms by the value of the ``algorithm`` key (classes; registered by alignkit.algorithms, or by a
+#: plugin with :func:`register_algorithm`). It lives here so that config checks the key without importing them.
+ALGORITHMS: Registry[type] = Registry("algorithm")
 
 NOT_REGISTERED = ("no algorithms are registered: import alignkit.algorithms (it registers the algorithms and "
                   "their config sections) before loading or reading a config; the alignkit CLI does this")
@@ -36,16 +37,15 @@ def register_section(name: str) -> Callable[[type[T]], type[T]]:
     return SECTIONS.register(name)  # type: ignore[return-value]
 
 
-def register_algorithm_name(name: str) -> None:
-    """Make ``algorithm: NAME`` valid (alignkit.algorithms calls it beside its own registry)."""
-    if name in ALGORITHM_NAMES:
-        raise ValueError(f"algorithm {name!r} is registered twice")
-    ALGORITHM_NAMES.append(name)
+def register_algorithm(name: str) -> Callable[[type[T]], type[T]]:
+    """Class decorator: ``@register_algorithm("my_algo")`` makes ``algorithm: my_algo`` run that class
+    (a plugin module named in the config's ``plugins:`` registers its own this way)."""
+    return ALGORITHMS.register(name)  # type: ignore[return-value]
 
 
 def require_registrations() -> None:
     """Raise (a bug in the caller, not a user error) when a config is read before the registrations."""
-    if not ALGORITHM_NAMES:
+    if not ALGORITHMS.names():
         raise RuntimeError(NOT_REGISTERED)
 
 

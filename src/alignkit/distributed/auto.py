@@ -99,9 +99,15 @@ def reference_kind(workload: Workload) -> str:
     return "lora_base" if ref.shares is not None else "model"
 
 
+def _kind_dims(spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
+    """The dimensions of ``spec``'s model as its kind's adapter reads them (models/kinds.py)."""
+    from alignkit.models.kinds import KINDS
+
+    return KINDS.get(spec.kind).dims(spec, trust_remote_code)
+
+
 def _dims_of(spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
-    d = resolve_dims(spec.source, trust_remote_code)
-    return with_vision(d.as_score_model() if spec.kind == "scalar" and d.head == "lm" else d, spec, trust_remote_code)[0]
+    return with_vision(_kind_dims(spec, trust_remote_code), spec, trust_remote_code)[0]
 
 
 def with_vision(dims: ModelDims, spec: ModelSpec, trust_remote_code: bool) -> tuple[ModelDims, int]:
@@ -136,7 +142,7 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
     """
     trust = cfg.model.trust_remote_code
     first, *others = workload.trainable
-    dims = policy or resolve_dims(first.source, trust)
+    dims = policy or _kind_dims(first, trust)
     if first.kind == "scalar" and dims.head == "lm":
         dims = dims.as_score_model()
     frozen_params = 0
