@@ -57,14 +57,16 @@ class GRPOConfig:
 
 
 class GroupRelative(OnlineAlgorithm):
-    """``grpo`` / ``rloo`` / ``dr_grpo``: the estimator is the algorithm's name."""
+    """``grpo`` / ``rloo`` / ``dr_grpo``: ``estimator`` names the advantage estimator (rollout/advantages.py)."""
+
+    estimator = "grpo"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
         g = cfg.section(GRPOConfig)
         self.reference = resolve_reference(cfg, g.reference, needed=g.beta > 0, key="grpo.reference")
         self.aggregation = g.loss_aggregation if g.loss_aggregation != "auto" else (
-            "constant" if self.name == "dr_grpo" else "sequence_mean")
+            "constant" if self.estimator == "dr_grpo" else "sequence_mean")
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
@@ -77,8 +79,8 @@ class GroupRelative(OnlineAlgorithm):
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
                         scores: dict[str, torch.Tensor]) -> MetricSums:
         g, G = self.cfg.section(GRPOConfig), self.cfg.section(RolloutConfig).num_generations
-        scale = "none" if self.name == "dr_grpo" else g.scale_rewards
-        adv = ADVANTAGES.get(self.name)(scores["reward"], G, scale_rewards=scale)  # (global,), same on every rank
+        scale = "none" if self.estimator == "dr_grpo" else g.scale_rewards
+        adv = ADVANTAGES.get(self.estimator)(scores["reward"], G, scale_rewards=scale)  # (global,), same on every rank
         for s, a in zip(samples, adv[ctx.mine].tolist()):
             s["advantages"] = [a] * len(s["completion_ids"])
         if self.reference != "none":
@@ -129,12 +131,12 @@ def group_stats(rewards: torch.Tensor, adv: torch.Tensor, group_size: int) -> Me
 
 
 class GRPO(GroupRelative):
-    name = "grpo"
+    name = estimator = "grpo"
 
 
 class RLOO(GroupRelative):
-    name = "rloo"
+    name = estimator = "rloo"
 
 
 class DrGRPO(GroupRelative):
-    name = "dr_grpo"
+    name = estimator = "dr_grpo"

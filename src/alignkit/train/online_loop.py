@@ -198,8 +198,8 @@ class OnlineTrainer:
         with (self.out / "samples.jsonl").open("a", encoding="utf-8") as fh:
             for s in samples[:n]:
                 fh.write(json.dumps({"step": step, "prompt": s.get("prompt"), "completion": s.get("completion"),
-                                     "advantage": s["advantages"][0] if s.get("advantages") else None},
-                                    ensure_ascii=False) + "\n")
+                                     "advantage": s["advantages"][0] if s.get("advantages") else None,
+                                     **s.get("log", {})}, ensure_ascii=False) + "\n")
 
     def _save(self, state: TrainState) -> None:
         state.algo = self.algo.state_dict()
