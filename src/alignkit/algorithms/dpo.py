@@ -140,7 +140,6 @@ def cache_pair_values(collate: Callable[[list[Example]], Batch], sets: tuple[lis
 
 class DPO(OfflineAlgorithm):
     name = "dpo"
-    loss_unit = "sequences"
     sequences_per_example = 2
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:

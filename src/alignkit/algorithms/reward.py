@@ -6,7 +6,7 @@
   term  -log sigma(C_unsafer - C_safer)  plus the two sign terms from the per-response safety
   labels (``losses.cost_model_loss``).
 
-Both are per-pair losses (``loss_unit = "sequences"``: one unit per pair). The 2B responses of a
+Both are per-pair losses (one loss unit per pair: ``data.loss_units``). The 2B responses of a
 micro-batch go through ONE forward in the padding-free packed layout (``PairCollator``).
 Image + text rows train a vision-language reward / cost model (a score head on LLaVA, ``models.vlm``).
 Both read the ``reward_model:`` section (how the scalar model is trained); ``reward:`` is how the online
@@ -98,7 +98,6 @@ class ScoredPairs(OfflineAlgorithm):
     """A trained scalar model scores the 2B responses of a micro-batch in one forward; ``pair_loss`` turns
     the scores into per-pair losses and metrics (reward and cost models)."""
 
-    loss_unit = "sequences"
     sequences_per_example = 2
 
     def pair_loss(self, scores: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, MetricSums]:

@@ -63,7 +63,6 @@ def sft_example(tokenizer: Any, row: Row, *, max_length: int, loss_on: str = "as
 
 class SFT(OfflineAlgorithm):
     name = "sft"
-    loss_unit = "tokens"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         d, opts = cfg.data, cfg.section(SFTConfig)

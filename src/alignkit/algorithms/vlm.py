@@ -109,7 +109,6 @@ class VLMSFT(SFT):
     """SFT's loss and evaluation over image-text rows (``VLMData``); the stage decides what trains."""
 
     name = "vlm_sft"
-    loss_unit = "tokens"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         processor = load_processor(cfg)

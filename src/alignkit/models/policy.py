@@ -5,7 +5,7 @@ are computed inside ``forward`` (so DDP / FSDP see every parameter use) from the
 states at the positions that have a target, through the chunked LM-head op: the (batch, seq,
 vocab) logits tensor is never built.
 
-``forward_logps`` / ``sequence_logps`` / ``forward_scores`` pass the batch's declared model inputs
+``forward_logps`` / ``forward_scores`` / ``token_values`` pass the batch's declared model inputs
 through (``pixel_values``, ``image_sizes``, ... included; :class:`~alignkit.data.batch.Batch`): the
 algorithm's own fields (targets, advantages, cached values) never reach a forward. So a VLM batch
 needs no new path.
@@ -59,11 +59,15 @@ def forward_logps(model: nn.Module, batch: Batch) -> torch.Tensor:
     return model(targets=batch["targets"], **model_inputs(batch))
 
 
-def sequence_logps(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """``(S,)`` sums of target log-probs per sequence (``seq_index``; S = ``len(response_lengths)``)."""
-    token_logps = forward_logps(model, batch)
+def sequence_sums(token_logps: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """``(S,)`` sums of ``(N,)`` target log-probs per sequence (``seq_index``; S = ``len(response_lengths)``)."""
     seq = batch["seq_index"][batch["targets"] != IGNORE_INDEX]
     return segment_sum(token_logps, seq, int(batch["response_lengths"].shape[0]))
+
+
+def sequence_logps(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """``(S,)`` per-sequence sums of ``model``'s target log-probs (algorithms use ``Models.sequence_logps``)."""
+    return sequence_sums(forward_logps(model, batch), batch)
 
 
 def forward_scores(model: nn.Module, batch: Batch) -> torch.Tensor:

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from alignkit.config.schema import ModelConfig
-from alignkit.constants import IGNORE_INDEX
 from alignkit.data.batch import Batch
 from alignkit.models.kinds import KINDS, ModelKind
 
@@ -159,11 +158,9 @@ class Models:
 
     def sequence_logps(self, role: str, batch: Batch) -> torch.Tensor:
         """``(S,)`` per-sequence sums of :meth:`logps` (``seq_index``; S = ``len(response_lengths)``)."""
-        from alignkit.ops.segments import segment_sum
+        from alignkit.models.policy import sequence_sums
 
-        token_logps = self.logps(role, batch)
-        seq = batch["seq_index"][batch["targets"] != IGNORE_INDEX]
-        return segment_sum(token_logps, seq, int(batch["response_lengths"].shape[0]))
+        return sequence_sums(self.logps(role, batch), batch)
 
     def scores(self, role: str, batch: Batch) -> torch.Tensor:
         """``(S,)`` one score per sequence of a reward / cost model."""

@@ -36,7 +36,6 @@ from alignkit.train.runner import run_train
 
 class ActorCritic(OfflineAlgorithm):
     name = "actor_critic_test"
-    loss_unit = "tokens"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer, TokenData(
