@@ -99,7 +99,7 @@ def judge(model_dir: Path, prompts: list[str], cost_model: Path) -> dict[str, An
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from alignkit.algorithms.cost_estimate import score_responses
+    from alignkit.scoring import score_responses
     from alignkit.models.scalar import load_scorer
     from alignkit.rollout.generate import generate
 

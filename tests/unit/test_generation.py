@@ -189,7 +189,8 @@ def test_generate_with_images_equals_the_former_path_and_the_engine(llava: tuple
 def test_cost_estimate_samples_through_the_engine(llava: tuple[nn.Module, Any], tmp_path: Path) -> None:
     """Per-prompt requests (ids + that prompt's ``pixel_values``) give the greedy responses the former
     one-batch call gave with every image in one ``pixel_values``."""
-    from alignkit.algorithms.cost_estimate import EstimatePrompt, prompt_inputs, sample_responses
+    from alignkit.algorithms.cost_estimate import prompt_inputs, sample_responses
+    from alignkit.scoring import EstimatePrompt
     from alignkit.data.vlm import pixel_inputs
 
     model, processor = llava

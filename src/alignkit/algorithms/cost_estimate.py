@@ -1,40 +1,23 @@
 """The on-policy estimate of J_C for a cost constraint J_C <= d (Safe RLHF, ALGORITHMS 1.3 and 1.5
 defect 6): the prompts' token ids as training encodes them, responses sampled from the policy and
-scores of those responses by the frozen cost model, encoded exactly as training pairs are. The
-multiplier it feeds is :class:`alignkit.algorithms.lagrange.Multiplier`.
+scores of those responses by the frozen cost model (``alignkit.scoring.score_responses``: encoded exactly
+as training pairs are). The multiplier it feeds is :class:`alignkit.algorithms.lagrange.Multiplier`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
-from alignkit.constants import IGNORE_INDEX
-from alignkit.data.collate import TokenCollator
 from alignkit.data.io import Row
-from alignkit.data.preference import as_chat, encode_scored
+from alignkit.data.preference import as_chat
 from alignkit.data.safety import prompt_ids
 from alignkit.data.tokenize import render_chat
-from alignkit.data.vlm import RowImages, pixel_inputs
-from alignkit.models.policy import model_inputs
 from alignkit.rollout.engine import Prompt, SamplingParams, build_engine
 from alignkit.rollout.vlm_generate import image_prompt
-
-
-@dataclass
-class EstimatePrompt:
-    """A prompt of the on-policy cost estimate: the text or chat, and its image files (a VLM's rows)."""
-
-    prompt: str | list[dict[str, str]]
-    images: list[str] = field(default_factory=list)
-
-
-def _row_images(processor: Any, p: EstimatePrompt) -> RowImages:
-    return RowImages.read(processor, Row({}, "<cost prompts>", 0), p.images, None)
+from alignkit.scoring import EstimatePrompt, prompt_images
 
 
 def prompt_inputs(tokenizer: Any, prompts: list[EstimatePrompt], *, chat_template: bool,
@@ -45,7 +28,7 @@ def prompt_inputs(tokenizer: Any, prompts: list[EstimatePrompt], *, chat_templat
         return [Prompt(prompt_ids(tokenizer, p.prompt, chat_template=chat_template)) for p in prompts]
     requests = []
     for p in prompts:
-        images = _row_images(processor, p)
+        images = prompt_images(processor, p)
         chat = images.place(as_chat(p.prompt, "user"), Row({}, "<cost prompts>", 0))
         text = render_chat(tokenizer, chat, add_generation_prompt=True)
         requests.append(image_prompt(processor, text, images.images))
@@ -60,26 +43,6 @@ def sample_responses(lm: nn.Module, tokenizer: Any, prompts: list[Prompt], *, ma
     eval mode for the call and restored."""
     params = SamplingParams(max_new_tokens, temperature if do_sample else 0.0, batch_size=max(1, len(prompts)))
     return build_engine("hf", tokenizer).generate(lm, prompts, params).texts
-
-
-@torch.no_grad()
-def score_responses(scorer: nn.Module, tokenizer: Any, prompts: list[Any], responses: list[str], *,
-                    chat_template: bool, max_length: int, device: torch.device, processor: Any = None) -> torch.Tensor:
-    """``(N,)`` scores of (prompt, response) sequences, encoded as the training pairs are. ``prompts``: texts /
-    chats, or :class:`EstimatePrompt` s (with images for a vision-language ``processor``)."""
-    seqs, sources = [], []
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        est = p if isinstance(p, EstimatePrompt) else EstimatePrompt(p)
-        images = _row_images(processor, est) if processor is not None else None
-        ids = encode_scored(tokenizer, est.prompt, r, Row({}, "<generated>", i), max_length=max_length,
-                            chat_template=chat_template, images=images)
-        sources += images.sources if images is not None else []
-        seqs.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(ids)})
-    batch = TokenCollator(tokenizer.pad_token_id, packed=True)(seqs)
-    if processor is not None:
-        batch.add_inputs(pixel_inputs(processor, sources))
-    batch = batch.to(device)
-    return scorer(seq_index=batch["seq_index"], num_seqs=len(seqs), **model_inputs(batch)).float()
 
 
 def prompt_share(n_prompts: int, total: int, estimate: int, rank: int, world: int) -> list[int]:

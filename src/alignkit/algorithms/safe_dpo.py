@@ -40,13 +40,7 @@ from typing import Any, Literal
 import torch
 
 from alignkit.algorithms.base import Batch, Context, Example, MetricSums
-from alignkit.algorithms.cost_estimate import (
-    EstimatePrompt,
-    prompt_inputs,
-    prompt_share,
-    sample_responses,
-    score_responses,
-)
+from alignkit.algorithms.cost_estimate import prompt_inputs, prompt_share, sample_responses
 from alignkit.algorithms.dpo import DPO, DPOConfig, PairValues, cache_pair_values, dpo_reference
 from alignkit.algorithms.lagrange import Multiplier
 from alignkit.config.schema import RunConfig, f
@@ -61,6 +55,7 @@ from alignkit.losses.safe_dpo import SAFE_DPO_VARIANTS, SafeParams, SafeRows, sa
 from alignkit.models.loading import hf_model
 from alignkit.models.roles import Models, ModelSpec
 from alignkit.models.scalar import saved_scorer_kind
+from alignkit.scoring import EstimatePrompt, score_responses
 
 log = logging.getLogger("alignkit")
 
