@@ -72,7 +72,11 @@ class OnlineAlgorithm(Algorithm):
         r, ro = self.cfg.section(RewardConfig), self.cfg.section(RolloutConfig)
         return {"reward": Scorer("reward", r.functions, model_role="reward" if r.model else None,
                                  model_weight=r.model_weight, length_penalty=r.length_penalty,
-                                 max_new_tokens=ro.max_new_tokens, placement=r.placement)}
+                                 max_new_tokens=ro.max_new_tokens, placement=r.placement, **self.encoding())}
+
+    def encoding(self) -> dict[str, Any]:
+        """How a scorer with its own vocabulary re-encodes text: the run's chat template and length limit."""
+        return {"chat_template": self.cfg.data.chat_template, "max_length": self.cfg.data.max_length}
 
     # ------------------------------------------------------------------ rollout
     def rollout(self, ctx: RolloutContext) -> Experience:

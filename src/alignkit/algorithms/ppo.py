@@ -106,7 +106,8 @@ class PPO(OnlineAlgorithm):
         if self.constrained:
             lag, ro = self.cfg.section(PPOLagConfig), self.cfg.section(RolloutConfig)
             out["cost"] = Scorer("cost", lag.cost_functions, model_role="cost" if lag.cost_model else None,
-                                 max_new_tokens=ro.max_new_tokens, placement=self.cfg.section(RewardConfig).placement)
+                                 max_new_tokens=ro.max_new_tokens, placement=self.cfg.section(RewardConfig).placement,
+                                 **self.encoding())
         return out
 
     @property

@@ -12,7 +12,9 @@ the resulting :class:`Models` bundle. The memory planner sizes the same specs, s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
@@ -41,7 +43,9 @@ class ModelSpec:
     ``projector``, ``language_model``; None = all, or for a vision-language ``scalar`` model the projector
 and language model), the rest frozen before the Strategy sees the model.
     ``projector_from`` (``vlm``): a directory or file whose projector weights replace the loaded ones
-    (a pretrain stage's output).
+    (a pretrain stage's output). ``tokenizer``: where this role's tokenizer is; None = the run's for the
+    roles that read the policy's token ids (policy, reference, critics), and for a frozen scorer or target
+    its own directory's when it has one (:func:`role_tokenizer`).
     """
 
     role: str
@@ -54,6 +58,7 @@ and language model), the rest frozen before the Strategy sees the model.
     chunk_size: int = 1024
     train_parts: tuple[str, ...] | None = None
     projector_from: str | None = None
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -111,6 +116,8 @@ class Models:
     handles: dict[str, Handle] = field(default_factory=dict)
     frozen: dict[str, nn.Module] = field(default_factory=dict)
     specs: dict[str, ModelSpec] = field(default_factory=dict)
+    #: each role's tokenizer (or processor); a role without one reads the policy's
+    tokenizers: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, role: str) -> nn.Module:
         if role in self.handles:
@@ -126,6 +133,10 @@ class Models:
     def primary(self) -> str:
         """The first trainable role (its weights are the run's ``final/``)."""
         return next(iter(self.handles))
+
+    def tokenizer(self, role: str) -> Any:
+        """``role``'s tokenizer (processor), else the policy's; None when the bundle has none (tests)."""
+        return self.tokenizers.get(role, self.tokenizers.get("policy"))
 
     def kind(self, role: str) -> ModelKind:
         """The adapter of ``role``'s kind (``lm`` when the bundle was built without specs, as in tests)."""
@@ -180,3 +191,28 @@ class Models:
 
     def __iter__(self) -> Iterator[str]:
         return iter([*self.handles, *self.frozen])
+
+
+#: frozen roles that read text of their own (scorers, a red-team target): they keep their own tokenizer
+OWN_TOKENIZER_ROLES = ("reward", "cost", "target")
+
+
+def role_tokenizer(spec: ModelSpec, run_tokenizer: Any, cfg: ModelConfig) -> Any:
+    """The tokenizer ``spec``'s role reads with: ``spec.tokenizer`` if set; for a frozen scorer or target of a
+    text policy, the one saved in its local directory (a reward_model run's final/ has it), else the run's."""
+    from alignkit.models.loading import load_tokenizer
+
+    source = spec.tokenizer
+    if source is None and spec.role in OWN_TOKENIZER_ROLES and not spec.trainable and hasattr(run_tokenizer, "get_vocab"):
+        local = Path(spec.source)
+        if any((local / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+            source = spec.source
+    if source is None:
+        return run_tokenizer
+    return load_tokenizer(dataclasses.replace(cfg, name_or_path=source, tokenizer=source))
+
+
+def same_vocabulary(a: Any, b: Any) -> bool:
+    """Whether token ids mean the same tokens under tokenizers ``a`` and ``b``."""
+    return a is b or a.get_vocab() == b.get_vocab()
+

@@ -17,7 +17,8 @@ from typing import Any, Sequence
 import torch
 
 from alignkit.distributed import comm
-from alignkit.models.roles import Models
+from alignkit.errors import DataError, ModelError
+from alignkit.models.roles import Models, same_vocabulary
 from alignkit.rollout.rewards import RewardFunctionError, WeightedFunction, call, combine, resolve
 
 
@@ -37,11 +38,14 @@ class Scorer:
     """One signal (``reward`` or ``cost``): weighted functions + an optional model role + a length penalty."""
 
     def __init__(self, signal: str, functions: Sequence[Any], *, model_role: str | None = None, model_weight: float = 1.0,
-                 length_penalty: float = 0.0, max_new_tokens: int = 1, placement: str = "local") -> None:
+                 length_penalty: float = 0.0, max_new_tokens: int = 1, placement: str = "local",
+                 chat_template: bool = True, max_length: int = 512) -> None:
         self.signal = signal
         self.functions = [WeightedFunction(f.name, f.weight, resolve(f.name)) for f in functions]
         self.model_role, self.model_weight = model_role, model_weight
         self.length_penalty, self.max_new_tokens, self.placement = length_penalty, max_new_tokens, placement
+        #: how a scorer with a vocabulary of its own re-encodes (prompt, completion) text: as training did
+        self.chat_template, self.max_length = chat_template, max_length
 
     @property
     def components(self) -> list[str]:
@@ -95,11 +99,29 @@ class Scorer:
 
     @torch.no_grad()
     def _model_scores(self, models: Models, inputs: ScoreInputs, strategy: Any) -> list[float]:
-        out: list[float] = []
-        for batch in inputs.batches:
+        """The model role's scores: of the policy's token ids where its vocabulary is the policy's, else of
+        the decoded prompts and completions re-encoded with its own tokenizer."""
+        role = self.model_role
+        assert role is not None
+        mine, policy = models.tokenizer(role), models.tokenizer("policy")
+        if mine is None or policy is None or same_vocabulary(mine, policy):
+            out: list[float] = []
+            for batch in inputs.batches:
+                with strategy.autocast():
+                    out += models.scores(role, batch).float().cpu().tolist()
+            return out
+        from alignkit.scoring import score_responses
+
+        try:
             with strategy.autocast():
-                out += models.scores(self.model_role, batch).float().cpu().tolist()
-        return out
+                scores = score_responses(models[role], mine, inputs.prompts, inputs.completions,
+                                         chat_template=self.chat_template, max_length=self.max_length,
+                                         device=strategy.device)
+        except (DataError, ValueError) as e:
+            source = models.specs[role].source if role in models.specs else role
+            raise ModelError(f"{self.signal} model {source}: its tokenizer differs from the policy's and the "
+                             f"completions could not be re-encoded with it ({e})") from None
+        return scores.cpu().tolist()
 
 
 def _by_field(fields: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -35,7 +35,7 @@ from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strateg
 from alignkit.errors import ConfigError
 from alignkit.logging import RunLogger, scrub, setup_console
 from alignkit.models.loading import count_parameters, load_tokenizer
-from alignkit.models.roles import Models, ModelSpec, Workload, build_model
+from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
 from alignkit.plot import plot_after_run
 from alignkit.train.checkpoint import resolve_resume, role_dir
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
@@ -124,10 +124,11 @@ def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy,
     """Every loaded role of ``workload``: trainable ones prepared by the strategy with an optimizer
     from ``make_optimizer`` (None: evaluation only, placed like a frozen model in fp32), frozen ones
     in the compute dtype through ``strategy.prepare_frozen``."""
-    models = Models(specs={spec.role: spec for spec in workload.specs})
+    models = Models(specs={spec.role: spec for spec in workload.specs}, tokenizers={"policy": tokenizer})
     for spec in workload.specs:
         if not spec.loaded:
             continue
+        models.tokenizers[spec.role] = role_tokenizer(spec, tokenizer, model_cfg)
         if not spec.trainable:
             module = build_model(spec, model_cfg, strategy.compute_dtype, tokenizer)
             models.frozen[spec.role] = strategy.prepare_frozen(module)
