@@ -2,8 +2,8 @@
 
 A :class:`ModelSpec`'s ``kind`` names an entry of :data:`KINDS`. The adapter builds the module, and is
 the one place that knows how such a module computes log-probs of given outputs (a policy), scores or
-per-token values (a scalar head), samples outputs (through the run's rollout engine for token models),
-which inner module is written in its ecosystem's format, and its dimensions for the memory estimator.
+per-token values (a scalar head), samples outputs (through the run's rollout engine for token models)
+and its dimensions for the memory estimator. A role's tokenizer is its spec's (``roles.role_tokenizer``).
 Algorithms call these through :class:`~alignkit.models.roles.Models` (``models.logps("policy", batch)``),
 never a token helper directly, so a new kind (a diffusers pipeline, a non-token toy policy) is one
 adapter registered here and no algorithm changes.
@@ -30,7 +30,12 @@ if TYPE_CHECKING:
 
 
 class ModelKind:
-    """What a kind of model offers; a kind overrides what it supports (the rest say so in one line)."""
+    """What a kind of model offers; a kind overrides what it supports (the rest say so in one line).
+
+    Saving is a protocol of the module :meth:`build` returns (or of the Hugging Face model it wraps as
+    ``hf_model``): ``save_pretrained(out_dir, state_dict=..., safe_serialization=True)`` in its ecosystem's
+    format, as transformers, peft and diffusers models have it; the Strategy gathers the weights (FSDP2,
+    ZeRO-3) and calls it on rank 0, and a resume loads the safetensors back into the module."""
 
     name = "kind"
 
@@ -53,12 +58,6 @@ class ModelKind:
                  synced: bool = False) -> Generations:
         """Sample one output per prompt from the plain (unwrapped, gathered) ``module``."""
         raise TypeError(f"a {self.name!r} model cannot generate")
-
-    def exported(self, module: nn.Module) -> nn.Module:
-        """The inner module written in its ecosystem's format (``save_pretrained``) and loaded back."""
-        from alignkit.models.loading import hf_model
-
-        return hf_model(module)
 
     def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
         """The estimator's architecture numbers; ValueError where the kind cannot say."""
@@ -97,7 +96,9 @@ class CausalLMKind(ModelKind):
 
     def generate(self, module: nn.Module, engine: RolloutEngine, prompts: list[Any], params: SamplingParams, *,
                  synced: bool = False) -> Generations:
-        return engine.generate(self.exported(module), prompts, params, synced=synced)
+        from alignkit.models.loading import hf_model
+
+        return engine.generate(hf_model(module), prompts, params, synced=synced)
 
     def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
         from alignkit.distributed.auto import resolve_dims
