@@ -42,6 +42,13 @@ class ModelKind:
     def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
         raise NotImplementedError(f"model kind {self.name!r} does not build models")
 
+    def tokenizer(self, cfg: ModelConfig) -> Any:
+        """The tokenizer (or processor) a run with this kind as its policy reads its data with; by default
+        ``model.tokenizer`` or the model's own (a diffusers kind would read its pipeline's)."""
+        from alignkit.models.loading import load_tokenizer
+
+        return load_tokenizer(cfg)
+
     def logps(self, module: nn.Module, batch: Batch) -> torch.Tensor:
         """``(N,)`` log-probs of the batch's given outputs (``targets``), row-major over scored positions."""
         raise TypeError(f"a {self.name!r} model has no log-probs (it is not a policy)")

@@ -34,7 +34,8 @@ from alignkit.distributed.strategy import build_strategy
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.errors import ConfigError
 from alignkit.logging import RunLogger, scrub, setup_console
-from alignkit.models.loading import count_parameters, load_tokenizer
+from alignkit.models.loading import count_parameters
+from alignkit.models.kinds import KINDS
 from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
 from alignkit.plot import plot_after_run
 from alignkit.train.checkpoint import resolve_resume, role_dir
@@ -83,7 +84,8 @@ class Session:
             checked = preflight(strategy.backend, plan.strategy, cfg.distributed.preflight_timeout_s)
         strategy.decide_frozen_sharding(frozen_roles(workload), functools.partial(frozen_sharding, cfg, workload))
         set_seed(cfg.training.seed)
-        algo = algo_cls(cfg, load_tokenizer(cfg.model))
+        first = workload.trainable[0] if workload.trainable else workload.specs[0]  # the policy's kind reads the data
+        algo = algo_cls(cfg, KINDS.get(first.kind).tokenizer(cfg.model))
         return cls(cfg, env, algo, workload, plan, strategy, checked)
 
     def announce(self, logger: RunLogger) -> None:
