@@ -42,7 +42,7 @@ def evaluate(algo: OfflineAlgorithm, models: Models, eval_set: list[Example], st
         with strategy.autocast():
             sums.merge(algo.eval_step(models, batch))
     if most > len(loader):
-        filler = {k: v.to(strategy.device) for k, v in algo.data.collate([eval_set[0]]).items()}
+        filler = algo.data.collate([eval_set[0]]).to(strategy.device)
         for _ in range(most - len(loader)):
             with strategy.autocast():
                 algo.eval_step(models, filler)
