@@ -1,7 +1,8 @@
 """Online RL across ranks (worker: tests/distributed/workers/online_rl.py): advantages from gathered
 rewards equal the one-process computation when groups span ranks; ``placement: main`` returns each rank
-its own scores; whitening statistics, reward statistics and lambda are identical on every rank; a
-resumed online run continues exactly (same losses, same final weights of every role)."""
+its own scores; whitening statistics (over the scorable tokens only), reward statistics and lambda are
+identical on every rank; a resumed online run continues exactly (same losses, same final weights of every
+role)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,14 @@ def test_statistics_across_ranks(micro_model: Path, tmp_path: Path) -> None:
         assert r["placement_main_equal_local"]  # rank 0 scored everything, each rank got ITS OWN scores
     assert r0["local_total"] == [1.0, 2.0, 3.0]  # length (1..3 words) + 2 x exact_match (no match)
     assert r1["local_total"] == [6.0, 5.0, 6.0]  # 4 words + 2 x match; 5; 6
-    assert r0["whiten_std"] == r1["whiten_std"]
+    # whitening statistics: the same on both ranks, over the scorable tokens only (rank 1's last sample is
+    # unscorable): rank 0 (0, 0), (1, -1), (2, -2); rank 1 (1, 2), (2, 1) -> mean 6/10, var 20/10 - 0.36
+    assert r0["whiten_stats"] == r1["whiten_stats"]
+    assert r0["whiten_stats"] == pytest.approx([0.6, 2.0 - 0.36], abs=1e-12)
     whitened = [v for r in (r0, r1) for s in r["whitened"] for v in s]
+    assert len(whitened) == 10
     assert abs(sum(whitened)) < 1e-9 and abs(sum(v * v for v in whitened) / len(whitened) - 1) < 1e-6
+    assert r0["unscorable"] == [] and r1["unscorable"] == [[0.0, 0.0]]  # advantage 0 after whitening
 
 
 CASES = {"ppo_lag-ddp": ("ppo_lag", "ddp", 2, []), "grpo-fsdp": ("grpo", "fsdp", 2, []),

@@ -54,6 +54,19 @@ def test_unscored_rewards_are_masked_not_zeroed():
     assert close(ADVANTAGES.get("rloo")(torch.tensor([1.0, nan, 2.0, 4.0, 6.0, nan]), 3), [-1, 0, 1, -2, 2, 0])
 
 
+def test_frac_reward_zero_std_follows_trl_nanstd():
+    from alignkit.algorithms.grpo import group_stats
+
+    # TRL (grpo_trainer.py, is_std_zero = isclose(nanstd(group), 0)): nanstd is NaN with < 2 scored rewards,
+    # so an all-NaN group is not zero-std; [1, 3] has std sqrt(2). The old nan_to_num(0) gave 0.5 here.
+    adv = torch.zeros(4)
+    assert group_stats(torch.tensor([nan, nan, 1.0, 3.0]), adv, 2).means()["frac_reward_zero_std"] == 0.0
+    # a single scored reward: NaN std, not zero; [2, 2, nan]: two scored and equal -> zero; [0, 1, 5]: not
+    r = torch.tensor([nan, 4.0, nan, 2.0, 2.0, nan, 0.0, 1.0, 5.0])
+    assert group_stats(r, torch.zeros(9), 3).means()["frac_reward_zero_std"] == pytest.approx(1 / 3)
+    assert group_stats(torch.tensor([1.0, nan]), torch.zeros(2), 1).means()["frac_reward_zero_std"] == 1.0
+
+
 def test_gae_hand_values():
     rewards = torch.tensor([[0.0, 0.0, 1.0]])
     values = torch.tensor([[0.5, 0.25, 0.5]])

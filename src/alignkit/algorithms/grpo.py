@@ -29,7 +29,7 @@ from alignkit.config.sections import register_section
 from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate
 from alignkit.models.roles import Models, ModelSpec
-from alignkit.rollout.advantages import ADVANTAGES
+from alignkit.rollout.advantages import ADVANTAGES, group_nanstd
 from alignkit.rollout.context import RolloutContext
 from alignkit.rollout.experience import Sample, flat, token_seq
 from alignkit.rollout.score import nan_stats
@@ -121,13 +121,24 @@ def group_stats(rewards: torch.Tensor, adv: torch.Tensor, group_size: int) -> Me
     mean, std, n = nan_stats(rewards)
     m.add("reward_std", std, 1)
     m.add("reward_scored", n / max(1, rewards.numel()), 1)
-    r = rewards.view(-1, group_size)
-    flat_groups = torch.nan_to_num(r, nan=0.0)
-    m.add("frac_reward_zero_std", float((flat_groups.std(1) == 0).double().mean()) if group_size > 1 else 1.0, 1)
+    m.add("frac_reward_zero_std", frac_zero_std(rewards, group_size), 1)
     m.add("advantage_mean", float(adv.mean()), 1)
     m.add("advantage_std", float(adv.std()) if adv.numel() > 1 else 0.0, 1)
     m.add("advantage_abs_max", float(adv.abs().max()), 1)
     return m
+
+
+def frac_zero_std(rewards: torch.Tensor, group_size: int) -> float:
+    """The fraction of groups of ``(P * G,)`` rewards (NaN = unscorable) whose std is zero, as TRL logs it
+    (huggingface/trl f2cd577, trl/trainer/grpo_trainer.py L2690 and L2708: std_rewards = nanstd(rewards.view(-1,
+    G), dim=1); is_std_zero = isclose(std_rewards, 0)). TRL's nanstd (trl/trainer/utils.py L873-880) is the
+    Bessel-corrected std over a group's scored rewards and NaN when fewer than two are scored; isclose(NaN, 0)
+    is False, so an all-NaN group or one with a single scored reward is NOT counted as zero-std. G = 1:
+    TRL's std is 0 (every group is zero-std)."""
+    if group_size == 1:
+        return 1.0
+    std = group_nanstd(rewards, group_size)  # (P,)
+    return float(torch.isclose(std, torch.zeros_like(std)).double().mean())
 
 
 class GRPO(GroupRelative):

@@ -2,18 +2,23 @@
 
 Experience per completion (this rank's samples): old and reference log-probs, the critic's values
 V(s_t) at every completion token, per-token rewards r_t = -kl_coef * KL_t (k1 of the sampled tokens)
-with the clipped sequence reward R added at the last token, GAE (gamma, lam) -> advantages and returns,
-advantages whitened with the mean and variance of EVERY rank's tokens (one all-reduce).
+with the clipped sequence reward R added at the last token, GAE (gamma, lam) -> advantages and returns.
+The advantage the policy trains on is whitened with the mean and variance of EVERY rank's scorable
+tokens (one all-reduce). A completion that a signal could not score (NaN) is unscorable: ``loss_mask``
+0 on its tokens, advantage 0 (before and after whitening), left out of the whitening statistics, and
+it adds nothing to the policy or value losses nor to their normaliser (:meth:`PPO.units`).
 
 ``ppo_lag`` adds a cost signal (cost functions and / or a trained cost model, C > 0 = unsafe) with its
-own critic (role ``cost_value``): per-token costs c_t = +kl_coef * KL_t with C at the last token, so
-that A = (A_r - lambda A_c) / (1 + lambda) keeps the KL penalty at -kl_coef whatever lambda. lambda is
-updated after each iteration from J_C, the mean cost of the last ``window`` iterations over all ranks:
-ln lambda += lambda_lr * lambda * (J_C - threshold), clamped to lambda_max, computed on rank 0 and
-broadcast; it is saved with checkpoints.
+own critic (role ``cost_value``): per-token costs c_t = +kl_coef * KL_t with C at the last token. The
+RAW GAE advantages are combined first, A = (A_r - lambda A_c) / (1 + lambda) (Safe RLHF's actor
+advantage), and only A is whitened: reward and cost weigh 1 : lambda, and since GAE is linear in the
+token rewards, A is the GAE of (r_t - lambda c_t) / (1 + lambda), whose KL part is -kl_coef * KL_t
+whatever lambda. lambda is updated after each iteration from J_C, the mean cost of the last ``window``
+iterations over all ranks: ln lambda += lambda_lr * lambda * (J_C - threshold), clamped to lambda_max,
+computed on rank 0 and broadcast; it is saved with checkpoints.
 
 Loss per micro-batch: {policy: clipped surrogate, value: vf_coef x clipped value loss[, cost_value:
-the same for the cost critic]}, each a token mean over the step's global completion tokens.
+the same for the cost critic]}, each a token mean over the step's global scorable completion tokens.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ class PPOConfig:
     vf_coef: float = f(0.1, "Weight of the value loss (the critic's own optimizer steps it).", gt=0)
     gamma: float = f(1.0, "Discount.", ge=0, le=1)
     lam: float = f(0.95, "GAE lambda.", ge=0, le=1)
-    whiten_advantages: bool = f(True, "Whiten advantages with the mean / std of every rank's tokens.")
+    whiten_advantages: bool = f(True, "Whiten the advantage the policy trains on (ppo_lag: the combined one) with "
+                                "the mean / std of every rank's scorable tokens.")
     reward_clip: float = f(50.0, "Clip the sequence reward (and cost) to +-reward_clip.", gt=0)
     value_model: Optional[str] = f(None, "Critic initialisation (a causal LM or a reward model); null = the policy "
                                    "start (a fresh value head on it).")
@@ -127,17 +133,26 @@ class PPO(OnlineAlgorithm):
             s["kl"] = kl_estimate(torch.tensor(o), torch.tensor(r), p.kl_estimator).tolist()
             kl_all += s["kl"]
         signals = [("reward", "", "value", -1.0)] + ([("cost", "cost_", "cost_value", 1.0)] if self.constrained else [])
+        # scorable = every signal scored the completion; the others carry loss_mask 0 (no gradient, not counted)
+        scored = torch.stack([~torch.isnan(scores[sig][ctx.mine]) for sig, *_ in signals]).all(0).tolist()
+        for s, ok in zip(samples, scored):
+            s["loss_mask"] = [float(ok)] * len(s["completion_ids"])
         for signal, prefix, critic, kl_sign in signals:
             values = self._values(ctx, critic, batches)
-            seq_scores = scores[signal][ctx.mine].tolist()
-            self._advantages(samples, values, seq_scores, prefix, kl_sign)
-            stats = _whiten(samples, prefix + "advantages", enabled=p.whiten_advantages)
-            m.add(f"{signal}_advantage_std_raw", stats, 1)
-        if self.constrained:  # A = (A_r - lambda A_c) / (1 + lambda)
+            self._advantages(samples, values, scores[signal][ctx.mine].tolist(), scored, prefix, kl_sign)
+        names = ["advantages"]
+        if self.constrained:  # A = (A_r - lambda A_c) / (1 + lambda) on the RAW GAE advantages (ALGORITHMS 1.3)
             lam = self.lam
             for s in samples:
+                s["reward_advantages"] = s["advantages"]
                 s["advantages"] = [(a - lam * c) / (1 + lam) for a, c in zip(s["advantages"], s["cost_advantages"])]
+            names = ["advantages", "reward_advantages", "cost_advantages"]
             self._cost_mean = nan_stats(scores["cost"])[0]
+        moments = token_moments(samples, names)  # one all-reduce over every rank's scorable tokens
+        if p.whiten_advantages:  # whiten once: the advantage the policy trains on
+            whiten_tokens(samples, "advantages", *moments["advantages"])
+        for signal, name in zip(("reward", "cost"), names[-len(signals):]):
+            m.add(f"{signal}_advantage_std_raw", math.sqrt(moments[name][1]), 1)
         mean, std, _ = nan_stats(scores["reward"])
         m.add("reward_std", std, 1)
         kl_sum = comm.all_reduce_sum(torch.tensor([sum(kl_all), len(kl_all)], dtype=torch.float64))
@@ -152,14 +167,15 @@ class PPO(OnlineAlgorithm):
                 out += per_sequence(ctx.models.values(role, batch), batch)
         return out
 
-    def _advantages(self, samples: list[Sample], values: list[list[float]], seq_scores: list[float], prefix: str,
-                    kl_sign: float) -> None:
+    def _advantages(self, samples: list[Sample], values: list[list[float]], seq_scores: list[float],
+                    scored: list[bool], prefix: str, kl_sign: float) -> None:
         """GAE of one signal per sample: token rewards kl_sign x kl_coef x KL_t, the clipped sequence score
-        at the last token; a NaN score (unscorable) masks the sample: advantage 0, returns = values."""
+        at the last token; an unscorable sample (``scored`` False: a NaN in any signal) gets advantage 0 and
+        returns = values (its ``loss_mask`` keeps it out of the losses)."""
         p = self.cfg.section(PPOConfig)
-        for s, v, score in zip(samples, values, seq_scores):
+        for s, v, score, ok in zip(samples, values, seq_scores, scored):
             s[prefix + "values"] = v
-            if math.isnan(score):
+            if not ok:
                 s[prefix + "advantages"], s[prefix + "returns"] = [0.0] * len(v), list(v)
                 continue
             tok = torch.tensor([kl_sign * p.kl_coef * k for k in s["kl"]], dtype=torch.float32)
@@ -175,7 +191,8 @@ class PPO(OnlineAlgorithm):
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
         per_token, clipped = clipped_surrogate(logps, flat(batch, "old_logps"), flat(batch, "advantages"),
                                                eps_low=p.epsilon, eps_high=p.epsilon_high or p.epsilon)
-        losses = {"policy": aggregate(per_token, seq, S, mode="token_mean", normalizer=normalizer)}
+        keep = flat(batch, "loss_mask")  # (N,) 0 on unscorable samples' tokens: no gradient, not in units()
+        losses = {"policy": aggregate(per_token * keep, seq, S, mode="token_mean", normalizer=normalizer)}
         m = MetricSums()
         m.add_mean("clip_fraction", clipped)
         m.add_mean("entropy", -logps.detach())
@@ -184,12 +201,13 @@ class PPO(OnlineAlgorithm):
             values = models.values(role, batch)
             vl = clipped_value_loss(values, flat(batch, prefix + "values"), flat(batch, prefix + "returns"),
                                     clip=p.value_clip)
-            losses[role] = p.vf_coef * aggregate(vl, seq, S, mode="token_mean", normalizer=normalizer)
+            losses[role] = p.vf_coef * aggregate(vl * keep, seq, S, mode="token_mean", normalizer=normalizer)
             m.add_mean(f"{role}_loss", vl.detach())
         return losses, m
 
     def units(self, batch: Batch) -> int:
-        return int(batch["response_lengths"].sum())
+        """The micro-batch's scorable completion tokens (``loss_mask`` 1): the step loss is their mean."""
+        return int(batch["loss_mask"].sum())
 
     # ------------------------------------------------------------------ dual variable
     def on_step_end(self, ctx: Context) -> dict[str, float]:
@@ -208,18 +226,31 @@ class PPO(OnlineAlgorithm):
             self.multiplier.load_state_dict(state)
 
 
-def _whiten(samples: list[Sample], name: str, *, enabled: bool) -> float:
-    """Whiten ``name`` over every token of every rank (one all-reduce); returns the raw std."""
-    values = [v for s in samples for v in s[name]]
-    stats = comm.all_reduce_sum(torch.tensor([sum(values), sum(v * v for v in values), len(values)],
-                                             dtype=torch.float64))
-    n = max(1.0, float(stats[2]))
-    mean = float(stats[0]) / n
-    var = max(0.0, float(stats[1]) / n - mean * mean)
-    if enabled:
-        for s in samples:
-            s[name] = whiten(torch.tensor(s[name], dtype=torch.float64), mean, var).tolist()
-    return math.sqrt(var)
+def token_moments(samples: list[Sample], names: list[str]) -> dict[str, tuple[float, float]]:
+    """Mean and (biased) variance of each per-token field in ``names`` over the tokens with ``loss_mask`` 1
+    of every rank's samples, in ONE all-reduce of [sum_x, sum_x^2 per name..., count] (float64)."""
+    keep = [[k > 0 for k in s["loss_mask"]] for s in samples]
+    sums: list[float] = []
+    n = 0
+    for name in names:
+        values = [v for s, k in zip(samples, keep) for v, ok in zip(s[name], k) if ok]
+        sums += [sum(values), sum(v * v for v in values)]
+        n = len(values)
+    stats = comm.all_reduce_sum(torch.tensor(sums + [n], dtype=torch.float64))
+    count = max(1.0, float(stats[-1]))
+    out: dict[str, tuple[float, float]] = {}
+    for i, name in enumerate(names):
+        mean = float(stats[2 * i]) / count
+        out[name] = (mean, max(0.0, float(stats[2 * i + 1]) / count - mean * mean))
+    return out
+
+
+def whiten_tokens(samples: list[Sample], name: str, mean: float, var: float) -> None:
+    """(x - mean) / sqrt(var + 1e-8) on the tokens with ``loss_mask`` 1; masked tokens keep their value (0)."""
+    for s in samples:
+        x = torch.tensor(s[name], dtype=torch.float64)
+        keep = torch.tensor(s["loss_mask"]) > 0
+        s[name] = torch.where(keep, whiten(x, mean, var), x).tolist()
 
 
 class PPOLag(PPO):

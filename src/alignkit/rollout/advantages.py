@@ -50,6 +50,14 @@ def _masked_std(r: Tensor, ok: Tensor, mean: Tensor, dim: int | None) -> Tensor:
     return (dev.sum(dim, keepdim=True) / (n - 1).clamp_min(1)).sqrt()
 
 
+def group_nanstd(rewards: Tensor, group_size: int) -> Tensor:
+    """``(P,)`` each group's sample std over its scored rewards; NaN when fewer than two are scored (TRL's
+    ``nanstd``, trl/trainer/utils.py: Bessel's correction count / (count - 1) is NaN for count <= 1)."""
+    r, ok = _groups(rewards, group_size)
+    std = _masked_std(r, ok, _group_mean(r, ok), dim=1).squeeze(1)
+    return torch.where(ok.sum(1) > 1, std, torch.full_like(std, float("nan")))
+
+
 @ADVANTAGES.register("grpo")
 def grpo_advantages(rewards: Tensor, group_size: int, *, scale_rewards: str = "group") -> Tensor:
     """A_i = (r_i - mean_group) / (std + 1e-4); std of the group (``group``), of all scored rewards of

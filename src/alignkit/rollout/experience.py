@@ -2,11 +2,12 @@
 
 A sample is one completion of one prompt: ``prompt_ids``, ``completion_ids`` and per-token lists
 (one value per completion token: ``old_logps``, ``ref_logps``, ``advantages``, ``returns``,
-``values``, ...) plus per-sequence scalars (``reward``, ...). :func:`collate_samples` right-pads them
-into the layout of the log-prob forward: ``targets[b, p]`` is the token after position p for the
-completion positions only (the prompt never carries loss), and every per-token field is a ``(B, T)``
-float tensor holding its values at exactly those positions, so ``flat(batch, name)`` lines up with
-``forward_logps``' ``(N,)`` output token for token.
+``values``, ``loss_mask`` (1 = trained on, 0 = a token of an unscorable completion), ...) plus
+per-sequence scalars (``reward``, ...). :func:`collate_samples` right-pads them into the layout of
+the log-prob forward: ``targets[b, p]`` is the token after position p for the completion positions
+only (the prompt never carries loss), and every per-token field is a ``(B, T)`` float tensor holding
+its values at exactly those positions, so ``flat(batch, name)`` lines up with ``forward_logps``'
+``(N,)`` output token for token.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from alignkit.data.batch import Batch
 
 #: per-token fields a sample may carry (one float per completion token)
 TOKEN_FIELDS = ("old_logps", "ref_logps", "advantages", "returns", "values", "cost_advantages", "cost_returns",
-                "cost_values")
+                "cost_values", "loss_mask")
 #: per-sequence float fields
 SEQUENCE_FIELDS = ("rewards", "costs")
 

@@ -2,7 +2,8 @@
 
 ``stats``: groups split across ranks -> advantages from the gathered rewards equal the one-process
 computation on the same samples; ``placement: main`` gives each rank the scores of its own samples;
-global whitening statistics are the same on every rank. Writes ``stats_RANK.json``.
+global whitening statistics are the same on every rank and leave out an unscorable sample (rank 1's
+last), which keeps advantage 0. Writes ``stats_RANK.json``.
 
 ``resume ALGO``: a straight run (4 iterations, checkpoint at 2) and a run resumed from a copy of
 checkpoint-2; every rank writes what it saw (its lambda, the iteration statistics) to
@@ -31,7 +32,7 @@ from alignkit.train.runner import run_train
 def stats_mode(out: Path) -> None:
     import torch.distributed as dist
 
-    from alignkit.algorithms.ppo import _whiten
+    from alignkit.algorithms.ppo import token_moments, whiten_tokens
     from alignkit.config.schema import DistributedConfig
     from alignkit.distributed.env import read_env
     from alignkit.distributed.strategy import build_strategy
@@ -58,9 +59,14 @@ def stats_mode(out: Path) -> None:
                   placement="main").score(None, inputs, None)
     report["placement_main_equal_local"] = main == local
     report["local_total"] = local["total"]
-    samples = [{"adv": [float(rank + i), float(2 * rank - i)]} for i in range(n_local)]
-    report["whiten_std"] = _whiten(samples, "adv", enabled=True)
-    report["whitened"] = [s["adv"] for s in samples]
+    samples = [{"adv": [float(rank + i), float(2 * rank - i)], "loss_mask": [1.0, 1.0]} for i in range(n_local)]
+    if rank == 1:  # an unscorable sample (PPO gives it advantage 0, loss_mask 0): out of the statistics
+        samples[-1] = {"adv": [0.0, 0.0], "loss_mask": [0.0, 0.0]}
+    mean, var = token_moments(samples, ["adv"])["adv"]
+    whiten_tokens(samples, "adv", mean, var)
+    report["whiten_stats"] = [mean, var]
+    report["whitened"] = [s["adv"] for s in samples if s["loss_mask"][0]]
+    report["unscorable"] = [s["adv"] for s in samples if not s["loss_mask"][0]]
     (out / f"stats_{rank}.json").write_text(json.dumps(report))
 
 
