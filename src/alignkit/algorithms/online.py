@@ -67,6 +67,17 @@ class OnlineAlgorithm(Algorithm):
         self.data = PromptData(tokenizer, cfg.data, max_new_tokens=cfg.section(RolloutConfig).max_new_tokens)
         self.reference = "none"
 
+    @property
+    def sampling_temperature(self) -> float:
+        """The temperature of every log-prob the update uses (old, new, reference, and the logged entropy):
+        the sampler's ``rollout.temperature``, so ratios and KL are of the distribution the completions were
+        drawn from (TRL's grpo_trainer ``_get_per_token_logps_and_entropies``: ``logits.div_(self.temperature)``;
+        its PPO trainer ``logits /= args.temperature + 1e-7``). Top-k / top-p are NOT applied to these
+        log-probs: TRL samples with them but scores the full tempered softmax (no truncation in
+        ``_get_per_token_logps_and_entropies``), and so do we. Greedy rollouts (temperature 0) score at 1.0."""
+        t = self.cfg.section(RolloutConfig).temperature
+        return t if t > 0 else 1.0
+
     def scorers(self) -> dict[str, Scorer]:
         """The signals a rollout scores and gathers: ``reward`` always (``reward.*``), more (``cost``) if any."""
         r, ro = self.cfg.section(RewardConfig), self.cfg.section(RolloutConfig)
@@ -125,11 +136,12 @@ class OnlineAlgorithm(Algorithm):
     @torch.no_grad()
     def token_logps(self, ctx: RolloutContext, batches: list[Batch], *, role: str = "policy") -> list[list[float]]:
         """Per-sample completion-token log-probs of ``role`` (``reference`` served by the LoRA base when
-        it shares the policy: ``Models.running``), in the training forward's numerics."""
+        it shares the policy: ``Models.running``) at the :attr:`sampling_temperature`, in the training
+        forward's numerics."""
         out: list[list[float]] = []
         for batch in batches:
             with ctx.strategy.autocast():
-                out += per_sequence(ctx.models.logps(role, batch), batch)
+                out += per_sequence(ctx.models.logps(role, batch, temperature=self.sampling_temperature), batch)
         return out
 
 
