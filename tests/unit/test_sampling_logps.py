@@ -3,7 +3,8 @@
 * the chunked LM-head op and ``CausalLMLogps`` at a temperature equal ``log_softmax(logits / T)`` computed
   naively from full logits, with the exact entropy of that softmax, chunk by chunk (never (N, V) at once);
 * GRPO's old, new and reference log-probs are all at ``rollout.temperature`` (first ratio exactly 1), and
-  its ``entropy`` metric is the exact entropy, not the sampled estimate ``mean(-log p(y))``.
+  its ``entropy`` metric is the exact entropy, not the sampled estimate ``mean(-log p(y))``;
+* ``rollout.disable_dropout`` (default): a LoRA policy with dropout 0.05 gives old == new log-probs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from alignkit.algorithms import ALGORITHMS, workload_of
+from alignkit.algorithms.base import Context
 from alignkit.config.loader import build_dataclass
 from alignkit.config.schema import ModelConfig, RunConfig
 from alignkit.constants import IGNORE_INDEX
@@ -136,6 +138,7 @@ def first_update(algo: Any, models: Any, ctx: RolloutContext, monkeypatch: pytes
 def test_grpo_old_new_and_reference_logps_are_at_the_sampling_temperature(micro_model: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     algo, models, ctx = online_setup(micro_model)
+    algo.before_training(Context(models, ctx.strategy), [], [])
     batch, new, old, metrics = first_update(algo, models, ctx, monkeypatch)
     assert torch.equal(new, old)  # the first ratio is exactly 1
     keep = batch["targets"] != IGNORE_INDEX
@@ -151,3 +154,33 @@ def test_grpo_old_new_and_reference_logps_are_at_the_sampling_temperature(micro_
     # the logged entropy: the exact one of softmax(logits / T), not the sampled estimate mean(-log p(y))
     assert metrics["entropy"] == pytest.approx(float(entropy.mean()), abs=1e-5)
     assert abs(metrics["entropy"] - float(-want.mean())) > 1e-3, (metrics["entropy"], float(-want.mean()))
+
+
+def perturbed_lora(models: Any) -> None:
+    """LoRA B starts at zero (its dropout then changes nothing): give it the values a few updates would."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in models["policy"].named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_disable_dropout_makes_the_first_ratio_exactly_one(micro_model: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            disable: bool) -> None:
+    extra = {} if disable else {"disable_dropout": False}  # true is the default
+    algo, models, ctx = online_setup(micro_model, lora=True, **extra)
+    policy = models["policy"]
+    assert any(isinstance(m, torch.nn.Dropout) and m.p == 0.05 for m in policy.modules())
+    for m in policy.modules():  # a checkpoint whose config sets attention dropout: zeroed too
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.1
+    perturbed_lora(models)
+    algo.before_training(Context(models, ctx.strategy), [], [])  # what OnlineTrainer.fit calls first
+    _, new, old, _ = first_update(algo, models, ctx, monkeypatch)
+    if disable:
+        assert all(m.p == 0 for m in policy.modules() if isinstance(m, torch.nn.Dropout))
+        assert all(m.attention_dropout == 0 for m in policy.modules() if hasattr(m, "attention_dropout"))
+        assert torch.equal(new, old)
+    else:  # the old behaviour: dropout in both forwards, the first ratio is noise
+        assert (new - old).abs().max() > 1e-4

@@ -192,8 +192,29 @@ class Models:
         for h in self.handles.values():
             h.module.train(mode)
 
+    def disable_dropout(self) -> None:
+        """Zero the dropout of every trainable model (:func:`disable_dropout`), so a forward in train mode
+        is deterministic: the online algorithms' old log-probs equal the first update's new ones. Frozen
+        roles already run in eval mode (``Strategy.prepare_frozen``; ``running`` for a shared LoRA base)."""
+        for h in self.handles.values():
+            disable_dropout(h.module)
+
     def __iter__(self) -> Iterator[str]:
         return iter([*self.handles, *self.frozen])
+
+
+def disable_dropout(module: nn.Module) -> None:
+    """Set every ``nn.Dropout``'s ``p`` to 0 in ``module`` (LoRA's ``lora_dropout`` included), as TRL's
+    ``disable_dropout_in_model`` (trl/trainer/utils.py) does for its GRPO (``disable_dropout``) and PPO
+    trainers. Also zeroes the float ``attention_dropout`` attribute that HF attention modules (Llama, Qwen2,
+    Mistral, ...) copy from their config and apply functionally in train mode (TRL leaves it, which keeps
+    old != new log-probs for a checkpoint whose config sets it > 0); the config itself is left as it is, so
+    a saved checkpoint keeps the user's value."""
+    for m in module.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.0
 
 
 #: frozen roles that read text of their own (scorers, a red-team target): they keep their own tokenizer
