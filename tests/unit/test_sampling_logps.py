@@ -90,19 +90,20 @@ def test_causal_lm_logps_at_a_temperature_equal_the_hf_models_logits(micro_model
     torch.testing.assert_close(h.double(), want_h, rtol=0, atol=2e-5)
 
 
-def online_setup(micro_model: Path, *, lora: bool = False, **rollout: Any) -> tuple[Any, Any, RolloutContext]:
-    """GRPO at temperature 0.7, two update epochs, on the micro model: beta 0.1 (a frozen reference), or
-    a LoRA policy with dropout 0.05 (no reference)."""
-    raw = {"algorithm": "grpo", "model": {"name_or_path": str(micro_model), "dtype": "fp32"},
+def online_setup(micro_model: Path, *, lora: bool = False, algorithm: str = "grpo",
+                 **rollout: Any) -> tuple[Any, Any, RolloutContext]:
+    """GRPO (or PPO) at temperature 0.7, two update epochs, on the micro model: beta 0.1 (a frozen
+    reference), or a LoRA policy with dropout 0.05 (no reference)."""
+    raw = {"algorithm": algorithm, "model": {"name_or_path": str(micro_model), "dtype": "fp32"},
            "data": {"train": "x.jsonl"}, "training": {"per_device_batch_size": 4},
            "rollout": {"num_generations": 4, "max_new_tokens": 6, "temperature": T, "update_epochs": 2, **rollout},
-           "grpo": {"beta": 0.1}}
+           **({"grpo": {"beta": 0.1}} if algorithm == "grpo" else {})}
     if lora:
         raw["model"]["lora"] = {"r": 4, "alpha": 8, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
         raw["grpo"] = {"beta": 0.0}
     cfg = build_dataclass(RunConfig, raw)
     tok = load_tokenizer(cfg.model)
-    algo = ALGORITHMS.get("grpo")(cfg, tok)
+    algo = ALGORITHMS.get(algorithm)(cfg, tok)
     strategy = strategy_for(cfg, SINGLE)
     models = build_models(workload_of(cfg), cfg.model, strategy, tok,
                           make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.0))
@@ -115,20 +116,22 @@ def online_setup(micro_model: Path, *, lora: bool = False, **rollout: Any) -> tu
 def first_update(algo: Any, models: Any, ctx: RolloutContext, monkeypatch: pytest.MonkeyPatch):
     """Rollout at T, the experience (old / reference log-probs), then the first update's loss in train
     mode; returns (the batch, new log-probs and old ones as the surrogate saw them, the loss metrics)."""
-    import alignkit.algorithms.grpo as grpo
+    import importlib
+
+    module = importlib.import_module(type(algo).__module__)  # grpo.py or ppo.py: its clipped_surrogate
 
     torch.manual_seed(0)
     gens = ctx.generate("policy", [r["prompt_ids"] for r in ctx.rows])
     samples = ctx.samples(gens.completion_ids)
     algo.make_experience(ctx, samples, ctx.batches(samples), {"reward": torch.tensor([1.0, 0.0, 0.5, 0.2])})
     seen: dict[str, torch.Tensor] = {}
-    surrogate = grpo.clipped_surrogate
+    surrogate = module.clipped_surrogate
 
     def spy(logps: torch.Tensor, old: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         seen["new"], seen["old"] = logps.detach(), old
         return surrogate(logps, old, *args, **kwargs)
 
-    monkeypatch.setattr(grpo, "clipped_surrogate", spy)
+    monkeypatch.setattr(module, "clipped_surrogate", spy)
     models.train()
     batch = algo.collate(samples)
     _, metrics = algo.loss(models, batch, normalizer=1.0)
@@ -154,6 +157,21 @@ def test_grpo_old_new_and_reference_logps_are_at_the_sampling_temperature(micro_
     # the logged entropy: the exact one of softmax(logits / T), not the sampled estimate mean(-log p(y))
     assert metrics["entropy"] == pytest.approx(float(entropy.mean()), abs=1e-5)
     assert abs(metrics["entropy"] - float(-want.mean())) > 1e-3, (metrics["entropy"], float(-want.mean()))
+
+
+def test_ppo_old_and_new_logps_and_entropy_at_the_sampling_temperature(micro_model: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    algo, models, ctx = online_setup(micro_model, algorithm="ppo")
+    algo.before_training(Context(models, ctx.strategy), [], [])
+    batch, new, old, metrics = first_update(algo, models, ctx, monkeypatch)
+    assert torch.equal(new, old)
+    keep = batch["targets"] != IGNORE_INDEX
+    with torch.no_grad():
+        logits = models["policy"].hf_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    want, entropy = naive(logits[keep].double(), batch["targets"][keep], T)
+    torch.testing.assert_close(new.double(), want, rtol=0, atol=2e-5)
+    torch.testing.assert_close(flat(batch, "ref_logps").double(), want, rtol=0, atol=2e-5)  # reference = the start
+    assert metrics["entropy"] == pytest.approx(float(entropy.mean()), abs=1e-5)
 
 
 def perturbed_lora(models: Any) -> None:
