@@ -51,9 +51,15 @@ class BanditKind(ModelKind):
         model.load_state_dict(load_file(str(Path(spec.source, "model.safetensors"))))
         return model
 
-    def logps(self, module: nn.Module, batch: Batch) -> torch.Tensor:
+    def logps(self, module: nn.Module, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False) -> Any:
         keep = batch["targets"] != IGNORE_INDEX  # the action, predicted at the prompt's last position
-        return module(batch["input_ids"][keep]).gather(1, batch["targets"][keep][:, None]).squeeze(1)
+        table = module(batch["input_ids"][keep])  # (N, 4) log-probs; at a temperature: log_softmax(logits / T)
+        if temperature != 1.0:
+            table = torch.log_softmax(table / temperature, dim=-1)
+        logps = table.gather(1, batch["targets"][keep][:, None]).squeeze(1)
+        if not with_entropy:
+            return logps
+        return logps, -(table.exp() * table).sum(-1).detach()
 
     def generate(self, module: nn.Module, engine: Any, prompts: list[Any], params: SamplingParams, *,
                  synced: bool = False) -> Generations:

@@ -121,8 +121,9 @@ class Algorithm(ABC):
         tensor for the trainable role, or ``{role: loss}`` when several roles train."""
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
-        """Called once, after the models are built and placed, before the first step (and before a
-        resume restores weights). E.g. DPO caches reference log-probs in the examples."""
+        """Called once by either loop, after the models are built and placed, before the first step (and
+        before a resume restores weights); ``train_set`` / ``eval_set``: the examples (offline) or prompt rows
+        (online). E.g. DPO caches reference log-probs in the examples; online algorithms zero dropout."""
 
     def on_step_end(self, ctx: Context) -> dict[str, float]:
         """After each optimizer step (offline) or each iteration's updates (online), with ``ctx.metrics``

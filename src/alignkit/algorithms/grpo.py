@@ -93,7 +93,8 @@ class GroupRelative(OnlineAlgorithm):
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
         g = self.cfg.section(GRPOConfig)
-        logps = models.logps("policy", batch)
+        # at the sampler's temperature, with the exact entropy of softmax(logits / T) (algorithms/online.py)
+        logps, entropy = models.logps("policy", batch, temperature=self.sampling_temperature, with_entropy=True)
         old = flat(batch, "old_logps") if "old_logps" in batch else logps.detach()
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
         per_token, clipped = clipped_surrogate(logps, old, flat(batch, "advantages"), eps_low=g.epsilon,
@@ -105,7 +106,7 @@ class GroupRelative(OnlineAlgorithm):
             per_token = per_token + g.beta * kl
             m.add_mean("kl", kl.detach())
         m.add_mean("clip_fraction", clipped)
-        m.add_mean("entropy", -logps.detach())  # sampled estimate: E[-log pi(y_t)] over generated tokens
+        m.add_mean("entropy", entropy)  # exact per-position entropy of the sampling distribution, token mean
         return aggregate(per_token, seq, S, mode=self.aggregation, normalizer=normalizer), m
 
     def units(self, batch: Batch) -> int:

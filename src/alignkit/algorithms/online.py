@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from alignkit.algorithms.base import Algorithm, Batch, MetricSums
+from alignkit.algorithms.base import Algorithm, Batch, Context, Example, MetricSums
 from alignkit.algorithms.reward import RewardConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
@@ -50,6 +50,10 @@ class RolloutConfig:
         "sharded model (parameters gathered per forward: slow, for models too big to gather).")
     generation_batch_size: int = f(64, "Sequences per generate call.", gt=0)
     log_samples: int = f(2, "Prompt / completion samples written to the JSONL log per logged iteration.", ge=0)
+    disable_dropout: bool = f(
+        True, "Zero every dropout of the trained models (policy, critics) once at the start, as TRL's "
+        "disable_dropout: the old log-probs are taken in train mode, and with dropout (LoRA's 0.05) the first "
+        "update's ratio would be noise instead of exactly 1.")
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -66,6 +70,26 @@ class OnlineAlgorithm(Algorithm):
         super().__init__(cfg, tokenizer)
         self.data = PromptData(tokenizer, cfg.data, max_new_tokens=cfg.section(RolloutConfig).max_new_tokens)
         self.reference = "none"
+
+    def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
+        """Once before the first rollout (``train_set``: the prompt rows): with ``rollout.disable_dropout``
+        (default) every dropout of the trainable models is zeroed (``Models.disable_dropout``). The loop
+        keeps the trained models in train mode, so the old log-probs of :meth:`token_logps` and the first
+        update's new ones are the same deterministic forward (ratio exactly 1, as PPO assumes) and the
+        critics' values are not dropout noise either. Overrides must call it."""
+        if self.cfg.section(RolloutConfig).disable_dropout:
+            ctx.models.disable_dropout()
+
+    @property
+    def sampling_temperature(self) -> float:
+        """The temperature of every log-prob the update uses (old, new, reference, and the logged entropy):
+        the sampler's ``rollout.temperature``, so ratios and KL are of the distribution the completions were
+        drawn from (TRL's grpo_trainer ``_get_per_token_logps_and_entropies``: ``logits.div_(self.temperature)``;
+        its PPO trainer ``logits /= args.temperature + 1e-7``). Top-k / top-p are NOT applied to these
+        log-probs: TRL samples with them but scores the full tempered softmax (no truncation in
+        ``_get_per_token_logps_and_entropies``), and so do we. Greedy rollouts (temperature 0) score at 1.0."""
+        t = self.cfg.section(RolloutConfig).temperature
+        return t if t > 0 else 1.0
 
     def scorers(self) -> dict[str, Scorer]:
         """The signals a rollout scores and gathers: ``reward`` always (``reward.*``), more (``cost``) if any."""
@@ -125,11 +149,12 @@ class OnlineAlgorithm(Algorithm):
     @torch.no_grad()
     def token_logps(self, ctx: RolloutContext, batches: list[Batch], *, role: str = "policy") -> list[list[float]]:
         """Per-sample completion-token log-probs of ``role`` (``reference`` served by the LoRA base when
-        it shares the policy: ``Models.running``), in the training forward's numerics."""
+        it shares the policy: ``Models.running``) at the :attr:`sampling_temperature`, in the training
+        forward's numerics."""
         out: list[list[float]] = []
         for batch in batches:
             with ctx.strategy.autocast():
-                out += per_sequence(ctx.models.logps(role, batch), batch)
+                out += per_sequence(ctx.models.logps(role, batch, temperature=self.sampling_temperature), batch)
         return out
 
 

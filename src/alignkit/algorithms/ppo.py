@@ -187,7 +187,8 @@ class PPO(OnlineAlgorithm):
     # ------------------------------------------------------------------ update
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[dict[str, torch.Tensor], MetricSums]:
         p = self.cfg.section(PPOConfig)
-        logps = models.logps("policy", batch)
+        # at the sampler's temperature, with the exact entropy of softmax(logits / T) (algorithms/online.py)
+        logps, entropy = models.logps("policy", batch, temperature=self.sampling_temperature, with_entropy=True)
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
         per_token, clipped = clipped_surrogate(logps, flat(batch, "old_logps"), flat(batch, "advantages"),
                                                eps_low=p.epsilon, eps_high=p.epsilon_high or p.epsilon)
@@ -195,7 +196,7 @@ class PPO(OnlineAlgorithm):
         losses = {"policy": aggregate(per_token * keep, seq, S, mode="token_mean", normalizer=normalizer)}
         m = MetricSums()
         m.add_mean("clip_fraction", clipped)
-        m.add_mean("entropy", -logps.detach())
+        m.add_mean("entropy", entropy)  # exact per-position entropy of the sampling distribution, token mean
         critics = [("value", "")] + ([("cost_value", "cost_")] if self.constrained else [])
         for role, prefix in critics:
             values = models.values(role, batch)

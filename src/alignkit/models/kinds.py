@@ -49,8 +49,12 @@ class ModelKind:
 
         return load_tokenizer(cfg)
 
-    def logps(self, module: nn.Module, batch: Batch) -> torch.Tensor:
-        """``(N,)`` log-probs of the batch's given outputs (``targets``), row-major over scored positions."""
+    def logps(self, module: nn.Module, batch: Batch, *, temperature: float = 1.0,
+              with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``(N,)`` log-probs of the batch's given outputs (``targets``), row-major over scored positions, under
+        the model's distribution at ``temperature`` (online algorithms pass the sampler's; 1.0 = the model's
+        own, and must give exactly the untempered numbers); with ``with_entropy`` the pair (log-probs, ``(N,)``
+        exact entropies of that distribution at the same positions, no gradient: a metric)."""
         raise TypeError(f"a {self.name!r} model has no log-probs (it is not a policy)")
 
     def scores(self, module: nn.Module, batch: Batch) -> torch.Tensor:
@@ -96,10 +100,11 @@ class CausalLMKind(ModelKind):
         lm = load_lm(cfg, name_or_path=spec.source, dtype=dtype, trainable=spec.trainable)
         return CausalLMLogps(lm, chunk_size=spec.chunk_size)
 
-    def logps(self, module: nn.Module, batch: Batch) -> torch.Tensor:
+    def logps(self, module: nn.Module, batch: Batch, *, temperature: float = 1.0,
+              with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         from alignkit.models.policy import forward_logps
 
-        return forward_logps(module, batch)
+        return forward_logps(module, batch, temperature=temperature, with_entropy=with_entropy)
 
     def generate(self, module: nn.Module, engine: RolloutEngine, prompts: list[Any], params: SamplingParams, *,
                  synced: bool = False) -> Generations:

@@ -40,23 +40,30 @@ class CausalLMLogps(nn.Module):
         self.hf_model = hf_model
         self.chunk_size = chunk_size
 
-    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, **inputs: Any) -> torch.Tensor:
-        """log p(targets) at every position whose target is not IGNORE_INDEX.
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
+                with_entropy: bool = False, **inputs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """log p(targets) at every position whose target is not IGNORE_INDEX, under ``softmax(logits / temperature)``.
 
         input_ids, targets: (B, T); ``inputs``: any other model inputs (attention_mask,
-        position_ids, pixel_values, ...). Returns (N,) float32 in row-major order of those positions.
+        position_ids, pixel_values, ...). ``temperature`` and ``with_entropy`` are arguments of the call,
+        never batch inputs (1.0: the model's own distribution, as offline algorithms use it). Returns (N,)
+        float32 in row-major order of those positions; with ``with_entropy`` also (N,) the exact entropy of
+        the tempered next-token distribution at each of them (no gradient), from the same LM-head chunks.
         """
         backbone, head = split_lm(self.hf_model)
         hidden = final_hidden(backbone, self.hf_model, input_ids, inputs)  # (B, T, H)
         keep = targets != IGNORE_INDEX
         return chunked_token_logps(
-            hidden[keep], head.weight, targets[keep], bias=getattr(head, "bias", None), chunk_size=self.chunk_size
+            hidden[keep], head.weight, targets[keep], bias=getattr(head, "bias", None), chunk_size=self.chunk_size,
+            temperature=temperature, with_entropy=with_entropy,
         )
 
 
-def forward_logps(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """``(N,)`` log-probs of the batch's targets (row-major over non-ignored positions)."""
-    return model(targets=batch["targets"], **model_inputs(batch))
+def forward_logps(model: nn.Module, batch: Batch, *, temperature: float = 1.0,
+                  with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``(N,)`` log-probs of the batch's targets (row-major over non-ignored positions) under ``logits /
+    temperature``; with ``with_entropy`` the pair (log-probs, ``(N,)`` entropies) (``CausalLMLogps.forward``)."""
+    return model(targets=batch["targets"], temperature=temperature, with_entropy=with_entropy, **model_inputs(batch))
 
 
 def sequence_sums(token_logps: torch.Tensor, batch: Batch) -> torch.Tensor:

@@ -162,10 +162,13 @@ class Models:
         finally:
             owner.train(was_training)
 
-    def logps(self, role: str, batch: Batch) -> torch.Tensor:
-        """``(N,)`` log-probs of the batch's targets under ``role`` (row-major over target positions)."""
+    def logps(self, role: str, batch: Batch, *, temperature: float = 1.0,
+              with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``(N,)`` log-probs of the batch's targets under ``role`` (row-major over target positions), of
+        ``softmax(logits / temperature)`` (online algorithms: the sampler's temperature; offline: 1.0); with
+        ``with_entropy`` the pair (log-probs, ``(N,)`` exact entropies of that distribution, no gradient)."""
         with self.running(role) as module:
-            return self.kind(role).logps(module, batch)
+            return self.kind(role).logps(module, batch, temperature=temperature, with_entropy=with_entropy)
 
     def sequence_logps(self, role: str, batch: Batch) -> torch.Tensor:
         """``(S,)`` per-sequence sums of :meth:`logps` (``seq_index``; S = ``len(response_lengths)``)."""
@@ -189,8 +192,29 @@ class Models:
         for h in self.handles.values():
             h.module.train(mode)
 
+    def disable_dropout(self) -> None:
+        """Zero the dropout of every trainable model (:func:`disable_dropout`), so a forward in train mode
+        is deterministic: the online algorithms' old log-probs equal the first update's new ones. Frozen
+        roles already run in eval mode (``Strategy.prepare_frozen``; ``running`` for a shared LoRA base)."""
+        for h in self.handles.values():
+            disable_dropout(h.module)
+
     def __iter__(self) -> Iterator[str]:
         return iter([*self.handles, *self.frozen])
+
+
+def disable_dropout(module: nn.Module) -> None:
+    """Set every ``nn.Dropout``'s ``p`` to 0 in ``module`` (LoRA's ``lora_dropout`` included), as TRL's
+    ``disable_dropout_in_model`` (trl/trainer/utils.py) does for its GRPO (``disable_dropout``) and PPO
+    trainers. Also zeroes the float ``attention_dropout`` attribute that HF attention modules (Llama, Qwen2,
+    Mistral, ...) copy from their config and apply functionally in train mode (TRL leaves it, which keeps
+    old != new log-probs for a checkpoint whose config sets it > 0); the config itself is left as it is, so
+    a saved checkpoint keeps the user's value."""
+    for m in module.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.0
 
 
 #: frozen roles that read text of their own (scorers, a red-team target): they keep their own tokenizer

@@ -7,7 +7,8 @@ Two entry points:
   Its backward is also chunked, so neither pass holds a float32 copy of the whole logits tensor.
 * :func:`chunked_token_logps` fuses the LM head: from hidden states ``(N, H)`` and the head weight
   ``(V, H)`` it computes ``log p(target)`` chunk by chunk and recomputes each chunk's logits in
-  backward, so no ``(N, V)`` tensor ever exists (the Liger / "cut cross-entropy" idea, in PyTorch).
+  backward, so no ``(N, V)`` tensor ever exists (the Liger / "cut cross-entropy" idea, in PyTorch);
+  optionally at a sampling temperature (``logits / T``) and with each row's entropy.
 
 Both use the identity  d log_softmax(z)[y] / dz = onehot(y) - softmax(z)  to write the backward.
 """
@@ -127,34 +128,44 @@ def token_logps_from_logits(logits: Tensor, labels: Tensor, *, chunk_size: int =
 
 
 class _ChunkedLinearLogps(torch.autograd.Function):
-    """``log_softmax(hidden @ weight.T + bias)[targets]`` without an (N, V) tensor, fwd or bwd.
+    """``log_softmax((hidden @ weight.T + bias) / T)[targets]`` without an (N, V) tensor, fwd or bwd.
 
     Saves only ``hidden``, ``weight``, ``bias``, the targets and one log-sum-exp per row; backward
-    recomputes each chunk's logits (one extra matmul per chunk, the price of the memory saving).
+    recomputes each chunk's logits (one extra matmul per chunk, the price of the memory saving). The
+    temperature divides each chunk's float32 logits (skipped at 1.0, so offline numbers are unchanged);
+    with ``with_entropy`` the forward also returns each row's exact entropy of that softmax, computed from
+    the same chunk (no gradient: a metric).
     """
 
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int) -> Tensor:
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int,
+                temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
         acc = _acc_dtype(hidden.dtype)
         valid = targets != IGNORE_INDEX
         safe = torch.where(valid, targets, torch.zeros_like(targets))
         n = hidden.shape[0]
         lse = torch.empty(n, dtype=acc, device=hidden.device)
         picked = torch.empty_like(lse)
+        entropy = torch.zeros(n if with_entropy else 0, dtype=acc, device=hidden.device)
         # autocast was resolved by the caller; backward must recompute exactly these logits
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, n, chunk_size):
                 stop = min(start + chunk_size, n)
-                logits = F.linear(hidden[start:stop], weight, bias).to(acc)
+                logits = _chunk_logits(hidden[start:stop], weight, bias, acc, temperature)
                 lse[start:stop] = torch.logsumexp(logits, dim=-1)
                 picked[start:stop] = logits.gather(1, safe[start:stop, None]).squeeze(1)
+                if with_entropy:  # H = lse - sum_v p_v z_v  (p = softmax(z), z the tempered logits)
+                    p = torch.exp(logits - lse[start:stop, None])
+                    entropy[start:stop] = lse[start:stop] - (p * logits).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, safe, valid, lse)
-        ctx.chunk_size = chunk_size
-        return torch.where(valid, picked - lse, torch.zeros_like(lse))
+        ctx.chunk_size, ctx.temperature = chunk_size, temperature
+        ctx.mark_non_differentiable(entropy)
+        zero = torch.zeros_like(lse)
+        return torch.where(valid, picked - lse, zero), torch.where(valid, entropy, zero) if with_entropy else entropy
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None]:
+    def backward(ctx: Any, grad_out: Tensor, _grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
         hidden, weight, bias, safe, valid, lse = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         g_all = torch.where(valid, grad_out.to(lse.dtype), torch.zeros_like(lse))
@@ -166,10 +177,12 @@ class _ChunkedLinearLogps(torch.autograd.Function):
             for start in range(0, hidden.shape[0], ctx.chunk_size):
                 stop = min(start + ctx.chunk_size, hidden.shape[0])
                 h, g = hidden[start:stop], g_all[start:stop, None]
-                logits = F.linear(h, weight, bias).to(lse.dtype)
-                # grad_logits = (onehot - softmax) * grad_out, built in place on the chunk's softmax
+                logits = _chunk_logits(h, weight, bias, lse.dtype, ctx.temperature)
+                # grad wrt the tempered logits z: (onehot - softmax(z)) * grad_out, in place on the softmax
                 grad_logits = torch.exp(logits - lse[start:stop, None]).mul_(-g)
                 grad_logits.scatter_add_(1, safe[start:stop, None], g)
+                if ctx.temperature != 1.0:  # z = logits / T: the chain rule's 1 / T
+                    grad_logits.div_(ctx.temperature)
                 if grad_b is not None:
                     grad_b += grad_logits.sum(0).to(grad_b.dtype)
                 grad_logits = grad_logits.to(hidden.dtype)
@@ -177,7 +190,14 @@ class _ChunkedLinearLogps(torch.autograd.Function):
                     grad_h[start:stop] = grad_logits @ weight
                 if grad_w is not None:
                     grad_w.addmm_(grad_logits.t(), h)
-        return grad_h, grad_w, grad_b, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, acc: torch.dtype, temperature: float) -> Tensor:
+    """``(rows, V)`` logits of one chunk in ``acc``, divided by ``temperature`` unless it is 1.0 (then the
+    exact float32 values of an untempered forward: offline log-probs stay bit-identical)."""
+    logits = F.linear(h, weight, bias).to(acc)
+    return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 def chunked_token_logps(
@@ -187,7 +207,9 @@ def chunked_token_logps(
     *,
     bias: Tensor | None = None,
     chunk_size: int = 1024,
-) -> Tensor:
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """``log p(target)`` per row of the LM head ``logits = hidden @ weight.T (+ bias)``, chunked.
 
     Peak extra memory is one ``(chunk_size, V)`` float32 chunk in forward and in backward; nothing of
@@ -202,12 +224,19 @@ def chunked_token_logps(
         targets: ``(N,)`` (or ``(...)`` matching ``hidden``) int64 ids in ``[0, V)`` or ``IGNORE_INDEX``.
         bias: optional ``(V,)``.
         chunk_size: rows per chunk.
+        temperature: the distribution is ``softmax(logits / temperature)`` (a sampler's temperature, as TRL's
+            ``logits.div_(self.temperature)``); 1.0 skips the division, so results are bit-identical to an
+            untempered head.
+        with_entropy: also return each row's entropy ``-sum_v p_v log p_v`` of that softmax (no gradient).
 
     Returns:
-        ``(N,)`` (or ``(...)``) float32; float64 for float64 inputs.
+        ``(N,)`` (or ``(...)``) float32 log-probs (float64 for float64 inputs); with ``with_entropy`` the
+        pair (log-probs, entropies), entropies of the same shape (0 where the target is ``IGNORE_INDEX``).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     if hidden.shape[-1] != weight.shape[-1] or weight.dim() != 2:
         raise ValueError(f"hidden (..., {hidden.shape[-1]}) does not match weight {tuple(weight.shape)} (V, H)")
     if targets.shape != hidden.shape[:-1]:
@@ -220,5 +249,8 @@ def chunked_token_logps(
         bias = None if bias is None else bias.to(dtype)
     if not (hidden.dtype == weight.dtype and (bias is None or bias.dtype == weight.dtype)):
         raise ValueError(f"hidden ({hidden.dtype}), weight ({weight.dtype}) and bias must share one dtype")
-    flat = _ChunkedLinearLogps.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1), chunk_size)
+    flat, entropy = _ChunkedLinearLogps.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1),
+                                              chunk_size, float(temperature), with_entropy)
+    if with_entropy:
+        return flat.view(targets.shape), entropy.view(targets.shape)
     return flat.view(targets.shape)

@@ -76,6 +76,8 @@ class OnlineTrainer:
         for handle in self.models.handles.values():
             handle.scheduler = build_scheduler(handle.optimizer, cfg.training, total)
         self._startup_lines()
+        # the one start hook of both loops (here: rollout.disable_dropout), before a resume like offline
+        self.algo.before_training(Context(self.models, self.strategy), self.prompts, self.eval_prompts)
         # every rank samples its own completions: a prompt whose group spans ranks must not get the
         # same completions twice (rank 0 keeps the run's seed, so one process samples as before)
         torch.manual_seed(cfg.training.seed + 1_000_003 * self.strategy.dp_rank)
