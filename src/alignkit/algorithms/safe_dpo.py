@@ -87,8 +87,9 @@ class SafeDPOConfig(DualConfig):
     kl_coeff: float = f(0.0, "Weight of the log-ratio (KL) penalty on the rows' responses.", ge=0)
     kl_estimator: Literal["k1", "k3"] = f("k3", "Penalty: k1 or k3 of the per-token mean log-ratio.")
     safety_margin: float = f(0.0, "SafeDPO safety margin Delta.", ge=0)
-    safe_nll_coeff: float = f(0.0, "Weight of the per-token NLL of each row's safer response where it is labelled "
-                              "safe (RPO on the safety pair: keeps the refusals well-formed); 0 = off.", ge=0)
+    safe_nll_coeff: float = f(1.0, "Weight of the per-token NLL of each row's safer response where it is labelled "
+                              "safe (RPO on the safety pair: keeps the refusals well-formed); 0 = off, the plain "
+                              "Safe-MM-DPO loss of the seed guides.", ge=0)
     modpo_weight: float = f(0.5, "MODPO weight w_0 of the helpful objective (the cost margin gets 1 - w_0).",
                             gt=0, le=1)
     precompute_scores: bool = f(True, "Score the training rows with the frozen models once, before training, "
