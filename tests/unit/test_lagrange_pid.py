@@ -119,3 +119,29 @@ def test_both_sections_have_the_same_dual_keys() -> None:
         for name in names + ["threshold", "lambda_init", "lambda_lr", "lambda_max"]:
             assert name in fields, (section, name)
         assert section().lambda_update == "gradient"
+
+
+def test_ppo_lag_builds_the_pid_multiplier_from_its_section(micro_model) -> None:
+    """ppo_lag reads the same keys: its dual step after an iteration is the PID step on the window of
+    iteration mean costs, lambda 0 is fine, and its state resumes exactly."""
+    from alignkit.algorithms import ALGORITHMS
+    from alignkit.config.loader import apply_overrides, build_dataclass
+    from alignkit.config.schema import RunConfig
+    from alignkit.models.loading import load_tokenizer
+
+    raw = {"algorithm": "ppo_lag", "model": {"name_or_path": str(micro_model)}, "data": {"train": "x.jsonl"},
+           "training": {"per_device_batch_size": 4}}
+    cfg = build_dataclass(RunConfig, apply_overrides(raw, [
+        "ppo_lag.cost_functions=[{name: length}]", "ppo_lag.lambda_update=pid", "ppo_lag.pid_kp=0.5",
+        "ppo_lag.pid_ki=0.1", "ppo_lag.pid_kd=1.0", "ppo_lag.window=1"]))
+    tok = load_tokenizer(cfg.model)
+    algo, twin = ALGORITHMS.get("ppo_lag")(cfg, tok), ALGORITHMS.get("ppo_lag")(cfg, tok)
+    lams = []
+    for cost in (2.0, 3.0, -1.0, -20.0):  # the first test's sequence, window 1: 2.2, 4.0, 0.9, 0
+        algo._cost_mean = cost
+        lams.append(algo.on_step_end(None)["lambda"])
+        if cost == 3.0:
+            twin.load_state_dict(json.loads(json.dumps(algo.state_dict())))
+            twin._cost_mean = -1.0
+            assert twin.on_step_end(None)["lambda"] == approx(0.9)
+    assert lams == approx([2.2, 4.0, 0.9, 0.0]) and algo.lam == 0.0
