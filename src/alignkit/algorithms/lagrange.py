@@ -31,19 +31,24 @@ LAMBDA_FLOOR = 1e-6
 @dataclass
 class DualConfig:
     """The keys that pick and tune the dual update, the same in ``safe_dpo:`` and ``ppo_lag:`` (both
-    sections inherit them). The PID gains are in cost units: they were chosen for cost-model scores of
-    order 1 (``threshold`` +- a few) and J_C already averaged over a window."""
+    sections inherit them). The PID gains are in cost units, for cost-model scores of order 1 (J_C within
+    a few of ``threshold``) already averaged over a window: K_P 0.1 as omnisafe's CPPOPID, K_I 0.05 = the
+    default lambda_lr (the integral then moves lambda as fast as the gradient rule does at lambda = 1),
+    K_D 0.5 over 4 updates; on toy closed loops (lagged / inertial / slow policy responses, noisy J_C)
+    these ended closer to the threshold than gradient, omnisafe's gains, or a larger K_P. Not tuned on
+    training runs."""
 
     lambda_update: Literal["gradient", "pid"] = f(
         "gradient", "Dual update: gradient (ln lambda += lambda_lr * lambda * (J_C - threshold), Safe RLHF) or pid "
         "(lambda = Kp P + I + Kd D, Stooke et al. 2020: damps the rise-fall-rise oscillation of gradient, use it "
         "when J_C ends a run above the threshold after having met it).")
-    pid_kp: float = f(0.5, "pid: proportional gain on the (EMA of the) error J_C - threshold.", ge=0)
+    pid_kp: float = f(0.1, "pid: proportional gain on the (EMA of the) error J_C - threshold.", ge=0)
     pid_ki: float = f(0.05, "pid: integral gain, I += pid_ki * (J_C - threshold), I kept in [0, lambda_max] "
                       "(starts at lambda_init; the I term alone is gradient ascent on lambda).", ge=0)
     pid_kd: float = f(0.5, "pid: derivative gain on the RISE of J_C over pid_d_delay updates (a falling cost "
                       "adds nothing).", ge=0)
-    pid_d_delay: int = f(1, "pid: updates back that the derivative compares J_C with (Stooke et al.: 1).", gt=0)
+    pid_d_delay: int = f(4, "pid: updates back that the derivative compares J_C with (Algorithm 2 of Stooke et al.: "
+                         "1; their code and omnisafe: 10).", gt=0)
     pid_ema_alpha: float = f(0.0, "pid: EMA weight of the past in the P and D inputs (rlpyt / omnisafe: 0.95); 0 = "
                              "none, as the J_C window already averages.", ge=0, le=0.99)
 
