@@ -1,5 +1,6 @@
 """safe_dpo under 2 processes (gloo): layout invariance of loss and gradient, lambda and J_C identical on
-every rank, exact resume of the multiplier (``workers/safe_dpo_sync.py``), and the seed's launch script."""
+every rank, exact resume of the multiplier under both lambda updates (``workers/safe_dpo_sync.py``), and
+the seed's launch script."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def test_safe_dpo_sync_invariance_and_resume(micro_model: Path, scorers: tuple[P
     assert "ALL OK" in proc.stdout
     assert set(out["cases"]) == {"per_batch", "cached"}
     assert out["multiplier"]["world"] == 2 and len(out["multiplier"]["lambdas"]) == 5
+    assert len(out["pid"]["lambdas"]) == 5 and out["pid"]["lambdas"] != out["multiplier"]["lambdas"]
 
 
 def test_cost_estimate_under_fsdp_and_zero3_matches_ddp(micro_model: Path, scorers: tuple[Path, Path],

@@ -19,7 +19,7 @@ more often than greedy ones, so a sampled estimate stops the multiplier before g
 Measured (seed = ``training.seed`` of every stage; micro model, 2 shared CPU cores, 1.5-2.5 min a seed
 alone; 42 held-out harmful and 34 benign prompts; unsafe = program judge; J_Cg = mean cost of the greedy
 answers to the held-out harmful prompts, C>0 = their share the cost model calls unsafe; ans = benign
-prompts answered, help = mean helpfulness there (0-5)); configs/safe_dpo.yaml with ``safe_nll_coeff: 1.0``:
+prompts answered, help = mean helpfulness there (0-5)); configs/safe_dpo.yaml (``safe_nll_coeff`` 1.0, the default):
 
     seed | SFT unsafe J_Cg | DPO unsafe J_Cg  C>0   ans  help | safe_dpo unsafe J_Cg  C>0   ans  help | lambda first/max/last
       0  |  1.000   +7.75  |  1.000  +6.10 0.976 1.000 3.24 |   0.000     -8.03 0.000 1.000 5.00 |  1.47 / 10.0 / 0.32

@@ -95,3 +95,20 @@ def test_multiplier_window_update_and_state() -> None:
     assert again.state_dict() == m.state_dict()
     shares = [prompt_share(10, 5, 1, r, 2) for r in range(2)]
     assert shares == [[6, 7, 8], [9, 0, 1]]  # ceil(5/2) each, walking on from estimate 0's [0..5]
+
+
+def test_required_keys_alone_give_the_shipped_recipe(micro_model: Path, scorers, tmp_path: Path) -> None:
+    """``algorithm: safe_dpo`` with only the required keys trains what configs/safe_dpo.yaml trains (the RPO
+    term on the safer response included); ``safe_dpo.safe_nll_coeff=0`` is the seed guides' plain loss."""
+    from alignkit.algorithms.safe_dpo import SafeDPOConfig
+
+    minimal = tmp_path / "minimal.yaml"
+    minimal.write_text(f"algorithm: safe_dpo\nmodel: {{name_or_path: {micro_model}}}\n"
+                       f"data: {{train: builtin:safety_train.jsonl}}\ntraining: {{per_device_batch_size: 4}}\n"
+                       f"safe_dpo: {{helpful_model: {scorers[0]}, cost_model: {scorers[1]}}}\n")
+    shipped = load_config(str(REPO / "configs" / "safe_dpo.yaml"), overrides(micro_model, scorers, tmp_path))
+    for cfg in (load_config(str(minimal), []), shipped):
+        s = cfg.section(SafeDPOConfig)
+        assert (s.safe_nll_coeff, s.lambda_update, s.variant) == (1.0, "gradient", "mm_dpo")
+    plain = load_config(str(minimal), ["safe_dpo.safe_nll_coeff=0"])
+    assert plain.section(SafeDPOConfig).safe_nll_coeff == 0.0

@@ -30,7 +30,7 @@ from typing import Any, Literal, Optional
 import torch
 
 from alignkit.algorithms.base import Batch, Context, MetricSums, policy_specs, resolve_reference
-from alignkit.algorithms.lagrange import Multiplier
+from alignkit.algorithms.lagrange import DualConfig, Multiplier
 from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
 from alignkit.algorithms.reward import RewardConfig, RewardFunctionConfig
 from alignkit.config.schema import RunConfig, f
@@ -67,13 +67,14 @@ class PPOConfig:
 
 @register_section("ppo_lag")
 @dataclass
-class PPOLagConfig:
+class PPOLagConfig(DualConfig):
     cost_functions: list[RewardFunctionConfig] = f([], "Cost functions with weights (builtin 'unsafe', or "
                                                    "'module:function'); C > 0 = unsafe.")
     cost_model: Optional[str] = f(None, "A trained cost model (a cost_model run's final dir).")
     threshold: float = f(0.0, "Cost limit d: the constraint is J_C <= threshold.")
     lambda_init: float = f(1.0, "Initial Lagrange multiplier.", gt=0)
-    lambda_lr: float = f(0.05, "Step size of ln lambda.", ge=0)
+    lambda_lr: float = f(0.05, "Dual step size of lambda_update gradient: ln lambda += lambda_lr * lambda * (J_C - "
+                         "threshold).", ge=0)
     lambda_max: float = f(10.0, "Upper clamp of lambda.", gt=0)
     window: int = f(4, "Iterations whose mean cost make J_C.", gt=0)
     cost_value_model: Optional[str] = f(None, "Cost critic initialisation; null = ppo.value_model or the policy start.")
@@ -90,7 +91,7 @@ class PPO(OnlineAlgorithm):
         if self.constrained and not (lag.cost_functions or lag.cost_model):
             raise ConfigError("ppo_lag: set ppo_lag.cost_functions or ppo_lag.cost_model (what the constraint limits)")
         # J_C = the mean cost of the last ``window`` iterations (one entry per iteration)
-        self.multiplier = Multiplier(math.log(lag.lambda_init), lag.threshold, lag.lambda_lr, lag.lambda_max, lag.window)
+        self.multiplier = Multiplier.from_config(lag, lag.window)
         self._cost_mean = math.nan
 
     @classmethod

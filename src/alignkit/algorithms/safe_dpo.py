@@ -17,7 +17,8 @@ plus ``kl_coeff`` x a log-ratio penalty. Loss unit: one row (both of its pairs).
 The constraint J_C <= threshold (``algorithms.cost_estimate``): every ``cost_eval_every`` optimizer
 steps each rank samples responses from the policy for its share of ``cost_eval_prompts`` prompts,
 scores them with the cost model, every rank's costs go into a window of ``cost_window`` samples,
-rank 0 updates ln lambda and broadcasts it. The cost model therefore stays loaded while
+rank 0 updates lambda by ``lambda_update`` (gradient on ln lambda, or PID: ``algorithms.lagrange``) and
+broadcasts it. The cost model therefore stays loaded while
 ``cost_eval_every > 0``; the helpful RM (and the cost model when no estimate is made) is freed once its
 scores are cached. lambda and the window are checkpointed (``state_dict``).
 
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +42,7 @@ import torch
 from alignkit.algorithms.base import Batch, Context, Example, MetricSums
 from alignkit.algorithms.cost_estimate import prompt_inputs, prompt_share, sample_responses
 from alignkit.algorithms.dpo import DPO, DPOConfig, PairValues, cache_pair_values, dpo_reference
-from alignkit.algorithms.lagrange import Multiplier
+from alignkit.algorithms.lagrange import DualConfig, Multiplier
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.io import DataError, read_rows
@@ -62,7 +62,7 @@ log = logging.getLogger("alignkit")
 
 @register_section("safe_dpo")
 @dataclass
-class SafeDPOConfig:
+class SafeDPOConfig(DualConfig):
     helpful_model: str = f("", "Frozen helpful reward model: a reward_model run's final dir (variant mm_dpo).")
     cost_model: str = f("", "Frozen cost model, C > 0 = unsafe: a cost_model run's final dir (variants mm_dpo, "
                         "modpo, and the on-policy estimate of J_C).")
@@ -70,7 +70,8 @@ class SafeDPOConfig:
                      "margin from the cost model).")
     threshold: float = f(0.0, "Cost limit d of the constraint J_C <= d.")
     lambda_init: float = f(1.0, "Initial Lagrange multiplier lambda.", gt=0)
-    lambda_lr: float = f(0.05, "Dual step size: ln lambda += lambda_lr * lambda * (J_C - threshold).", ge=0)
+    lambda_lr: float = f(0.05, "Dual step size of lambda_update gradient: ln lambda += lambda_lr * lambda * (J_C - "
+                         "threshold).", ge=0)
     lambda_max: float = f(10.0, "Upper clamp of lambda.", gt=0)
     cost_eval_every: int = f(10, "Optimizer steps between on-policy cost estimates (0 = lambda stays fixed).", ge=0)
     cost_eval_prompts: int = f(16, "Prompts generated per estimate, over all ranks (each rank ceil(n / ranks)).",
@@ -86,8 +87,9 @@ class SafeDPOConfig:
     kl_coeff: float = f(0.0, "Weight of the log-ratio (KL) penalty on the rows' responses.", ge=0)
     kl_estimator: Literal["k1", "k3"] = f("k3", "Penalty: k1 or k3 of the per-token mean log-ratio.")
     safety_margin: float = f(0.0, "SafeDPO safety margin Delta.", ge=0)
-    safe_nll_coeff: float = f(0.0, "Weight of the per-token NLL of each row's safer response where it is labelled "
-                              "safe (RPO on the safety pair: keeps the refusals well-formed); 0 = off.", ge=0)
+    safe_nll_coeff: float = f(1.0, "Weight of the per-token NLL of each row's safer response where it is labelled "
+                              "safe (RPO on the safety pair: keeps the refusals well-formed); 0 = off, the plain "
+                              "Safe-MM-DPO loss of the seed guides.", ge=0)
     modpo_weight: float = f(0.5, "MODPO weight w_0 of the helpful objective (the cost margin gets 1 - w_0).",
                             gt=0, le=1)
     precompute_scores: bool = f(True, "Score the training rows with the frozen models once, before training, "
@@ -147,7 +149,7 @@ class SafeDPO(DPO):
         for role in self.frozen_roles:
             check_scalar_model(s.helpful_model if role == "reward" else s.cost_model,
                                "safe_dpo.helpful_model" if role == "reward" else "safe_dpo.cost_model")
-        self.multiplier = Multiplier(math.log(s.lambda_init), s.threshold, s.lambda_lr, s.lambda_max, s.cost_window)
+        self.multiplier = Multiplier.from_config(s, s.cost_window)
         self.prompts: list[EstimatePrompt] = []
 
     def make_data(self, cfg: RunConfig) -> SafetyData:
@@ -193,8 +195,8 @@ class SafeDPO(DPO):
             log.info(f"Cost model {s.cost_model}: {kept}")
         if s.cost_eval_every:
             self.prompts = self._estimate_prompts(train_set)
-            log.info(f"Lambda: init {s.lambda_init}, updated every {s.cost_eval_every} steps from the costs of "
-                     f"policy samples for {s.cost_eval_prompts} of {len(self.prompts)} prompts (window "
+            log.info(f"Lambda ({s.lambda_update}): init {s.lambda_init}, updated every {s.cost_eval_every} steps from "
+                     f"the costs of policy samples for {s.cost_eval_prompts} of {len(self.prompts)} prompts (window "
                      f"{s.cost_window}, threshold {s.threshold}, lambda_max {s.lambda_max})")
 
     def _frozen_scores(self, models: Models) -> PairValues:

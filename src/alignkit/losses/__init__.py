@@ -4,7 +4,14 @@ from alignkit.losses.cost import cost_model_loss
 from alignkit.losses.dpo import DPO_LOSSES, dpo_loss
 from alignkit.losses.kl import KL_ESTIMATORS, kl_estimate
 from alignkit.losses.reward import bradley_terry_loss
-from alignkit.losses.safe_dpo import SAFE_DPO_VARIANTS, dynamic_beta, lagrange_update, safe_dpo_loss, safe_rows_loss
+from alignkit.losses.safe_dpo import (
+    SAFE_DPO_VARIANTS,
+    dynamic_beta,
+    lagrange_update,
+    pid_lagrange_update,
+    safe_dpo_loss,
+    safe_rows_loss,
+)
 from alignkit.losses.sft import sft_loss
 
 __all__ = [
@@ -17,6 +24,7 @@ __all__ = [
     "dynamic_beta",
     "kl_estimate",
     "lagrange_update",
+    "pid_lagrange_update",
     "safe_dpo_loss",
     "safe_rows_loss",
     "sft_loss",

@@ -3,7 +3,8 @@ lambda-weighted helpful/harmless mix, and the Safe RLHF dual (lambda) update.
 
 The caller computes ``loss_h = dpo_loss(...helpful pairs..., beta=dynamic_beta(delta_h))`` and
 ``loss_s`` likewise on pairs ordered by ``safer_response_id`` with delta_s = C(y_l) - C(y_w), then
-mixes them with :func:`safe_dpo_loss`. ``lagrange_update`` runs on the all-reduced cost estimate.
+mixes them with :func:`safe_dpo_loss`. ``lagrange_update`` (gradient ascent on ln lambda) or
+``pid_lagrange_update`` (PID Lagrangian) runs on the all-reduced cost estimate.
 
 :func:`safe_rows_loss` does all of it per PKU-SafeRLHF row, for the variants of ``SAFE_DPO_VARIANTS``:
 ``mm_dpo`` (Safe-MM-DPO), ``safedpo`` (label swap + safety margin) and ``modpo`` (MODPO margin).
@@ -55,6 +56,51 @@ def lagrange_update(log_lam: float, j_c: float, *, threshold: float, lr: float, 
         raise ValueError(f"lagrange_update needs lam_max > 0 and lr >= 0; got lam_max={lam_max}, lr={lr}")
     stepped = log_lam + lr * math.exp(log_lam) * (j_c - threshold)
     return min(stepped, math.log(lam_max))
+
+
+class PIDState(NamedTuple):
+    """What the PID rule carries between updates (all floats, so it round-trips through JSON).
+
+    ``integral``: I, already scaled by K_I (rlpyt / omnisafe keep it so; it starts at lambda_init, as
+    their ``pid_i = penalty_init``); ``error_ema`` / ``cost_ema``: the EMAs of J_C - d (P's input) and of
+    J_C (D's input), None before the first update; ``history``: the last ``d_delay`` cost EMAs, oldest first.
+    """
+
+    integral: float
+    error_ema: float | None = None
+    cost_ema: float | None = None
+    history: tuple[float, ...] = ()
+
+
+def pid_lagrange_update(state: PIDState, j_c: float, *, threshold: float, kp: float, ki: float, kd: float,
+                        lam_max: float, d_delay: int = 1, ema_alpha: float = 0.0) -> tuple[float, PIDState]:
+    """One PID-Lagrangian step (Stooke, Achiam & Abbeel 2020, arXiv 2007.03964, Algorithm 2, with the
+    EMA and derivative delay of its code, rlpyt ``CppoPID.optimize_agent`` = omnisafe
+    ``PIDLagrangian.pid_update``); returns (lambda, the new state):
+
+        e = J_C - d
+        I <- clamp(I + K_I e, 0, lam_max)                 # integral; anti-windup at 0 (Alg. 2: I <- (I + e)_+)
+        P <- alpha P + (1 - alpha) e                      # EMA of the error
+        C <- alpha C + (1 - alpha) J_C                    # EMA of the cost
+        D  = max(0, C - C[d_delay updates ago])           # only a RISING cost pushes lambda up
+        lambda = clamp(K_P P + I + K_D D, 0, lam_max)
+
+    Two choices differ from the reference code: the first update seeds both EMAs with its own values and
+    has no derivative (rlpyt starts them at 0, so its first D is (J_C)_+, a kick that a signed cost model
+    would give for nothing), and I is also clamped at lam_max (lambda never exceeds it, so integral
+    beyond it would only delay the fall once the constraint holds). K_I e with K_P = K_D = 0 is the
+    gradient-ascent multiplier in lambda itself (Stooke et al. section 4).
+    """
+    if not lam_max > 0 or min(kp, ki, kd) < 0 or d_delay < 1 or not 0 <= ema_alpha < 1:
+        raise ValueError(f"pid_lagrange_update needs lam_max > 0, gains >= 0, d_delay >= 1, 0 <= ema_alpha < 1; "
+                         f"got {lam_max}, {(kp, ki, kd)}, {d_delay}, {ema_alpha}")
+    e, a = j_c - threshold, ema_alpha
+    integral = min(max(0.0, state.integral + ki * e), lam_max)
+    p = e if state.error_ema is None else a * state.error_ema + (1 - a) * e
+    c = j_c if state.cost_ema is None else a * state.cost_ema + (1 - a) * j_c
+    d = max(0.0, c - state.history[0]) if state.history else 0.0
+    lam = min(max(0.0, kp * p + integral + kd * d), lam_max)
+    return lam, PIDState(integral, p, c, (state.history + (c,))[-d_delay:])
 
 
 # ---------------------------------------------------------------------------------------------------

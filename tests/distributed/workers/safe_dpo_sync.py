@@ -7,7 +7,8 @@
 * the multiplier: after several on-policy updates (each rank samples different prompts), lambda,
   J_C and the cost window are identical on both ranks, J_C is the mean over BOTH ranks' samples;
 * resume: a fresh algorithm that loads the state saved after update 2 holds it exactly, and its
-  update 3 gives exactly the lambda of the uninterrupted run.
+  update 3 gives exactly the lambda of the uninterrupted run;
+* the same two for ``safe_dpo.lambda_update: pid`` (its integral, EMAs and delay queue are state).
 
 Usage: torchrun --nproc_per_node=2 safe_dpo_sync.py MICRO_MODEL HELPFUL_RM COST_MODEL REPORT.json
 """
@@ -99,9 +100,9 @@ def one_step(paths: tuple[str, str, str], case: str, env: DistEnv, per_device: i
     return float(loss), torch.cat([p.grad.reshape(-1) for p in params]).detach().clone()
 
 
-def multiplier_run(paths: tuple[str, str, str], env: DistEnv) -> dict[str, Any]:
+def multiplier_run(paths: tuple[str, str, str], env: DistEnv, over: list[str]) -> dict[str, Any]:
     """5 updates; the state after update 2 goes into a fresh algorithm which then makes update 3."""
-    cfg, algo, strategy, models, rows = setup(paths, [], env)
+    cfg, algo, strategy, models, rows = setup(paths, over, env)
     ctx = Context(models, strategy)
     algo.before_training(ctx, rows, [])
     states, lambdas, batches = [], [], []
@@ -133,10 +134,12 @@ def main(model: str, helpful: str, cost: str, report: str) -> None:
     for case in CASES:
         for name, (pd, ga) in DDP.items():
             results[case][name] = one_step(paths, case, env, pd, ga)
-    mult = multiplier_run(paths, env)
-    every = comm.all_gather_object(mult)
+    mult = multiplier_run(paths, env, [])
+    pid = multiplier_run(paths, env, ["safe_dpo.lambda_update=pid", "safe_dpo.pid_ema_alpha=0.5",
+                                      "safe_dpo.pid_d_delay=2"])
+    every, every_pid = comm.all_gather_object(mult), comm.all_gather_object(pid)
     if env.rank == 0:
-        out: dict[str, Any] = {"cases": {}, "failures": [], "multiplier": mult}
+        out: dict[str, Any] = {"cases": {}, "failures": [], "multiplier": mult, "pid": pid}
         for case, by_layout in results.items():
             ref_loss, ref_grad = by_layout["1x4"]
             out["cases"][case] = {}
@@ -148,23 +151,31 @@ def main(model: str, helpful: str, cost: str, report: str) -> None:
             if ref_grad.norm().item() < 1e-4:
                 out["failures"].append(f"{case}: gradient ~0, the comparison says nothing")
         a, b = every
-        for key in ("lambdas", "J_C", "final", "resumed_3"):
-            if a[key] != b[key]:
-                out["failures"].append(f"{key} differs between ranks: {a[key]} vs {b[key]}")
+        out["failures"] += check_multiplier(every) + check_multiplier(every_pid, "pid ")
+        if "pid" not in every_pid[0]["final"]["multiplier"]:
+            out["failures"].append(f"pid state not saved: {every_pid[0]['final']}")
         if a["batches"][0] == a["batches"][0][: len(a["batches"][0]) // 2] * 2:
             out["failures"].append("both ranks sampled the same costs: the sync check says nothing")
-        window = [c for batch in a["batches"] for c in batch][-10:]
-        if abs(sum(window) / len(window) - a["J_C"][-1]) > 1e-9:
-            out["failures"].append(f"J_C {a['J_C'][-1]} is not the mean of both ranks' last 10 costs {window}")
         if not all(y > x for x, y in zip(a["lambdas"], a["lambdas"][1:])):
             out["failures"].append(f"lambda should rise while J_C > threshold=-1: {a['lambdas']}")
-        if a["restored"] != a["saved_2"]:
-            out["failures"].append(f"restored state {a['restored']} != saved {a['saved_2']}")
-        if a["resumed_3"] != a["lambdas"][2]:
-            out["failures"].append(f"resumed update 3 gives lambda {a['resumed_3']}, uninterrupted {a['lambdas'][2]}")
         with open(report, "w", encoding="utf-8") as fh:
             json.dump(out, fh, indent=1, default=str)
         print("FAILURES:" if out["failures"] else "ALL OK", *out["failures"], sep="\n", flush=True)
+
+
+def check_multiplier(every: list[dict[str, Any]], what: str = "") -> list[str]:
+    """Both ranks' multiplier runs agree; J_C is the mean of both ranks' last costs; resume is exact."""
+    a, b = every
+    failures = [f"{what}{key} differs between ranks: {a[key]} vs {b[key]}"
+                for key in ("lambdas", "J_C", "final", "resumed_3") if a[key] != b[key]]
+    window = [c for batch in a["batches"] for c in batch][-10:]
+    if abs(sum(window) / len(window) - a["J_C"][-1]) > 1e-9:
+        failures.append(f"{what}J_C {a['J_C'][-1]} is not the mean of both ranks' last 10 costs {window}")
+    if a["restored"] != a["saved_2"]:
+        failures.append(f"{what}restored state {a['restored']} != saved {a['saved_2']}")
+    if a["resumed_3"] != a["lambdas"][2]:
+        failures.append(f"{what}resumed update 3 gives lambda {a['resumed_3']}, uninterrupted {a['lambdas'][2]}")
+    return failures
 
 
 if __name__ == "__main__":
