@@ -52,8 +52,8 @@ class FakeModels:
         self.lp = (torch.randn(n, generator=g) * 0.1 - 1.0).requires_grad_()
         self.v = {r: torch.randn(n, generator=g).requires_grad_() for r in ("value", "cost_value")}
 
-    def logps(self, role, batch):
-        return self.lp
+    def logps(self, role, batch, *, temperature=1.0, with_entropy=False):
+        return (self.lp, torch.zeros_like(self.lp)) if with_entropy else self.lp
 
     def values(self, role, batch):
         return self.v[role]
