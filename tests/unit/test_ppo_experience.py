@@ -155,3 +155,25 @@ def test_grpo_unscorable_sample_has_zero_advantage_and_no_gradient():
     loss.backward()
     per = [c.tolist() for c in torch.split(fm.lp.grad, [2, 3, 2, 2])]
     assert per[1] == [0.0, 0.0, 0.0] and all(x != 0 for s in per[2:] for x in s)
+
+
+# ---------------------------------------------------------------- 7. mask_truncated_completions
+@pytest.mark.parametrize("mask", [True, False])
+def test_truncated_completions_carry_no_loss_when_masked(mask: bool):
+    """TRL's ``mask_truncated_completions``: a completion cut by max_new_tokens keeps its place in the group's
+    reward statistics but its tokens get no gradient and leave the token-mean normaliser; off (the default)
+    they train as before."""
+    algo = make("grpo", "rollout.num_generations=2", "grpo.loss_aggregation=token_mean",
+                f"rollout.mask_truncated_completions={str(mask).lower()}")
+    lens = [2, 3, 2, 2]
+    samples = [{"prompt_ids": [1, 2], "completion_ids": [5 + i] * n} for i, n in enumerate(lens)]
+    algo.mask_truncated(samples, [False, True, False, False])
+    algo.token_logps = lambda ctx, batches, role="policy": [[-1.0] * n for n in lens]
+    algo.make_experience(SimpleNamespace(mine=slice(0, 4)), samples, [], {"reward": torch.tensor([1.0, 3.0, 2.0, 5.0])})
+    assert samples[1]["advantages"][0] > 0  # still scored and in its group
+    batch = algo.collate(samples)
+    assert algo.units(batch) == (6 if mask else 9)
+    fm = FakeModels(9)
+    algo.loss(fm, batch, normalizer=float(algo.units(batch)))[0].backward()
+    truncated = torch.split(fm.lp.grad, lens)[1]
+    assert (truncated == 0).all() if mask else (truncated != 0).all()

@@ -107,11 +107,13 @@ class GroupRelative(OnlineAlgorithm):
             m.add_mean("kl", kl.detach())
         m.add_mean("clip_fraction", clipped)
         m.add_mean("entropy", entropy)  # exact per-position entropy of the sampling distribution, token mean
+        if "loss_mask" in batch:  # rollout.mask_truncated_completions: cut completions carry no loss
+            per_token = per_token * flat(batch, "loss_mask")
         return aggregate(per_token, seq, S, mode=self.aggregation, normalizer=normalizer), m
 
     def units(self, batch: Batch) -> int:
-        if self.aggregation == "token_mean":
-            return int(batch["response_lengths"].sum())
+        if self.aggregation == "token_mean":  # the trained tokens (all, or those loss_mask keeps)
+            return int(batch["loss_mask"].sum()) if "loss_mask" in batch else int(batch["response_lengths"].sum())
         seqs = int(batch["response_lengths"].shape[0])
         return seqs * self.cfg.section(RolloutConfig).max_new_tokens if self.aggregation == "constant" else seqs
 

@@ -50,6 +50,9 @@ class RolloutConfig:
         "sharded model (parameters gathered per forward: slow, for models too big to gather).")
     generation_batch_size: int = f(64, "Sequences per generate call.", gt=0)
     log_samples: int = f(2, "Prompt / completion samples written to the JSONL log per logged iteration.", ge=0)
+    mask_truncated_completions: bool = f(
+        False, "A completion cut by max_new_tokens carries no loss (TRL's option of the same name): it still counts "
+        "in its group's reward statistics, its tokens get loss_mask 0.")
     disable_dropout: bool = f(
         True, "Zero every dropout of the trained models (policy, critics) once at the start, as TRL's "
         "disable_dropout: the old log-probs are taken in train mode, and with dropout (LoRA's 0.05) the first "
@@ -109,6 +112,7 @@ class OnlineAlgorithm(Algorithm):
         something between generation and scoring (e.g. a frozen ``target`` role answering the completions)."""
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
         samples, texts = ctx.samples(gens.completion_ids), gens.texts
+        self.mask_truncated(samples, gens.truncated)
         inputs = ctx.score_inputs(samples, texts)
         scores = ctx.score(self.scorers(), inputs)
         stats = self.make_experience(ctx, samples, inputs.batches, scores)
@@ -116,6 +120,13 @@ class OnlineAlgorithm(Algorithm):
             s["prompt"], s["completion"] = row["prompt"], text
         rollout_stats(stats, scores, gens, ctx.generate_s)
         return Experience(samples, scores, stats)
+
+    def mask_truncated(self, samples: list[Sample], truncated: list[bool]) -> None:
+        """``rollout.mask_truncated_completions``: the tokens of a completion cut by max_new_tokens get
+        ``loss_mask`` 0 (no gradient, not counted by a token-mean normaliser), the others 1."""
+        if self.cfg.section(RolloutConfig).mask_truncated_completions:
+            for s, cut in zip(samples, truncated):
+                s["loss_mask"] = [0.0 if cut else 1.0] * len(s["completion_ids"])
 
     @abstractmethod
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],

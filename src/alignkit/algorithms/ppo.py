@@ -136,8 +136,8 @@ class PPO(OnlineAlgorithm):
         signals = [("reward", "", "value", -1.0)] + ([("cost", "cost_", "cost_value", 1.0)] if self.constrained else [])
         # scorable = every signal scored the completion; the others carry loss_mask 0 (no gradient, not counted)
         scored = torch.stack([~torch.isnan(scores[sig][ctx.mine]) for sig, *_ in signals]).all(0).tolist()
-        for s, ok in zip(samples, scored):
-            s["loss_mask"] = [float(ok)] * len(s["completion_ids"])
+        for s, ok in zip(samples, scored):  # times the rollout's own mask (mask_truncated_completions)
+            s["loss_mask"] = [float(ok) * k for k in s.get("loss_mask", [1.0] * len(s["completion_ids"]))]
         for signal, prefix, critic, kl_sign in signals:
             values = self._values(ctx, critic, batches)
             self._advantages(samples, values, scores[signal][ctx.mine].tolist(), scored, prefix, kl_sign)
