@@ -9,6 +9,11 @@ sequence-level ratios, clip-higher with ``epsilon_high``) plus ``beta`` x the k3
 ``token_mean``: DAPO; ``constant``: Dr. GRPO's sum / (sequences x max_new_tokens)) with the step's
 global normaliser.
 
+``rloo`` differs from TRL's RLOOTrainer (and the RLOO paper, Ahmadian et al. 2024) in where the KL goes:
+TRL subtracts beta x the sequence's KL from each reward before the leave-one-out baseline (r_i - beta KL_i,
+then A_i = r_i - mean_{j != i} r_j); here the leave-one-out advantage is of the reward alone and the KL is
+GRPO's per-token k3 loss term. With ``beta: 0`` (the default) the two are the same.
+
 With ``rollout.update_epochs: 1`` the whole iteration is one optimizer step, so the policy that
 sampled is the policy being updated: the old log-probs are the current ones, detached (ratio 1, the
 clipping inactive), and the extra forward is skipped, as TRL does.
