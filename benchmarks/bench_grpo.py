@@ -81,20 +81,40 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
     return {"stamps": stamps, "gen_tokens": gen_tokens, "peak_rss_mib": _peak_rss_mib()}
 
 
+def make_trl_trainer(spec: dict[str, Any], reward: Any, *, batch: int, max_new: int, lr: float, steps: int,
+                     seed: int, callbacks: list[Any] | None = None) -> Any:
+    """TRL's GRPOTrainer on ``spec["model"]`` (or ``spec["policy"]``) and the prompt rows ``spec["prompts"]``
+    (``prompt`` as one user turn, ``answer`` passed to the reward): G generations, beta 0, constant lr without
+    warm-up, one update per generation batch, CPU fp32; the rest GRPOConfig's defaults."""
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    rows = [json.loads(x) for x in Path(spec["prompts"]).read_text().splitlines()]
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
+                                 for r in rows])
+    model = spec.get("policy") or spec["model"]
+    args = trl.GRPOConfig(
+        output_dir=spec["run_dir"], per_device_train_batch_size=batch, gradient_accumulation_steps=1,
+        num_generations=G, max_completion_length=max_new, temperature=1.0, beta=0.0, learning_rate=lr,
+        lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, seed=seed,
+        use_cpu=True, bf16=False, fp16=False, report_to="none", logging_steps=10**6, save_strategy="no",
+        disable_tqdm=True, num_iterations=1,
+    )
+    return trl.GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
+                           processing_class=AutoTokenizer.from_pretrained(model), callbacks=callbacks)
+
+
 def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(THREADS)
     import transformers
     import trl
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import TrainerCallback
 
     from bench_rewards import digit_fraction
 
-    rows = [json.loads(x) for x in Path(spec["prompts"]).read_text().splitlines()]
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
-                                 for r in rows])
     stamps: list[float] = []
     gen_tokens: list[float] = []
 
@@ -107,16 +127,8 @@ def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
         gen_tokens.append(float(sum(len(t) for t in kw.get("completion_ids", [])) or 0))
         return [x if x is not None else 0.0 for x in digit_fraction(prompts, texts)]
 
-    args = trl.GRPOConfig(
-        output_dir=spec["run_dir"], per_device_train_batch_size=BATCH, gradient_accumulation_steps=1,
-        num_generations=G, max_completion_length=MAX_NEW, temperature=1.0, beta=0.0, learning_rate=LR,
-        lr_scheduler_type="constant", warmup_steps=0, max_steps=spec["warmup"] + spec["timed"], seed=0,
-        use_cpu=True, bf16=False, fp16=False, report_to="none", logging_steps=10**6, save_strategy="no",
-        disable_tqdm=True, num_iterations=1,
-    )
-    tok = AutoTokenizer.from_pretrained(spec["model"])
-    trainer = trl.GRPOTrainer(model=spec["model"], reward_funcs=reward, args=args, train_dataset=dataset,
-                              processing_class=tok, callbacks=[Stamp()])
+    trainer = make_trl_trainer(spec, reward, batch=BATCH, max_new=MAX_NEW, lr=LR, steps=spec["warmup"] + spec["timed"],
+                               seed=0, callbacks=[Stamp()])
     trainer.train()
     return {"stamps": stamps, "gen_tokens": gen_tokens, "peak_rss_mib": _peak_rss_mib(),
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}

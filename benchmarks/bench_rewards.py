@@ -1,4 +1,5 @@
-"""The reward both sides of ``bench_grpo.py`` use (an alignkit ``module:function`` and a TRL reward function)."""
+"""Rewards both sides of a TRL comparison use (an alignkit ``module:function`` and a TRL reward function):
+``digit_fraction`` for ``bench_grpo.py``, ``exact_answer`` for ``learn_grpo_vs_trl.py``."""
 
 from __future__ import annotations
 
@@ -8,3 +9,12 @@ from typing import Any
 def digit_fraction(prompts: list[Any], completions: list[str], **_: Any) -> list[float | None]:
     """The fraction of the completion's characters that are digits (0 for an empty one)."""
     return [sum(ch.isdigit() for ch in c) / len(c) if c else 0.0 for c in completions]
+
+
+def exact_answer(prompts: list[Any], completions: list[str], answer: list[Any] | None = None,
+                 **_: Any) -> list[float]:
+    """``learn_grpo_vs_trl.py``: 1.0 when the completion (cut at the first ``<|im_end|>``, stripped) equals the
+    row's ``answer`` exactly, else 0.0 (also without an answer). Plain Python: alignkit and TRL call it alike."""
+    answers = answer if answer is not None else [None] * len(completions)
+    return [float(a is not None and c.split("<|im_end|>")[0].strip() == str(a).strip())
+            for c, a in zip(completions, answers)]

@@ -1,0 +1,41 @@
+"""benchmarks/learn_grpo_vs_trl.py: the pieces that need no TRL (the exact-match reward, the rise and
+standard-error arithmetic), on hand-made cases."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from bench_rewards import exact_answer  # noqa: E402
+from learn_grpo_vs_trl import compare, mean_min_se, rise_and_final  # noqa: E402
+
+
+def test_exact_answer_on_hand_cases() -> None:
+    completions = ["p a d k", " p a d k \n", "p a d k<|im_end|>junk", "The answer is p a d k.", "p a d k.", "pdak", ""]
+    assert exact_answer([None] * 7, completions, answer=["p a d k"] * 7) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert exact_answer(["q"], ["7"], answer=[7]) == [1.0]  # the answer is compared as text
+    assert exact_answer(["q", "q"], ["a", "b"]) == [0.0, 0.0]  # no answer column: 0, never None
+    assert all(isinstance(x, float) for x in exact_answer(["q"], ["a"], answer=["a"]))
+
+
+def test_rise_and_final_on_a_hand_series() -> None:
+    series = [0.1] * 10 + [0.5] * 40 + [0.3] * 10  # 60 iterations
+    rise, final = rise_and_final(series)
+    assert rise == pytest.approx(0.2) and final == pytest.approx(0.3)
+    assert rise_and_final([0.0, 0.2, 0.4, 0.6]) == pytest.approx((0.4, 0.5))  # short: windows of half the series
+
+
+def test_mean_min_se_and_compare() -> None:
+    s = mean_min_se([0.1, 0.2, 0.3, 0.4])
+    assert s["mean"] == pytest.approx(0.25) and s["min"] == pytest.approx(0.1) and s["n"] == 4
+    assert s["se"] == pytest.approx(math.sqrt((0.15**2 + 0.05**2) * 2 / 3 / 4))  # sample std / sqrt(n)
+    assert mean_min_se([0.5])["se"] == 0.0
+    c = compare({"mean": 0.2, "se": 0.03}, {"mean": 0.1, "se": 0.04})
+    assert c["diff"] == pytest.approx(0.1) and c["diff_se"] == pytest.approx(0.05)
+    assert c["ratio"] == pytest.approx(2.0) and c["ratio_se"] == pytest.approx(2.0 * math.sqrt(0.15**2 + 0.4**2))
+    assert "ratio" not in compare({"mean": 0.2, "se": 0.0}, {"mean": 0.0, "se": 0.0})
