@@ -2,13 +2,14 @@
 reward, group size, batch, lr and iteration count, over N seeds per side; each side in its own subprocess
 (TRL 1.16 in its own virtualenv ``results/.venv-trl``, never a dependency of alignkit).
 
-Setup. Task: letter reversal (``data/synth.py``'s ``reverse``: "Reverse the letters: k d a p" -> "p a d k"),
-not the digit-sum task the tests tune on. Starting policy (built once, cached in ``results/models``): the
-micro Llama (``build_tiny_model(size="micro")``) SFT'd briefly by alignkit on rows that answer in three forms
-("p a d k", "The answer is p a d k.", "Reversed: p a d k"), so a sampled answer is an exact match only part of
-the time. Reward: ``bench_rewards.exact_answer`` (the stripped completion equals the row's ``answer``).
+Setup. Task: single-digit products ("What is 7*8?" -> "56"), not the digit-sum task the tests tune on
+(letter reversal from ``data/synth.py`` was tried first: the micro model SFT'd for 500 steps never produced an
+exact reversal, 0% reward, no signal). Starting policy (built once, cached in ``results/models/learn-mul``):
+the micro Llama (``build_tiny_model(size="micro")``) SFT'd briefly by alignkit on rows that answer in three
+forms ("56", "The answer is 56.", "7*8=56"), so a sampled answer is an exact match only part of the time.
+Reward: ``bench_rewards.exact_answer`` (the stripped completion equals the row's ``answer``).
 Both sides: 64 completions per iteration (8 prompts x G=8), AdamW lr 1e-3 constant without warm-up, 60
-iterations of one optimizer step, temperature 1.0, ``max_new_tokens`` 16, beta 0, seed s (alignkit
+iterations of one optimizer step, temperature 1.0, ``max_new_tokens`` 12, beta 0, seed s (alignkit
 ``training.seed``, TRL ``seed``), ``torch.set_num_threads(2)``; everything else each side's own defaults
 (TRL's are read from the installed GRPOConfig and recorded in the JSON). Prompt order: alignkit and TRL both
 shuffle the same prompt file with their own seeded sampler, so the orders differ between the sides.
@@ -25,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -42,10 +44,10 @@ THREADS = 2
 G = 8
 BATCH = 64  # completions per iteration: 8 prompts x G
 LR = 1e-3
-MAX_NEW = 16
+MAX_NEW = 12
 WINDOW = 10
-SFT_STEPS = 500
-FORMS = ("{}", "The answer is {}.", "Reversed: {}")
+SFT_STEPS = 300
+FORMS = ("{p}", "The answer is {p}.", "{x}*{y}={p}")
 TRL_DEFAULT_KEYS = ("loss_type", "scale_rewards", "epsilon", "epsilon_high", "top_p", "top_k", "num_iterations",
                     "steps_per_generation", "mask_truncated_completions", "importance_sampling_level",
                     "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon", "optim",
@@ -53,17 +55,23 @@ TRL_DEFAULT_KEYS = ("loss_type", "scale_rewards", "epsilon", "epsilon_high", "to
 
 
 # ====================================================================== data and starting policy
-def write_task_data(work: Path) -> dict[str, str]:
-    """Prompt rows (``prompt``, ``answer``) and SFT rows (the answer in one of ``FORMS``), train split."""
-    from alignkit.data.synth import make_prompt_rows
+def task_rows(n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` draws of (``prompt`` "What is 7*8?", ``answer`` "56", ``sft`` the answer in one of ``FORMS``)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        x, y = rng.randint(0, 9), rng.randint(0, 9)
+        rows.append({"prompt": f"What is {x}*{y}?", "answer": str(x * y),
+                     "sft": rng.choice(FORMS).format(x=x, y=y, p=x * y)})
+    return rows
 
+
+def write_task_data(work: Path) -> dict[str, str]:
+    """Prompt rows (``prompt``, ``answer``; seed 1) and SFT chat rows (the answer in one of ``FORMS``; seed 2)."""
     work.mkdir(parents=True, exist_ok=True)
-    prompts = [{"prompt": r["prompt"], "answer": r["answer"]}
-               for r in make_prompt_rows(500, seed=1, tasks=("reverse",), split="train")]
-    rng = random.Random(2)
-    sft = [{"messages": [{"role": "user", "content": r["prompt"]},
-                         {"role": "assistant", "content": rng.choice(FORMS).format(r["answer"])}]}
-           for r in make_prompt_rows(4000, seed=2, tasks=("reverse",), split="train")]
+    prompts = [{"prompt": r["prompt"], "answer": r["answer"]} for r in task_rows(500, seed=1)]
+    sft = [{"messages": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["sft"]}]}
+           for r in task_rows(4000, seed=2)]
     paths = {"prompts": work / "prompts.jsonl", "sft": work / "sft.jsonl"}
     for key, rows in (("prompts", prompts), ("sft", sft)):
         paths[key].write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -113,9 +121,11 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
     run_train(cfg)
     seconds = time.perf_counter() - t0
     logged = [json.loads(x) for x in (Path(spec["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    grpo = cfg.grpo.model_dump() if hasattr(cfg.grpo, "model_dump") else {}
+    training = {k: getattr(cfg.training, k) for k in ("weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2",
+                                                       "adam_epsilon", "lr_scaling")}
+    defaults = {"grpo": dataclasses.asdict(cfg.grpo), "rollout": dataclasses.asdict(cfg.rollout), "training": training}
     return {"rewards": [r["reward_mean"] for r in logged if "reward_mean" in r], "seconds": seconds,
-            "defaults": {"grpo": grpo, "optimizer": str(getattr(cfg.training, "optimizer", "adamw"))}}
+            "defaults": json.loads(json.dumps(defaults, default=str))}
 
 
 def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
@@ -216,10 +226,10 @@ def markdown(runs: dict[str, list[dict[str, Any]]], summary: dict[str, Any], hea
 
 # ====================================================================== parent
 def ensure_policy(out: Path, data: dict[str, str]) -> str:
-    """The shared SFT'd starting policy, built once under ``out/models/learn-reverse``."""
+    """The shared SFT'd starting policy, built once under ``out/models/learn-mul``."""
     from bench_sft_dpo import log, run_child
 
-    root = out / "models" / "learn-reverse"
+    root = out / "models" / "learn-mul"
     final = root / "sft" / "final"
     if not (final / "config.json").exists():
         log(f"building and SFT-ing the starting policy in {root} (once)")
@@ -267,12 +277,12 @@ def main() -> None:
     work = out / "work" / f"learn-grpo-{stamp}"
     runs = run_all(a, out, work)
     summary = summarize(runs)
-    head = (f"# GRPO learning, alignkit vs TRL: letter reversal, micro Llama SFT'd, {BATCH} completions/iteration "
+    head = (f"# GRPO learning, alignkit vs TRL: single-digit products, micro Llama SFT'd, {BATCH} completions/iteration "
             f"(G={G}), lr {LR:g}, {a.iterations} iterations, {a.seeds} seeds ({stamp}); rise = mean reward_mean of "
             f"the last {WINDOW} iterations - the first {WINDOW}")
     text = markdown(runs, summary, head)
     print(text)
-    meta = {"setup": {"task": "reverse", "forms": FORMS, "G": G, "batch": BATCH, "lr": LR, "max_new_tokens": MAX_NEW,
+    meta = {"setup": {"task": "single-digit multiplication", "forms": FORMS, "G": G, "batch": BATCH, "lr": LR, "max_new_tokens": MAX_NEW,
                       "iterations": a.iterations, "seeds": a.seeds, "window": WINDOW, "sft_steps": SFT_STEPS,
                       "prompt_order": "each side shuffles the same prompt file with its own seeded sampler"},
             "defaults": {s: next((r.get("defaults") for r in v if r.get("ok")), None) for s, v in runs.items()},

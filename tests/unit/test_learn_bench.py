@@ -16,8 +16,8 @@ from learn_grpo_vs_trl import compare, mean_min_se, rise_and_final  # noqa: E402
 
 
 def test_exact_answer_on_hand_cases() -> None:
-    completions = ["p a d k", " p a d k \n", "p a d k<|im_end|>junk", "The answer is p a d k.", "p a d k.", "pdak", ""]
-    assert exact_answer([None] * 7, completions, answer=["p a d k"] * 7) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    completions = ["56", " 56 \n", "56<|im_end|>junk", "The answer is 56.", "56.", "7*8=56", ""]
+    assert exact_answer([None] * 7, completions, answer=["56"] * 7) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert exact_answer(["q"], ["7"], answer=[7]) == [1.0]  # the answer is compared as text
     assert exact_answer(["q", "q"], ["a", "b"]) == [0.0, 0.0]  # no answer column: 0, never None
     assert all(isinstance(x, float) for x in exact_answer(["q"], ["a"], answer=["a"]))
