@@ -6,7 +6,8 @@ Setup. Task: single-digit products ("What is 7*8?" -> "56"), not the digit-sum t
 (letter reversal from ``data/synth.py`` was tried first: the micro model SFT'd for 500 steps never produced an
 exact reversal, 0% reward, no signal). Starting policy (built once, cached in ``results/models/learn-mul``):
 the micro Llama (``build_tiny_model(size="micro")``) SFT'd briefly by alignkit on rows that answer in three
-forms ("56", "The answer is 56.", "7*8=56"), so a sampled answer is an exact match only part of the time.
+forms ("56", "The answer is 56.", "7*8=56") for 100 steps, so a sampled answer is an exact match only part of
+the time (3-8% in the first iterations of a smoke run; 300 steps gave 32%, too easy a start).
 Reward: ``bench_rewards.exact_answer`` (the stripped completion equals the row's ``answer``).
 Both sides: 64 completions per iteration (8 prompts x G=8), AdamW lr 1e-3 constant without warm-up, 60
 iterations of one optimizer step, temperature 1.0, ``max_new_tokens`` 12, beta 0, seed s (alignkit
@@ -46,7 +47,7 @@ BATCH = 64  # completions per iteration: 8 prompts x G
 LR = 1e-3
 MAX_NEW = 12
 WINDOW = 10
-SFT_STEPS = 300
+SFT_STEPS = 100
 FORMS = ("{p}", "The answer is {p}.", "{x}*{y}={p}")
 TRL_DEFAULT_KEYS = ("loss_type", "scale_rewards", "epsilon", "epsilon_high", "top_p", "top_k", "num_iterations",
                     "steps_per_generation", "mask_truncated_completions", "importance_sampling_level",
