@@ -111,9 +111,8 @@ def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(THREADS)
     import transformers
     import trl
-    from transformers import TrainerCallback
-
     from bench_rewards import digit_fraction
+    from transformers import TrainerCallback
 
     stamps: list[float] = []
     gen_tokens: list[float] = []

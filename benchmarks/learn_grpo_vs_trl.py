@@ -135,7 +135,6 @@ def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(THREADS)
     import transformers
     import trl
-
     from bench_grpo import make_trl_trainer
     from bench_rewards import exact_answer
 
@@ -181,7 +180,7 @@ def compare(a: dict[str, float], t: dict[str, float]) -> dict[str, float]:
     """alignkit - TRL (independent samples: the SEs add in quadrature) and alignkit / TRL (delta method)."""
     diff_se = math.sqrt(a["se"] ** 2 + t["se"] ** 2)
     out = {"diff": a["mean"] - t["mean"], "diff_se": diff_se}
-    if t["mean"] != 0 and a["mean"] != 0:
+    if t["mean"] > 0 and a["mean"] != 0:  # a ratio only of a positive TRL rise
         ratio = a["mean"] / t["mean"]
         out.update(ratio=ratio, ratio_se=abs(ratio) * math.sqrt((a["se"] / a["mean"]) ** 2 + (t["se"] / t["mean"]) ** 2))
     return out
@@ -210,8 +209,8 @@ def markdown(runs: dict[str, list[dict[str, Any]]], summary: dict[str, Any], hea
              "|---|" + "---|---|---|" * len(runs)]
     for i in range(max(len(v) for v in runs.values())):
         cells = []
-        for side in runs:
-            r = runs[side][i] if i < len(runs[side]) else {}
+        for per_seed in runs.values():
+            r = per_seed[i] if i < len(per_seed) else {}
             cells += [f"{r['start']:.3f}", f"{r['final']:.3f}", f"{r['rise']:+.3f}"] if "rise" in r else ["failed"] * 3
         lines.append(f"| {i} | " + " | ".join(cells) + " |")
     lines += ["", "| side | rise mean ± SE | rise min | final mean ± SE | min/run |", "|---|---|---|---|---|"]

@@ -11,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from bench_rewards import exact_answer  # noqa: E402
-from learn_grpo_vs_trl import compare, mean_min_se, rise_and_final  # noqa: E402
+from bench_rewards import exact_answer
+from learn_grpo_vs_trl import compare, mean_min_se, rise_and_final
 
 
 def test_exact_answer_on_hand_cases() -> None:
@@ -39,3 +39,4 @@ def test_mean_min_se_and_compare() -> None:
     assert c["diff"] == pytest.approx(0.1) and c["diff_se"] == pytest.approx(0.05)
     assert c["ratio"] == pytest.approx(2.0) and c["ratio_se"] == pytest.approx(2.0 * math.sqrt(0.15**2 + 0.4**2))
     assert "ratio" not in compare({"mean": 0.2, "se": 0.0}, {"mean": 0.0, "se": 0.0})
+    assert "ratio" not in compare({"mean": -0.1, "se": 0.0}, {"mean": -0.05, "se": 0.0})
