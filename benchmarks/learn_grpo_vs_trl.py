@@ -117,6 +117,7 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
         f"training.per_device_batch_size={BATCH}", f"training.learning_rate={LR}", "training.lr_scheduler=constant",
         "training.warmup_steps=0", f"training.max_steps={spec['iterations']}", f"training.seed={spec['seed']}",
         "logging.report_to=[jsonl]", "logging.logging_steps=1", "logging.plot=false", "checkpoint.save_final=false",
+        *spec.get("overrides", []),
     ])
     t0 = time.perf_counter()
     run_train(cfg)
@@ -252,7 +253,7 @@ def run_all(a: argparse.Namespace, out: Path, work: Path) -> dict[str, list[dict
     for seed in range(a.seeds):
         for side, python in sides.items():  # alternate the sides per seed
             spec = {"policy": policy, "prompts": data["prompts"], "iterations": a.iterations, "seed": seed,
-                    "run_dir": str(work / f"{side}-{seed}")}
+                    "run_dir": str(work / f"{side}-{seed}"), "overrides": a.alignkit_override}
             res = run_child(python, side, spec, work / f"{side}-{seed}.log", 3 * 3600, script=Path(__file__))
             log(f"{side} seed {seed}: " + (f"{res['wall_s'] / 60:.1f} min" if res["ok"] else res["error"]))
             runs[side].append(res)
@@ -269,6 +270,8 @@ def main() -> None:
     ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--quick", action="store_true", help="2 seeds x 4 iterations (a smoke test)")
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--alignkit-override", action="append", default=[], metavar="KEY=VALUE",
+                    help="an alignkit config override on top of its defaults (repeatable), e.g. grpo.loss_aggregation=token_mean")
     a = ap.parse_args()
     if a.quick:
         a.seeds, a.iterations = 2, 4
@@ -285,6 +288,7 @@ def main() -> None:
     meta = {"setup": {"task": "single-digit multiplication", "forms": FORMS, "G": G, "batch": BATCH, "lr": LR, "max_new_tokens": MAX_NEW,
                       "iterations": a.iterations, "seeds": a.seeds, "window": WINDOW, "sft_steps": SFT_STEPS,
                       "prompt_order": "each side shuffles the same prompt file with its own seeded sampler"},
+            "alignkit_overrides": a.alignkit_override,
             "defaults": {s: next((r.get("defaults") for r in v if r.get("ok")), None) for s, v in runs.items()},
             "versions": next((r.get("versions") for r in runs.get("trl", []) if r.get("ok")), None)}
     (out / f"learn-grpo-{stamp}.json").write_text(json.dumps({**meta, "summary": summary, "runs": runs}, indent=1),
