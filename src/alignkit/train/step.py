@@ -57,10 +57,6 @@ class StepResult:
         return {"loss": self.loss, **self.sums.means()}
 
 
-def to_device(batch: Batch, device: torch.device) -> Batch:
-    return batch.to(device)
-
-
 def global_normalizer(local_units: float, strategy: Strategy) -> float:
     """``global units / dp_size``: what each micro-batch's summed loss is divided by."""
     units = comm.all_reduce_sum(torch.tensor(float(local_units), dtype=torch.float64, device=strategy.device)).item()
@@ -80,7 +76,7 @@ def accumulate(strategy: Strategy, models: Models, group: list[Batch], loss_fn: 
     losses: dict[str, float] = {}
     sums, tokens = MetricSums(), 0
     for i, batch in enumerate(group):
-        batch = to_device(batch, strategy.device)
+        batch = batch.to(strategy.device)
         with contextlib.ExitStack() as stack:
             if i < len(group) - 1:
                 for handle in models.handles.values():
