@@ -120,3 +120,12 @@ def test_no_page_names_a_machine_path():
     found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in pages
              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if machine.search(line)]
     assert not found, found
+
+
+def test_readme_links_exist():
+    """The README links into docs/ (the site's pages as GitHub shows them); each target is a file here."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme) if "://" not in t]
+    assert len(targets) >= 10
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert not missing, missing
