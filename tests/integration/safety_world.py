@@ -37,17 +37,21 @@ from tests.conftest import REPO
 from tests.integration.test_preference_learning import pinned
 
 N_EVAL = 200
+SAMPLES = 4  # sampled answers per held-out harmful prompt in the judge's J_C_sampled
 HARMFUL_RE = re.compile(r"\b(" + "|".join(FORBIDDEN_KEYWORDS) + r")\b")
 # the shorthands a run name may list after ":" beside KEY=VALUE keys of the algorithm's section
 # (e.g. safe_dpo:pid,cost_margin=2)
-VARIANTS = {"pid": ("lambda_update=pid",), "gradient": (),
+VARIANTS = {"pid": ("lambda_update=pid",), "gradient": ("lambda_update=gradient",),
+            # the Safe RLHF / seed-guide dual (safe_dpo's defaults before the PID ones)
+            "safe_rlhf": ("lambda_update=gradient", "cost_margin=0"),
             # ppo_lag: the program judge's unsafe flag (1 / 0) as the cost: J_C = the sampled unsafe rate
             "rate": ("cost_functions=[{name: unsafe, weight: 1.0}]", "cost_model=null")}
 
 
-def variant(spec: str) -> tuple[str, ...]:
-    """``pid,cost_margin=2`` -> the section keys it sets."""
-    return tuple(k for part in spec.split(",") if part for k in VARIANTS.get(part, (part,)))
+def variant(spec: str, algo: str = "safe_dpo") -> tuple[str, ...]:
+    """``pid,cost_margin=2`` -> the section keys it sets (safe_rlhf: with safe_dpo's old 128-cost window)."""
+    keys = tuple(k for part in spec.split(",") if part for k in VARIANTS.get(part, (part,)))
+    return keys + (("cost_window=128",) if algo == "safe_dpo" and "safe_rlhf" in spec.split(",") else ())
 
 
 def settled(points: list[dict[str, Any]], threshold: float = 0.0) -> dict[str, Any]:
@@ -112,7 +116,7 @@ def run_dpo(ws: dict[str, Any], out: Path, steps: int = 150) -> float:
     return train(REPO / "configs" / "dpo.yaml", [*dpo_overrides(ws, out, steps), "dpo.pair=helpful"], ws["seed"])
 
 
-def run_safe_dpo(ws: dict[str, Any], out: Path, steps: int = 150, extra: tuple[str, ...] = ()) -> float:
+def run_safe_dpo(ws: dict[str, Any], out: Path, steps: int = 450, extra: tuple[str, ...] = ()) -> float:
     """configs/safe_dpo.yaml from the warm start; J_C = greedy cost on the red-team prompts every 10 steps."""
     return train(REPO / "configs" / "safe_dpo.yaml", [
         *dpo_overrides(ws, out, steps), f"safe_dpo.helpful_model={ws['helpful_rm']}",
@@ -121,16 +125,13 @@ def run_safe_dpo(ws: dict[str, Any], out: Path, steps: int = 150, extra: tuple[s
         *(f"safe_dpo.{e}" for e in extra)], ws["seed"])
 
 
-def run_ppo_lag(ws: dict[str, Any], out: Path, steps: int = 40, extra: tuple[str, ...] = ()) -> float:
-    """configs/ppo_lag.yaml with the trained scorers on the red-team prompts (threshold 0: C > 0 = unsafe)."""
-    return train(REPO / "configs" / "ppo_lag.yaml", [
+def run_ppo_lag(ws: dict[str, Any], out: Path, steps: int = 120, extra: tuple[str, ...] = ()) -> float:
+    """configs/ppo_lag_rm.yaml (Safe RLHF's setup: helpful RM reward, cost-model cost, threshold 0) from the
+    warm start, on the red-team prompts."""
+    return train(REPO / "configs" / "ppo_lag_rm.yaml", [
         f"model.name_or_path={ws['sft']}", f"output_dir={out}", f"data.train={ws['red_team']}", "data.eval=[]",
-        "data.chat_template=true", "data.max_length=128", "rollout.num_generations=4", "rollout.max_new_tokens=40",
-        "reward.functions=[]", f"reward.model={ws['helpful_rm']}", "ppo_lag.cost_functions=[]",
-        f"ppo_lag.cost_model={ws['cost_model']}", "ppo_lag.threshold=0.0", "ppo_lag.lambda_lr=0.05",
-        "ppo_lag.lambda_max=10.0", "training.per_device_batch_size=32", "training.learning_rate=3e-4",
-        f"training.max_steps={steps}", "logging.logging_steps=1", "checkpoint.save_steps=null",
-        *(f"ppo_lag.{e}" for e in extra)], ws["seed"])
+        f"reward.model={ws['helpful_rm']}", f"ppo_lag.cost_model={ws['cost_model']}", f"training.max_steps={steps}",
+        "checkpoint.save_steps=null", *(f"ppo_lag.{e}" for e in extra)], ws["seed"])
 
 
 def judge(model_dir: Path, cost_model: Path) -> dict[str, Any]:
@@ -147,14 +148,22 @@ def judge(model_dir: Path, cost_model: Path) -> dict[str, Any]:
     prompts = list(dict.fromkeys(r.data["prompt"] for r in read_rows("builtin:safety_eval.jsonl")))[:N_EVAL]
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
+    scorer = load_scorer(cost_model)[0]
+
+    def cost(pairs: list[tuple[str, str]]) -> list[float]:
+        return score_responses(scorer, tok, [p for p, _ in pairs], [a for _, a in pairs], chat_template=True,
+                               max_length=128, device=torch.device("cpu")).tolist()
+
     with pinned():
         answers = generate(model, tok, prompts, max_new_tokens=40, batch_size=50)
         bad = [(p, a) for p, a in zip(prompts, answers) if harmful(p)]
         benign = [(p, a) for p, a in zip(prompts, answers) if not harmful(p)]
-        costs = score_responses(load_scorer(cost_model)[0], tok, [p for p, _ in bad], [a for _, a in bad],
-                                chat_template=True, max_length=128, device=torch.device("cpu")).tolist()
+        costs = cost(bad)
+        # the policy's own expected cost (what the constraint bounds): SAMPLES answers per harmful prompt
+        many = [p for p, _ in bad for _ in range(SAMPLES)]
+        sampled = cost(list(zip(many, generate(model, tok, many, max_new_tokens=40, batch_size=56, do_sample=True))))
     return {"unsafe": sum(is_unsafe(p, a) for p, a in bad) / len(bad), "J_C_greedy": sum(costs) / len(costs),
-            "cost_positive": sum(c > 0 for c in costs) / len(costs),
+            "J_C_sampled": sum(sampled) / len(sampled), "cost_positive": sum(c > 0 for c in costs) / len(costs),
             "answered_benign": sum(not is_refusal(a) for _, a in benign) / len(benign),
             "helpfulness_benign": sum(helpfulness(p, a) for p, a in benign) / len(benign),
             "n_harmful": len(bad), "n_benign": len(benign), "examples": [a for _, a in bad[:3]]}
@@ -187,7 +196,7 @@ def main() -> None:
         for name in args.runs:
             algo, _, spec = name.partition(":")
             out = ws["dir"] / re.sub(r"[^\w.-]+", "-", name)
-            sec = RUNNERS[algo](ws, out, steps.get(algo, 150 if algo == "safe_dpo" else 40), variant(spec))
+            sec = RUNNERS[algo](ws, out, steps.get(algo, 450 if algo == "safe_dpo" else 120), variant(spec, algo))
             row = {"seed": seed, "run": name, "seconds": round(sec), "judge": judge(out / "final", ws["cost_model"]),
                    "curve": curve(out)}
             row["settled"] = settled(row["curve"])
@@ -195,7 +204,7 @@ def main() -> None:
             summary_file.write_text(json.dumps(summary, indent=1, default=str))
             lam = [c["lambda"] for c in row["curve"]]
             print(json.dumps({"seed": seed, "run": name, **{k: row["judge"][k] for k in (
-                "unsafe", "J_C_greedy", "cost_positive", "answered_benign", "helpfulness_benign")},
+                "unsafe", "J_C_greedy", "J_C_sampled", "cost_positive", "answered_benign", "helpfulness_benign")},
                 "lambda_first_max_last": [round(x, 3) for x in (lam[0], max(lam), lam[-1])], **row["settled"],
                 "seconds": row["seconds"]}), flush=True)
 

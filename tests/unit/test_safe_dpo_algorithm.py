@@ -99,7 +99,8 @@ def test_multiplier_window_update_and_state() -> None:
 
 def test_required_keys_alone_give_the_shipped_recipe(micro_model: Path, scorers, tmp_path: Path) -> None:
     """``algorithm: safe_dpo`` with only the required keys trains what configs/safe_dpo.yaml trains (the RPO
-    term on the safer response included); ``safe_dpo.safe_nll_coeff=0`` is the seed guides' plain loss."""
+    term on the safer response and the PID dual included); ``safe_dpo.safe_nll_coeff=0`` is the seed guides'
+    plain loss and ``safe_dpo.lambda_update=gradient`` their dual rule."""
     from alignkit.algorithms.safe_dpo import SafeDPOConfig
 
     minimal = tmp_path / "minimal.yaml"
@@ -107,8 +108,10 @@ def test_required_keys_alone_give_the_shipped_recipe(micro_model: Path, scorers,
                        f"data: {{train: builtin:safety_train.jsonl}}\ntraining: {{per_device_batch_size: 4}}\n"
                        f"safe_dpo: {{helpful_model: {scorers[0]}, cost_model: {scorers[1]}}}\n")
     shipped = load_config(str(REPO / "configs" / "safe_dpo.yaml"), overrides(micro_model, scorers, tmp_path))
+    keys = ("safe_nll_coeff", "lambda_update", "pid_kp", "pid_ki", "pid_kd", "cost_margin", "cost_window", "variant")
     for cfg in (load_config(str(minimal), []), shipped):
         s = cfg.section(SafeDPOConfig)
-        assert (s.safe_nll_coeff, s.lambda_update, s.variant) == (1.0, "gradient", "mm_dpo")
-    plain = load_config(str(minimal), ["safe_dpo.safe_nll_coeff=0"])
-    assert plain.section(SafeDPOConfig).safe_nll_coeff == 0.0
+        assert tuple(getattr(s, k) for k in keys) == (1.0, "pid", 0.0, 0.01, 0.5, 2.0, 16, "mm_dpo")
+    plain = load_config(str(minimal), ["safe_dpo.safe_nll_coeff=0", "safe_dpo.lambda_update=gradient"])
+    assert plain.section(SafeDPOConfig).safe_nll_coeff == 0.0  # the seed guides' loss and dual rule, by key
+    assert plain.section(SafeDPOConfig).lambda_update == "gradient"

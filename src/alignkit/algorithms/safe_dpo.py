@@ -69,6 +69,21 @@ class SafeDPOConfig(DualConfig):
     variant: str = f("mm_dpo", "Loss: mm_dpo (Safe-MM-DPO), safedpo (label swap + safety_margin), modpo (MODPO "
                      "margin from the cost model).")
     threshold: float = f(0.0, "Cost limit d of the constraint J_C <= d.")
+    # the dual update's defaults for safe_dpo, measured on the toy safety world's conflicting pairs (README of
+    # tests/integration/test_safe_dpo_learning.py): gradient left the budget again after meeting it (34-49%
+    # of later estimates), pid with these values 0-5%; lambda_update gradient is the Safe RLHF / seed-guide rule
+    lambda_update: Literal["gradient", "pid"] = f(
+        "pid", "Dual update: pid (lambda = Kp P + I + Kd D, Stooke et al. 2020; the default here: holds the "
+        "constraint after meeting it) or gradient (ln lambda += lambda_lr * lambda * (J_C - threshold), Safe "
+        "RLHF and the seed guides: rises, falls fast once the constraint holds, and can end a run above it).")
+    pid_kp: float = f(0.0, "pid: proportional gain; 0 here: on a cost that flips between refusing (C << 0) and "
+                      "complying (C >> 0) a P term drives lambda to 0 as soon as the policy is safe, and it flips "
+                      "back.", ge=0)
+    pid_ki: float = f(0.01, "pid: integral gain, I += pid_ki * (J_C - target), I in [0, lambda_max] (starts at "
+                      "lambda_init): slow, so lambda stays near the level that keeps the policy safe.", ge=0)
+    cost_margin: float = f(2.0, "The dual update aims J_C at threshold - cost_margin (cost-model units; 2 on a cost "
+                           "model whose safe / unsafe answers score about -8 / +8), so the policy's swings stay "
+                           "inside the budget; 0 = aim at the threshold.", ge=0)
     lambda_init: float = f(1.0, "Initial Lagrange multiplier lambda.", gt=0)
     lambda_lr: float = f(0.05, "Dual step size of lambda_update gradient: ln lambda += lambda_lr * lambda * (J_C - "
                          "threshold).", ge=0)
@@ -78,7 +93,9 @@ class SafeDPOConfig(DualConfig):
                                gt=0)
     cost_prompts: str = f("", "File of prompts for the estimate (rows with 'prompt'); default: the training rows' "
                           "prompts.")
-    cost_window: int = f(128, "Sample costs kept in the window whose mean is J_C (Safe RLHF: 128).", gt=0)
+    cost_window: int = f(16, "Sample costs kept in the window whose mean is J_C: 16 = the last estimate's "
+                         "(cost_eval_prompts); a longer window (Safe RLHF: 128) lags the policy by several "
+                         "estimates and lambda overshoots both ways.", gt=0)
     cost_max_new_tokens: int = f(64, "Tokens generated per prompt for the estimate.", gt=0)
     cost_do_sample: bool = f(True, "Sample the estimate's responses (true: E over y ~ pi) or decode greedily.")
     cost_temperature: float = f(1.0, "Sampling temperature of the estimate.", gt=0)
@@ -197,7 +214,8 @@ class SafeDPO(DPO):
             self.prompts = self._estimate_prompts(train_set)
             log.info(f"Lambda ({s.lambda_update}): init {s.lambda_init}, updated every {s.cost_eval_every} steps from "
                      f"the costs of policy samples for {s.cost_eval_prompts} of {len(self.prompts)} prompts (window "
-                     f"{s.cost_window}, threshold {s.threshold}, lambda_max {s.lambda_max})")
+                     f"{s.cost_window}, threshold {s.threshold}, aimed at {s.threshold - s.cost_margin:g}, lambda_max "
+                     f"{s.lambda_max})")
 
     def _frozen_scores(self, models: Models) -> PairValues:
         """The frozen roles' ``(2B,)`` scores of a batch, keyed for :func:`cache_pair_values`."""
