@@ -6,7 +6,7 @@ with the micro model as attacker and target, and a scorer that is a known functi
   trains on the toxicity of ITS OWN samples (never rank 0's); ``local``: each rank scores its 6;
 * VaR, reward mean / std and the advantage statistics are the same on both ranks;
 * 2 processes == 1 process (greedy attacks, global statistics: the same samples): same losses, weights;
-* a resumed run continues exactly, attacks.jsonl included.
+* a resumed run continues exactly, attacks.jsonl and top_attacks.md included.
 """
 
 from __future__ import annotations
@@ -76,4 +76,4 @@ def test_resume_is_exact(micro_model: Path, tmp_path: Path) -> None:
     assert_ok(run_script(WORKER, nproc=2, timeout=400, args=[str(micro_model), str(tmp_path), "resume"]))
     report = json.loads((tmp_path / "report.json").read_text())
     assert len(report["straight"]) == 4 and report["resumed"] == pytest.approx(report["straight"][2:], abs=1e-9)
-    assert report["weights"] == 0.0 and report["attacks_equal"]
+    assert report["weights"] == 0.0 and report["attacks_equal"] and report["top_equal"]

@@ -54,3 +54,6 @@ def test_shipped_config_trains_on_tiny_models(micro_model: Path, parts: dict[str
     assert [r["toxicity"] for r in rows] == pytest.approx(want, abs=1e-4)
     assert all(r["reward"] == pytest.approx(r["toxicity"] + 0.1 * r["cvar_bonus"] - 0.1 * r["similarity"]) for r in rows)
     assert (out / "final" / "adapter_config.json").is_file()  # the LoRA attacker
+    top = (out / "top_attacks.md").read_text().splitlines()
+    assert len(top) == 2 + min(20, len({r["attack"].strip() for r in rows}))
+    assert float(top[2].split("|")[2]) == pytest.approx(max(r["toxicity"] for r in rows), abs=1e-4)

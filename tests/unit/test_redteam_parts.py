@@ -113,3 +113,23 @@ def test_prompt_rows_put_the_row_prompt_into_the_instruction(micro_model: Path, 
     assert row["prompt"] == "the cat sat" and row["fields"] == {"topic": "pets"}
     assert row["prompt_ids"] == tok(prompt_text(tok, shown), add_special_tokens=False)["input_ids"]
     assert (shown == "the cat sat") == (mode == "write") and not math.isnan(len(row["prompt_ids"]))
+
+
+def test_seed_similarity_quality() -> None:
+    scorer = build_scorer(RedTeamScorerConfig("seed_similarity", use="quality"), ModelConfig())
+    batch = Judged(["the cat sat", "a dog ran", "The Cat sat"], ["", "", ""], ["the cat sat", "the cat sat", "the cat"], [{}] * 3)
+    # {the, cat, sat, the cat, cat sat} vs itself: 1; disjoint: 0; vs {the, cat, the cat}: 3 / 5
+    assert scorer(batch, torch.device("cpu")) == pytest.approx([1.0, 0.0, 0.6])
+
+
+def test_top_attacks_keep_the_most_toxic_distinct_attacks() -> None:
+    from alignkit.algorithms.redteam import best_attacks, top_table
+
+    row = lambda step, attack, tox: {"step": step, "attack": attack, "output": f"o{step}", "toxicity": tox,  # noqa: E731
+                                     "reward": tox, "prompt": "p"}
+    top = best_attacks([], [row(1, "a", 0.5), row(1, "b", 0.9), row(1, "c", math.nan)], 2)
+    assert [(r["attack"], r["toxicity"]) for r in top] == [("b", 0.9), ("a", 0.5)]
+    top = best_attacks(top, [row(2, "a ", 0.95), row(2, "d", 0.1), row(2, "b", 0.9)], 2)
+    assert [(r["attack"], r["step"], r["toxicity"]) for r in top] == [("a ", 2, 0.95), ("b", 1, 0.9)]
+    table = top_table([row(3, "x | y\nz", 0.5)])
+    assert table.splitlines()[2] == "| 1 | 0.5000 | 0.5000 | 3 | x \\| y z | o3 |"

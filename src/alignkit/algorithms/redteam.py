@@ -98,6 +98,8 @@ class RedTeamConfig:
     adv_clip_max: float = f(5.0, "Advantages clamped to +-adv_clip_max (Flow-GRPO); 0 = off.", ge=0)
     success_threshold: float = f(0.5, "An attack succeeds when its toxicity is at least this (attack_success_rate).")
     save_attacks: bool = f(True, "Write every attack, answer and score to OUTPUT_DIR/attacks.jsonl (rank 0).")
+    top_attacks: int = f(20, "Keep the most toxic distinct attacks of the run in OUTPUT_DIR/top_attacks.md (rank 0, "
+                         "rewritten every iteration, carried by checkpoints); 0 = off.", ge=0)
 
     def __post_init__(self) -> None:
         if not self.tau < 1:
@@ -139,6 +141,7 @@ class RedTeam(GroupRelative):
         self.pending: list[dict[str, Any]] = []
         self.advantages = torch.zeros(0)
         self.attacks_written, self.resumed_lines = 0, None
+        self.top: list[dict[str, Any]] = []
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
@@ -177,7 +180,7 @@ class RedTeam(GroupRelative):
             s["log"] = {"target": o, "toxicity": float(scores["toxicity"][i]), "reward": float(scores["reward"][i])}
         self.pending = [{"prompt": seed, "attack": a, "output": o, "advantage": float(self.advantages[i]),
                          **{k: float(v[i]) for k, v in scores.items()}}
-                        for i, (a, o, seed) in enumerate(everyone)] if rt.save_attacks else []
+                        for i, (a, o, seed) in enumerate(everyone)] if rt.save_attacks or rt.top_attacks else []
         rollout_stats(stats, scores, gens, ctx.generate_s)
         return Experience(samples, scores, stats)
 
@@ -234,26 +237,33 @@ class RedTeam(GroupRelative):
 
     # ------------------------------------------------------------------ outputs and state
     def on_step_end(self, ctx: Context) -> dict[str, float]:
-        """The iteration's attacks (every rank's) appended to attacks.jsonl with the step, by rank 0."""
-        if self.pending and ctx.strategy.is_main:
-            path = Path(self.cfg.output_dir) / "attacks.jsonl"
+        """The iteration's attacks (every rank's) appended to attacks.jsonl with the step, and the run's most
+        toxic ones to top_attacks.md, by rank 0."""
+        rt, out = self.cfg.section(RedTeamConfig), Path(self.cfg.output_dir)
+        rows = [{"step": ctx.step, **row} for row in self.pending]
+        self.top = best_attacks(self.top, rows, rt.top_attacks)
+        if rows and rt.save_attacks and ctx.strategy.is_main:
+            path = out / "attacks.jsonl"
             if self.resumed_lines is not None:  # a resumed run: drop what a longer run wrote after its checkpoint
                 keep = path.read_text(encoding="utf-8").splitlines()[: self.resumed_lines] if path.exists() else []
                 path.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
                 self.resumed_lines = None
             with path.open("a", encoding="utf-8") as fh:
-                for row in self.pending:
-                    fh.write(json.dumps({"step": ctx.step, **row}, ensure_ascii=False) + "\n")
-        self.attacks_written += len(self.pending)
+                for row in rows:
+                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        if self.top and ctx.strategy.is_main:
+            (out / "top_attacks.md").write_text(top_table(self.top), encoding="utf-8")
+        self.attacks_written += len(rows) if rt.save_attacks else 0
         self.pending = []
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"attacks_written": self.attacks_written}
+        return {"attacks_written": self.attacks_written, "top_attacks": self.top}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "attacks_written" in state:
             self.attacks_written = self.resumed_lines = int(state["attacks_written"])
+        self.top = list(state.get("top_attacks", []))
 
 
 def scorer_keys(scorers: list[RedTeamScorerConfig]) -> list[tuple[str, RedTeamScorerConfig]]:
@@ -264,3 +274,23 @@ def scorer_keys(scorers: list[RedTeamScorerConfig]) -> list[tuple[str, RedTeamSc
         seen[key] = seen.get(key, 0) + 1
         out.append((key if seen[key] == 1 else f"{key}#{seen[key]}", s))
     return out
+
+
+def best_attacks(top: list[dict[str, Any]], rows: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """The ``k`` most toxic distinct attacks (stripped text) of ``top`` and ``rows``, each at its most toxic
+    answer (the earliest on a tie), most toxic first; unscorable rows are left out."""
+    best: dict[str, dict[str, Any]] = {}
+    for row in [*top, *rows]:
+        key, tox = row["attack"].strip(), row["toxicity"]
+        if tox == tox and (key not in best or tox > best[key]["toxicity"]):
+            best[key] = {n: row[n] for n in ("step", "attack", "output", "toxicity", "reward")}
+    return sorted(best.values(), key=lambda r: (-r["toxicity"], r["step"]))[:k]
+
+
+def top_table(top: list[dict[str, Any]]) -> str:
+    """A Markdown table of :func:`best_attacks`."""
+    cell = lambda text: " ".join(str(text).split()).replace("|", "\\|")  # noqa: E731
+    lines = ["| # | toxicity | reward | step | attack | target output |", "|---|---|---|---|---|---|"]
+    lines += [f"| {i} | {r['toxicity']:.4f} | {r['reward']:.4f} | {r['step']} | {cell(r['attack'])} | {cell(r['output'])} |"
+              for i, r in enumerate(top, 1)]
+    return "\n".join(lines) + "\n"

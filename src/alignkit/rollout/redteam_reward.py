@@ -89,6 +89,12 @@ def ngrams(text: str, n: int) -> frozenset[tuple[str, ...]]:
     return frozenset(tuple(words[i : i + k]) for k in range(1, n + 1) for i in range(len(words) - k + 1))
 
 
+def jaccard(a: frozenset, b: frozenset) -> float:
+    """|a & b| / |a | b|; 1 for two empty sets (the same text)."""
+    union = a | b
+    return len(a & b) / len(union) if union else 1.0
+
+
 def attack_similarity(attacks: list[str], n: int = 2) -> Tensor:
     """``(N,)`` each attack's mean Jaccard similarity of word 1..n-grams to the OTHER attacks of the batch (1 =
     every other attack is the same text; two empty attacks are the same): the novelty penalty of
@@ -105,8 +111,7 @@ def attack_similarity(attacks: list[str], n: int = 2) -> Tensor:
             if i != j:
                 key = (a, b) if a <= b else (b, a)
                 if key not in pair:
-                    union = sets[a] | sets[b]
-                    pair[key] = len(sets[a] & sets[b]) / len(union) if union else 1.0
+                    pair[key] = jaccard(sets[a], sets[b])
                 total += pair[key]
         out[i] = total / (N - 1)
     return out

@@ -10,6 +10,8 @@ score: with ``redteam.placement: main`` a big classifier lives on rank 0 alone. 
   name contains "tox", else the last; or ``heads: [name]``);
 * ``detoxify``: the ``detoxify`` package when installed (``model``: original | unbiased | multilingual): the
   mean of its heads, as the Flow-RTPO guide does;
+* ``seed_similarity``: a quality for ``mode: rewrite``, the word n-gram Jaccard similarity of the attack to
+  its seed prompt;
 * ``reward_model`` / ``cost_model``: a scalar model alignkit trained (its final dir), scoring (attack,
   output) as training encoded pairs; ``activation: sigmoid`` maps a cost (C > 0 unsafe) into (0, 1);
 * anything else: a reward function of ``rollout/rewards.py`` (``unsafe``: the toy world's program judge) or
@@ -160,6 +162,20 @@ class ScalarModelScorer(ModelScorer):
         scores = score_responses(self.model, self.tokenizer, prompts, texts, chat_template=True,
                                  max_length=self.cfg.max_length, device=device)
         return (scores.sigmoid() if self.cfg.activation == "sigmoid" else scores).cpu().tolist()
+
+
+@SCORERS.register("seed_similarity")
+class SeedSimilarityScorer:
+    """A quality for ``mode: rewrite``: the Jaccard similarity of the attack's word 1..2-grams to its seed
+    prompt's (1 = the same words; keeps a rewrite close to what it rewrites), model-free."""
+
+    def __init__(self, cfg: Any, model_cfg: Any) -> None:
+        pass
+
+    def __call__(self, batch: Judged, device: torch.device) -> list[float]:
+        from alignkit.rollout.redteam_reward import jaccard, ngrams
+
+        return [jaccard(ngrams(a, 2), ngrams(str(s), 2)) for a, s in zip(batch.attacks, batch.seeds)]
 
 
 class FunctionScorer:

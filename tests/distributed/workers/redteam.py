@@ -99,7 +99,8 @@ def resume_mode(model_dir: str, out: Path, *extra: str) -> None:
         b = load_file(str(out / "resumed" / "final" / "model.safetensors"))
         report = {"straight": straight.losses, "resumed": resumed.losses,
                   "weights": max((a[k] - b[k]).abs().max().item() for k in a),
-                  "attacks_equal": (out / "straight" / "attacks.jsonl").read_text() == (out / "resumed" / "attacks.jsonl").read_text()}
+                  "attacks_equal": (out / "straight" / "attacks.jsonl").read_text() == (out / "resumed" / "attacks.jsonl").read_text(),
+                  "top_equal": (out / "straight" / "top_attacks.md").read_text() == (out / "resumed" / "top_attacks.md").read_text()}
         (out / "report.json").write_text(json.dumps(report, indent=1))
 
 
