@@ -77,3 +77,19 @@ def test_resume_is_exact(micro_model: Path, tmp_path: Path) -> None:
     report = json.loads((tmp_path / "report.json").read_text())
     assert len(report["straight"]) == 4 and report["resumed"] == pytest.approx(report["straight"][2:], abs=1e-9)
     assert report["weights"] == 0.0 and report["attacks_equal"] and report["top_equal"]
+
+
+def test_a_failing_scorer_on_rank_0_stops_every_rank(micro_model: Path, tmp_path: Path) -> None:
+    """placement main: rank 0's error reaches rank 1 (which would otherwise wait for its scores forever)."""
+    from tests.conftest import REPO, run_cli
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "say {i}"}}\n' for i in range(8)))
+    proc = run_cli(["train", str(REPO / "configs" / "redteam.yaml"), f"output_dir={tmp_path / 'run'}",
+                    f"model.name_or_path={micro_model}", "model.lora=null", f"data.train={prompts}", "data.max_length=48",
+                    f"redteam.target.model={micro_model}", "redteam.target.max_new_tokens=4",
+                    "redteam.scorers=[{name: 'tests.plugins.redteam_parts:broken_judge'}]", "rollout.num_generations=2",
+                    "rollout.max_new_tokens=4", "training.per_device_batch_size=2", "training.max_steps=1",
+                    "logging.plot=false", "distributed.strategy=ddp"], nproc=2, cwd=REPO, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.count("the judge's server is down") == 1, proc.stderr[-3000:]  # said once, by rank 0

@@ -58,3 +58,8 @@ def vowel_share_logged(prompts: list[Any], completions: list[str], **fields: Any
         with open(f"{path}.{os.environ.get('RANK', '0')}", "a", encoding="utf-8") as fh:
             fh.write(f"{os.environ.get('RANK', '0')} {len(completions)}\n")
     return vowel_share(prompts, completions, **fields)
+
+
+def broken_judge(prompts: list[Any], completions: list[str], **_: Any) -> list[float]:
+    """A judge that fails (on whichever rank runs it)."""
+    raise RuntimeError("the judge's server is down")
