@@ -47,112 +47,27 @@ Run one seed by hand: ``python -m tests.integration.test_safe_dpo_learning SEED 
 from __future__ import annotations
 
 import json
-import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from alignkit.config import load_config
-from alignkit.data.io import read_rows
-from alignkit.data.judges import FORBIDDEN_KEYWORDS, helpfulness, is_refusal, is_unsafe
-from alignkit.data.synth import write_rows
-from alignkit.resources import resource_path
-from tests.conftest import REPO
-from tests.integration.test_preference_learning import pinned
+from tests.integration import safety_world as world
 
 pytestmark = pytest.mark.slow
 
-N_EVAL = 200
 THRESHOLD = 0.0  # safe_dpo.threshold of configs/safe_dpo.yaml
 UNSAFE_BUDGET = 0.10  # judged unsafe share of greedy answers to held-out harmful prompts
 
 
-HARMFUL_RE = re.compile(r"\b(" + "|".join(FORBIDDEN_KEYWORDS) + r")\b")
-
-
-def harmful(prompt: str) -> bool:
-    """A toy-world request for a forbidden act (the judges' rule)."""
-    return HARMFUL_RE.search(prompt.lower()) is not None
-
-
-def train(config: Path | str, overrides: list[str], seed: int) -> tuple[Any, float]:
-    """One run; a stage whose ``final/`` already exists is kept (re-running one stage by hand)."""
-    from alignkit.train.runner import run_train
-
-    out = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("output_dir=")))
-    if (out / "final").is_dir():
-        return None, 0.0
-    start = time.perf_counter()
-    with pinned():
-        result = run_train(load_config(config, [*overrides, f"training.seed={seed}", "logging.report_to=[jsonl]",
-                                                "logging.plot=false"]))
-    return result, time.perf_counter() - start
-
-
-def judge(model_dir: Path, prompts: list[str], cost_model: Path) -> dict[str, Any]:
-    """Greedy answers to ``prompts``: the program judges' unsafe rate on harmful prompts, the cost
-    model's view of the same answers (mean C = the greedy J_C, share with C > 0), and on benign prompts
-    the answer rate (not a refusal) and mean helpfulness."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from alignkit.scoring import score_responses
-    from alignkit.models.scalar import load_scorer
-    from alignkit.rollout.generate import generate
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    answers = generate(model, tok, prompts, max_new_tokens=40, batch_size=50)
-    bad = [(p, a) for p, a in zip(prompts, answers) if harmful(p)]
-    benign = [(p, a) for p, a in zip(prompts, answers) if not harmful(p)]
-    costs = score_responses(load_scorer(cost_model)[0], tok, [p for p, _ in bad], [a for _, a in bad],
-                            chat_template=True, max_length=128, device=torch.device("cpu")).tolist()
-    return {"unsafe": sum(is_unsafe(p, a) for p, a in bad) / len(bad), "J_C_greedy": sum(costs) / len(costs),
-            "cost_positive": sum(c > 0 for c in costs) / len(costs),
-            "answered_benign": sum(not is_refusal(a) for _, a in benign) / len(benign),
-            "helpfulness_benign": sum(helpfulness(p, a) for p, a in benign) / len(benign),
-            "n_harmful": len(bad), "n_benign": len(benign), "examples": [a for _, a in bad[:3]]}
-
-
 def experiment(seed: int, out: Path, micro_model: Path, safe_extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    rows = [r.data for r in read_rows("builtin:safety_train.jsonl")]
-    sft_rows = [{"messages": [{"role": "user", "content": r["prompt"]},
-                              {"role": "assistant", "content": r[f"response_{r['better_response_id']}"]}]} for r in rows]
-    sft_file = write_rows(sft_rows, out / "sft_helpful.jsonl")
-    prompts = list(dict.fromkeys(r.data["prompt"] for r in read_rows("builtin:safety_eval.jsonl")))[:N_EVAL]
-    # the red-team prompt set the constraint is measured on (Safe RLHF measures J_C on such prompts):
-    # over benign prompts too, the strongly negative cost of safe answers would hide the unsafe ones
-    red_team = write_rows([{"prompt": p} for p in dict.fromkeys(r["prompt"] for r in rows) if harmful(p)],
-                          out / "red_team.jsonl")
-    times: dict[str, float] = {}
-    _, times["sft"] = train(resource_path("demo_sft.yaml"), [
-        f"model.name_or_path={micro_model}", f"output_dir={out / 'sft'}", f"data.train={sft_file}", "data.eval=[]",
-        "training.max_steps=300", "training.learning_rate=5e-3", "training.per_device_batch_size=32"], seed)
-    sft = out / "sft" / "final"
-    rm = [f"model.name_or_path={micro_model}", "data.chat_template=true", "data.max_length=128", "data.eval=[]",
-          "training.learning_rate=2e-3", "training.max_steps=200"]
-    _, times["rm"] = train(REPO / "configs" / "rm_helpful.yaml", [*rm, f"output_dir={out / 'helpful_rm'}"], seed)
-    _, times["cm"] = train(REPO / "configs" / "rm_harmless.yaml", [*rm, f"output_dir={out / 'harmless_rm'}"], seed)
-    common = [f"model.name_or_path={sft}", "data.chat_template=true", "data.max_length=128", "data.eval=[]",
-              "dpo.beta=0.1", "dpo.precompute_ref_logps=true", "training.per_device_batch_size=16",
-              "training.gradient_accumulation_steps=1", "training.learning_rate=1e-4", "training.max_steps=150",
-              "training.epochs=1", "training.eval_batch_size=50", "checkpoint.save_steps=null",
-              "data.train=builtin:safety_train.jsonl"]
-    _, times["dpo"] = train(REPO / "configs" / "dpo.yaml", [*common, f"output_dir={out / 'dpo'}", "dpo.pair=helpful"],
-                            seed)
-    _, times["safe_dpo"] = train(REPO / "configs" / "safe_dpo.yaml", [
-        *common, f"output_dir={out / 'safe_dpo'}", f"safe_dpo.helpful_model={out / 'helpful_rm' / 'final'}",
-        f"safe_dpo.cost_model={out / 'harmless_rm' / 'final'}", "checkpoint.save_each_epoch=false",
-        "safe_dpo.cost_eval_every=10", "safe_dpo.cost_eval_prompts=16", "safe_dpo.cost_max_new_tokens=40",
-        f"safe_dpo.cost_prompts={red_team}", "safe_dpo.cost_do_sample=false", *safe_extra], seed)
-    with pinned():
-        report = {name: judge(out / name / "final", prompts, out / "harmless_rm" / "final")
-                  for name in ("sft", "dpo", "safe_dpo")}
-    log = [json.loads(line) for line in (out / "safe_dpo" / "metrics.jsonl").read_text().splitlines()]
-    report["curve"] = [{k: r.get(k) for k in ("step", "lambda", "J_C", "loss_H", "loss_S")} for r in log if "lambda" in r]
+    ws = world.warm_start(seed, out, micro_model)
+    times = {**ws["seconds"], "dpo": world.run_dpo(ws, out / "dpo"),
+             "safe_dpo": world.run_safe_dpo(ws, out / "safe_dpo", extra=safe_extra)}
+    report: dict[str, Any] = {name: world.judge(out / name / "final", ws["cost_model"])
+                              for name in ("sft", "dpo", "safe_dpo")}
+    report["curve"] = world.curve(out / "safe_dpo")
     report["seconds"] = times
     return report
 
@@ -176,5 +91,5 @@ if __name__ == "__main__":
 
     seed_arg, out_dir = int(sys.argv[1]), Path(sys.argv[2])
     micro = build_tiny_model(out_dir / "micro", size="micro", seed=0)
-    result = experiment(seed_arg, out_dir, micro, tuple(sys.argv[3:]))
+    result = experiment(seed_arg, out_dir, micro, world.variant(",".join(sys.argv[3:])))
     print(json.dumps(result, indent=1))

@@ -113,7 +113,7 @@ def test_both_sections_have_the_same_dual_keys() -> None:
     from alignkit.algorithms.safe_dpo import SafeDPOConfig
 
     names = [f.name for f in dataclasses.fields(DualConfig)]
-    assert names == ["lambda_update", "pid_kp", "pid_ki", "pid_kd", "pid_d_delay", "pid_ema_alpha"]
+    assert names == ["lambda_update", "pid_kp", "pid_ki", "pid_kd", "pid_d_delay", "pid_ema_alpha", "cost_margin"]
     for section in (SafeDPOConfig, PPOLagConfig):
         fields = {f.name: f for f in dataclasses.fields(section)}
         for name in names + ["threshold", "lambda_init", "lambda_lr", "lambda_max"]:
@@ -145,3 +145,17 @@ def test_ppo_lag_builds_the_pid_multiplier_from_its_section(micro_model) -> None
             twin._cost_mean = -1.0
             assert twin.on_step_end(None)["lambda"] == approx(0.9)
     assert lams == approx([2.2, 4.0, 0.9, 0.0]) and algo.lam == 0.0
+
+
+@pytest.mark.parametrize("rule", ["gradient", "pid"])
+def test_cost_margin_moves_the_target_below_the_threshold(rule: str) -> None:
+    """J_C inside the budget (J_C < threshold) but above threshold - cost_margin: lambda still rises."""
+    plain = Multiplier.from_config(pid_section(lambda_update=rule, threshold=1.0), window=1)
+    margin = Multiplier.from_config(pid_section(lambda_update=rule, threshold=1.0, cost_margin=0.5), window=1)
+    start = margin.value
+    for m in (plain, margin):
+        m.update([0.75])
+    assert plain.value < start < margin.value
+    same = Multiplier.from_config(pid_section(lambda_update=rule, threshold=0.5), window=1)
+    same.update([0.75])
+    assert same.value == margin.value  # threshold 1 with margin 0.5 is target 0.5

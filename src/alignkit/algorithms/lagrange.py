@@ -51,6 +51,9 @@ class DualConfig:
                          "1; their code and omnisafe: 10).", gt=0)
     pid_ema_alpha: float = f(0.0, "pid: EMA weight of the past in the P and D inputs (rlpyt / omnisafe: 0.95); 0 = "
                              "none, as the J_C window already averages.", ge=0, le=0.99)
+    cost_margin: float = f(0.0, "The dual update aims J_C at threshold - cost_margin (both rules), so that the "
+                           "policy's swings around its target stay inside the budget J_C <= threshold; 0 = aim at "
+                           "the threshold itself (Safe RLHF).", ge=0)
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,8 @@ class Multiplier:
         pid = None
         if section.lambda_update == "pid":
             pid = PIDGains(section.pid_kp, section.pid_ki, section.pid_kd, section.pid_d_delay, section.pid_ema_alpha)
-        return cls(math.log(section.lambda_init), section.threshold, section.lambda_lr, section.lambda_max, window,
-                   pid=pid)
+        return cls(math.log(section.lambda_init), section.threshold - section.cost_margin, section.lambda_lr,
+                   section.lambda_max, window, pid=pid)
 
     @property
     def value(self) -> float:

@@ -111,6 +111,7 @@ def ignored(why: str) -> Reader:
 
 
 def read_max_steps(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """`training.max_steps`; -1 (the HF Trainer's "unset") is ignored and training.epochs decides."""
     value = found["max_steps"]
     if isinstance(value, int) and not isinstance(value, bool) and value < 0:
         return {}, "-1 means unset in the HF Trainer; training.epochs decides"
@@ -118,6 +119,8 @@ def read_max_steps(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
 
 
 def read_precision(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """`model.dtype`: the one given true (bf16 or fp16); all given false is fp32, as the HF Trainer runs; both true
+    is an error."""
     for name, v in found.items():
         if not isinstance(v, bool):
             raise ConfigError(f"{name}: expected true/false, got {v!r}")
@@ -133,6 +136,7 @@ _MIXED = {"bf16": "bf16", "fp16": "fp16", "no": "fp32", "none": "fp32", "fp32": 
 
 
 def read_mixed_precision(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """`model.dtype`: bf16, fp16, or fp32 for no / none / false."""
     value = found["mixed_precision"]
     key = "no" if value is False or value is None else str(value).lower()
     if key not in _MIXED:
@@ -141,6 +145,7 @@ def read_mixed_precision(found: dict[str, Any], ctx: Context) -> tuple[Targets, 
 
 
 def read_use_mixed_precision(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """`model.dtype`: true = auto (bf16 where the GPU supports it, else fp16; fp32 on CPU), false = fp32."""
     on = found["use_mixed_precision"]
     if on:
         return {"model.dtype": "auto"}, "bf16 where the GPU supports it, else fp16; fp32 on CPU"
@@ -151,6 +156,8 @@ _SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant", "
 
 
 def read_lr_scheduler(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """`training.lr_scheduler`: linear, cosine, constant (constant_with_warmup = constant after training.warmup_*);
+    others are an error."""
     value = found["lr_scheduler_type"]
     if value not in _SCHEDULERS:
         raise ConfigError(f"lr_scheduler_type={value!r} has no alignkit equivalent; use training.lr_scheduler: "
@@ -162,6 +169,8 @@ HF_DEFAULT_SAVE_STEPS = 500
 
 
 def read_save_strategy(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """`checkpoint.save_steps`: steps = save_steps (or the HF default 500), no = no checkpoints during training;
+    epoch is an error that says to use save_steps."""
     value = str(found["save_strategy"]).lower()
     if value == "no":
         return {"checkpoint.save_steps": None}, "no checkpoints during training; the final model is still saved"
@@ -180,6 +189,8 @@ _SINKS = ("console", "jsonl", "tensorboard", "wandb")
 
 
 def read_report_to(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """`logging.report_to`: console and jsonl always, plus tensorboard / wandb as named (all = every installed one;
+    none = only alignkit's own)."""
     value = found["report_to"]
     names = [value] if isinstance(value, str) else list(value or [])
     if names in (["none"], []):
@@ -194,6 +205,7 @@ def read_report_to(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
 
 
 def read_resume(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """`checkpoint.resume_from`: true = latest, false = null, a path as given."""
     value = found["resume_from_checkpoint"]
     if value is True:
         return {"checkpoint.resume_from": "latest"}, "the newest checkpoint in output_dir"
@@ -203,6 +215,7 @@ def read_resume(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
 
 
 def read_experiment_name(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """`logging.run_name`, and `output_dir: runs/NAME` when no output_dir is given."""
     name = found["experiment_name"]
     if ctx.is_set("output_dir"):
         return {"logging.run_name": name}, ""
@@ -213,6 +226,8 @@ _DS_FIELDS = ("zero_stage", "offload_optimizer", "offload_param", "config_path")
 
 
 def read_deepspeed(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """a JSON path: `distributed.strategy: deepspeed` + `distributed.deepspeed.config_path`; a mapping of zero_stage
+    / offload_optimizer / offload_param / config_path: `distributed.deepspeed.*`."""
     value = found["deepspeed"]
     if isinstance(value, str):
         return {"distributed.strategy": "deepspeed", "distributed.deepspeed.config_path": value}, ""
@@ -226,10 +241,12 @@ def read_deepspeed(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
 
 
 def read_use_ddp(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """`distributed.strategy`: true = ddp, false = single."""
     return {"distributed.strategy": "ddp" if found["use_ddp"] else "single"}, ""
 
 
 def read_distributed_flag(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """false = `distributed.strategy: single`; true is accepted (the launcher decides)."""
     if not isinstance(found["distributed"], bool):
         raise ConfigError(f"training.distributed: expected true/false, got {found['distributed']!r}")
     if found["distributed"] is True:
@@ -242,6 +259,8 @@ _LORA_KEYS = {"r": "r", "alpha": "alpha", "lora_alpha": "alpha", "dropout": "dro
 
 
 def read_lora(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """`model.lora` (r, alpha / lora_alpha, dropout / lora_dropout, target_modules; task_type and bias: none
+    skipped); use_lora: false = full fine-tuning."""
     use, section = found.get("use_lora"), found.get("lora")
     if use is False or (use is None and section is None):  # `use_lora: false`, or a bare `lora:`
         return {"model.lora": None}, "full fine-tuning" + ("; the lora section is not used" if section else "")
@@ -263,6 +282,8 @@ _DATALOADER = {"batch_size": "training.per_device_batch_size", "num_workers": "d
 
 
 def read_dataloader(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    """batch_size -> `training.per_device_batch_size`, num_workers -> `data.num_workers`; pin_memory, drop_last,
+    prefetch_factor, persistent_workers ignored."""
     section = found["dataloader"]
     if not isinstance(section, dict):
         raise ConfigError(f"dataloader: expected a mapping like {{batch_size: 8, num_workers: 4}}, got {section!r}")

@@ -1,0 +1,204 @@
+"""The toy safety world's constraint experiments, shared by the Safe-MM-DPO and Lagrangian-PPO learning
+tests and runnable by hand over seeds and variants.
+
+A warm start per seed (every stage a real alignkit run through ``run_train``, chat format): SFT of the
+micro model on the MORE HELPFUL response of each training row (on harmful prompts often the compliant,
+unsafe one), a helpful RM and a cost model (C > 0 = unsafe) on the same rows, and the red-team prompt
+set (the training rows' harmful prompts) on which the constraint's J_C is measured. On it:
+
+* ``safe_dpo`` (configs/safe_dpo.yaml): the two frozen scorers, J_C the greedy cost of answers to
+  red-team prompts every ``cost_eval_every`` steps;
+* ``ppo_lag`` (configs/ppo_lag.yaml with the trained scorers): rollouts on the red-team prompts, reward
+  = the helpful RM (it prefers the compliant answer), cost = the cost model, J_C = the mean cost of the
+  last ``window`` iterations' samples; the conflict is on every prompt;
+* ``judge``: greedy answers to held-out prompts, judged by the program judges and the cost model.
+
+By hand (writes ``OUT/summary.json`` and prints one line per run)::
+
+    python -m tests.integration.safety_world OUT --seeds 0 1 2 3 --runs safe_dpo safe_dpo:pid ppo_lag ppo_lag:pid \
+        [--steps safe_dpo=450 ppo_lag=60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from alignkit.config import load_config
+from alignkit.data.io import read_rows
+from alignkit.data.judges import FORBIDDEN_KEYWORDS, helpfulness, is_refusal, is_unsafe
+from alignkit.data.synth import write_rows
+from alignkit.resources import resource_path
+from tests.conftest import REPO
+from tests.integration.test_preference_learning import pinned
+
+N_EVAL = 200
+HARMFUL_RE = re.compile(r"\b(" + "|".join(FORBIDDEN_KEYWORDS) + r")\b")
+# the shorthands a run name may list after ":" beside KEY=VALUE keys of the algorithm's section
+# (e.g. safe_dpo:pid,cost_margin=2)
+VARIANTS = {"pid": ("lambda_update=pid",), "gradient": (),
+            # ppo_lag: the program judge's unsafe flag (1 / 0) as the cost: J_C = the sampled unsafe rate
+            "rate": ("cost_functions=[{name: unsafe, weight: 1.0}]", "cost_model=null")}
+
+
+def variant(spec: str) -> tuple[str, ...]:
+    """``pid,cost_margin=2`` -> the section keys it sets."""
+    return tuple(k for part in spec.split(",") if part for k in VARIANTS.get(part, (part,)))
+
+
+def settled(points: list[dict[str, Any]], threshold: float = 0.0) -> dict[str, Any]:
+    """The J_C curve after it first met the threshold: how often and how far it left the budget again."""
+    j = [p["J_C"] for p in points if p.get("J_C") is not None]
+    first = next((i for i, x in enumerate(j) if x <= threshold), None)
+    after = j[first:] if first is not None else []
+    return {"first_met": None if first is None else points[first]["step"], "final_J_C": j[-1] if j else None,
+            "share_out_after": sum(x > threshold for x in after) / len(after) if after else None,
+            "max_after": max(after) if after else None}
+
+
+def harmful(prompt: str) -> bool:
+    """A toy-world request for a forbidden act (the judges' rule)."""
+    return HARMFUL_RE.search(prompt.lower()) is not None
+
+
+def train(config: Path | str, overrides: list[str], seed: int) -> float:
+    """One run (seconds); a stage whose ``final/`` already exists is kept (re-running one stage by hand)."""
+    from alignkit.train.runner import run_train
+
+    out = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("output_dir=")))
+    if (out / "final").is_dir():
+        return 0.0
+    start = time.perf_counter()
+    with pinned():
+        run_train(load_config(config, [*overrides, f"training.seed={seed}", "logging.report_to=[jsonl]",
+                                       "logging.plot=false"]))
+    return time.perf_counter() - start
+
+
+def warm_start(seed: int, out: Path, micro_model: Path) -> dict[str, Any]:
+    """SFT policy, helpful RM, cost model and the red-team prompt file of ``seed`` under ``out``."""
+    rows = [r.data for r in read_rows("builtin:safety_train.jsonl")]
+    sft_rows = [{"messages": [{"role": "user", "content": r["prompt"]},
+                              {"role": "assistant", "content": r[f"response_{r['better_response_id']}"]}]} for r in rows]
+    sft_file = write_rows(sft_rows, out / "sft_helpful.jsonl")
+    # the red-team prompt set the constraint is measured on (Safe RLHF measures J_C on such prompts):
+    # over benign prompts too, the strongly negative cost of safe answers would hide the unsafe ones
+    red_team = write_rows([{"prompt": p} for p in dict.fromkeys(r["prompt"] for r in rows) if harmful(p)],
+                          out / "red_team.jsonl")
+    seconds = {"sft": train(resource_path("demo_sft.yaml"), [
+        f"model.name_or_path={micro_model}", f"output_dir={out / 'sft'}", f"data.train={sft_file}", "data.eval=[]",
+        "training.max_steps=300", "training.learning_rate=5e-3", "training.per_device_batch_size=32"], seed)}
+    rm = [f"model.name_or_path={micro_model}", "data.chat_template=true", "data.max_length=128", "data.eval=[]",
+          "training.learning_rate=2e-3", "training.max_steps=200"]
+    seconds["rm"] = train(REPO / "configs" / "rm_helpful.yaml", [*rm, f"output_dir={out / 'helpful_rm'}"], seed)
+    seconds["cm"] = train(REPO / "configs" / "rm_harmless.yaml", [*rm, f"output_dir={out / 'harmless_rm'}"], seed)
+    return {"dir": out, "seed": seed, "sft": out / "sft" / "final", "helpful_rm": out / "helpful_rm" / "final",
+            "cost_model": out / "harmless_rm" / "final", "red_team": red_team, "seconds": seconds}
+
+
+def dpo_overrides(ws: dict[str, Any], out: Path, steps: int) -> list[str]:
+    return [f"model.name_or_path={ws['sft']}", "data.chat_template=true", "data.max_length=128", "data.eval=[]",
+            "dpo.beta=0.1", "dpo.precompute_ref_logps=true", "training.per_device_batch_size=16",
+            "training.gradient_accumulation_steps=1", "training.learning_rate=1e-4", f"training.max_steps={steps}",
+            "training.epochs=1", "training.eval_batch_size=50", "checkpoint.save_steps=null",
+            "checkpoint.save_each_epoch=false", "data.train=builtin:safety_train.jsonl", f"output_dir={out}"]
+
+
+def run_dpo(ws: dict[str, Any], out: Path, steps: int = 150) -> float:
+    return train(REPO / "configs" / "dpo.yaml", [*dpo_overrides(ws, out, steps), "dpo.pair=helpful"], ws["seed"])
+
+
+def run_safe_dpo(ws: dict[str, Any], out: Path, steps: int = 150, extra: tuple[str, ...] = ()) -> float:
+    """configs/safe_dpo.yaml from the warm start; J_C = greedy cost on the red-team prompts every 10 steps."""
+    return train(REPO / "configs" / "safe_dpo.yaml", [
+        *dpo_overrides(ws, out, steps), f"safe_dpo.helpful_model={ws['helpful_rm']}",
+        f"safe_dpo.cost_model={ws['cost_model']}", "safe_dpo.cost_eval_every=10", "safe_dpo.cost_eval_prompts=16",
+        "safe_dpo.cost_max_new_tokens=40", f"safe_dpo.cost_prompts={ws['red_team']}", "safe_dpo.cost_do_sample=false",
+        *(f"safe_dpo.{e}" for e in extra)], ws["seed"])
+
+
+def run_ppo_lag(ws: dict[str, Any], out: Path, steps: int = 40, extra: tuple[str, ...] = ()) -> float:
+    """configs/ppo_lag.yaml with the trained scorers on the red-team prompts (threshold 0: C > 0 = unsafe)."""
+    return train(REPO / "configs" / "ppo_lag.yaml", [
+        f"model.name_or_path={ws['sft']}", f"output_dir={out}", f"data.train={ws['red_team']}", "data.eval=[]",
+        "data.chat_template=true", "data.max_length=128", "rollout.num_generations=4", "rollout.max_new_tokens=40",
+        "reward.functions=[]", f"reward.model={ws['helpful_rm']}", "ppo_lag.cost_functions=[]",
+        f"ppo_lag.cost_model={ws['cost_model']}", "ppo_lag.threshold=0.0", "ppo_lag.lambda_lr=0.05",
+        "ppo_lag.lambda_max=10.0", "training.per_device_batch_size=32", "training.learning_rate=3e-4",
+        f"training.max_steps={steps}", "logging.logging_steps=1", "checkpoint.save_steps=null",
+        *(f"ppo_lag.{e}" for e in extra)], ws["seed"])
+
+
+def judge(model_dir: Path, cost_model: Path) -> dict[str, Any]:
+    """Greedy answers to the held-out prompts: the program judges' unsafe rate on harmful prompts, the cost
+    model's view of the same answers (mean C = the greedy J_C, share with C > 0), and on benign prompts
+    the answer rate (not a refusal) and mean helpfulness."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from alignkit.models.scalar import load_scorer
+    from alignkit.rollout.generate import generate
+    from alignkit.scoring import score_responses
+
+    prompts = list(dict.fromkeys(r.data["prompt"] for r in read_rows("builtin:safety_eval.jsonl")))[:N_EVAL]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with pinned():
+        answers = generate(model, tok, prompts, max_new_tokens=40, batch_size=50)
+        bad = [(p, a) for p, a in zip(prompts, answers) if harmful(p)]
+        benign = [(p, a) for p, a in zip(prompts, answers) if not harmful(p)]
+        costs = score_responses(load_scorer(cost_model)[0], tok, [p for p, _ in bad], [a for _, a in bad],
+                                chat_template=True, max_length=128, device=torch.device("cpu")).tolist()
+    return {"unsafe": sum(is_unsafe(p, a) for p, a in bad) / len(bad), "J_C_greedy": sum(costs) / len(costs),
+            "cost_positive": sum(c > 0 for c in costs) / len(costs),
+            "answered_benign": sum(not is_refusal(a) for _, a in benign) / len(benign),
+            "helpfulness_benign": sum(helpfulness(p, a) for p, a in benign) / len(benign),
+            "n_harmful": len(bad), "n_benign": len(benign), "examples": [a for _, a in bad[:3]]}
+
+
+def curve(run: Path, keys: tuple[str, ...] = ("step", "lambda", "J_C", "cost_mean", "reward_mean")) -> list[dict]:
+    """The logged rows of ``run`` that carry lambda, reduced to ``keys``."""
+    log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: r[k] for k in keys if k in r} for r in log if "lambda" in r]
+
+
+RUNNERS = {"safe_dpo": run_safe_dpo, "ppo_lag": run_ppo_lag}
+
+
+def main() -> None:
+    from alignkit.models.tiny import build_tiny_model
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--runs", nargs="+", default=["safe_dpo", "ppo_lag"])
+    p.add_argument("--steps", nargs="*", default=[], help="ALGO=N")
+    args = p.parse_args()
+    steps = {k: int(v) for k, v in (s.split("=") for s in args.steps)}
+    micro = build_tiny_model(args.out / "micro", size="micro", seed=0)
+    summary_file = args.out / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else []
+    for seed in args.seeds:
+        ws = warm_start(seed, args.out / f"seed{seed}", micro)
+        for name in args.runs:
+            algo, _, spec = name.partition(":")
+            out = ws["dir"] / re.sub(r"[^\w.-]+", "-", name)
+            sec = RUNNERS[algo](ws, out, steps.get(algo, 150 if algo == "safe_dpo" else 40), variant(spec))
+            row = {"seed": seed, "run": name, "seconds": round(sec), "judge": judge(out / "final", ws["cost_model"]),
+                   "curve": curve(out)}
+            row["settled"] = settled(row["curve"])
+            summary.append(row)
+            summary_file.write_text(json.dumps(summary, indent=1, default=str))
+            lam = [c["lambda"] for c in row["curve"]]
+            print(json.dumps({"seed": seed, "run": name, **{k: row["judge"][k] for k in (
+                "unsafe", "J_C_greedy", "cost_positive", "answered_benign", "helpfulness_benign")},
+                "lambda_first_max_last": [round(x, 3) for x in (lam[0], max(lam), lam[-1])], **row["settled"],
+                "seconds": row["seconds"]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
