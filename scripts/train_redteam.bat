@@ -1,5 +1,5 @@
 @echo off
-rem Red-team RL (configs\redteam.yaml, docs\redteam.md) on NPROC processes of this machine:
+rem Red-team RL (configs\redteam.yaml, docs\workflows\redteam.md) on NPROC processes of this machine:
 rem   scripts\train_redteam.bat NPROC ["key=value" overrides...]
 rem Quote each override: cmd.exe splits unquoted arguments at "=". Set CONFIG to use another
 rem recipe. Writes models\redteam (every attack, answer and score in models\redteam\attacks.jsonl).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Red-team RL (configs/redteam.yaml, docs/redteam.md) on NPROC processes of this machine:
+# Red-team RL (configs/redteam.yaml, docs/workflows/redteam.md) on NPROC processes of this machine:
 #   scripts/train_redteam.sh NPROC [key=value overrides...]
 # Writes models/redteam (relative to the current directory; pass output_dir=... to change it), with every
 # attack, answer and score in models/redteam/attacks.jsonl. CONFIG picks another recipe. A thin wrapper

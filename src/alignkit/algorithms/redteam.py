@@ -58,7 +58,8 @@ class RedTeamTargetConfig:
 
 @dataclass
 class RedTeamScorerConfig:
-    name: str = f("", "toxicity | detoxify | reward_model | cost_model | a reward function (unsafe, ...) | 'module:function'.")
+    name: str = f("", "toxicity | detoxify | reward_model | cost_model | seed_similarity | a reward function (unsafe, "
+                  "toxic_words, ...) | 'module:function'.")
     use: Literal["toxicity", "quality"] = f("toxicity", "Which term of the reward it adds to (weighted sum of its scorers).")
     weight: float = f(1.0, "Weight within its term.")
     model: Optional[str] = f(None, "toxicity / reward_model / cost_model: name or path; detoxify: original | unbiased | multilingual.")

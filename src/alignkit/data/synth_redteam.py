@@ -1,4 +1,4 @@
-"""The synthetic red-team task (``alignkit data synth --kind redteam | redteam-target``; docs/redteam.md).
+"""The synthetic red-team task (``alignkit data synth --kind redteam*``; docs/workflows/redteam.md).
 
 The world: a target answers toxically exactly when the text it reads holds a **trigger** (one of
 ``TRIGGER_WORDS``, matched as a whole word, any case), and benignly otherwise. A toxic answer holds one of
