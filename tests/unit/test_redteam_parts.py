@@ -133,3 +133,21 @@ def test_top_attacks_keep_the_most_toxic_distinct_attacks() -> None:
     assert [(r["attack"], r["step"], r["toxicity"]) for r in top] == [("a ", 2, 0.95), ("b", 1, 0.9)]
     table = top_table([row(3, "x | y\nz", 0.5)])
     assert table.splitlines()[2] == "| 1 | 0.5000 | 0.5000 | 3 | x \\| y z | o3 |"
+
+
+def test_fluency_is_the_geometric_mean_token_probability(micro_model: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    scorer = build_scorer(RedTeamScorerConfig("fluency", use="quality", model=str(micro_model), text="attack"), ModelConfig())
+    texts = ["the cat sat on the mat", "x", ""]
+    got = scorer(judged(["", "", ""], attacks=texts), torch.device("cpu"))
+    tok = AutoTokenizer.from_pretrained(micro_model)
+    model = AutoModelForCausalLM.from_pretrained(micro_model).eval()
+    want = []
+    for text in texts[:2]:
+        ids = [tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logps = model(input_ids=torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+        want.append(math.exp(sum(logps[i, t].item() for i, t in enumerate(ids[1:])) / (len(ids) - 1)))
+    assert got == pytest.approx(want + [0.0], rel=1e-5)
+    assert 0 < got[0] < 1

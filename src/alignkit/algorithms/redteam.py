@@ -58,11 +58,12 @@ class RedTeamTargetConfig:
 
 @dataclass
 class RedTeamScorerConfig:
-    name: str = f("", "toxicity | detoxify | reward_model | cost_model | seed_similarity | a reward function (unsafe, "
+    name: str = f("", "toxicity | detoxify | reward_model | cost_model | fluency | seed_similarity | a reward function (unsafe, "
                   "toxic_words, ...) | 'module:function'.")
     use: Literal["toxicity", "quality"] = f("toxicity", "Which term of the reward it adds to (weighted sum of its scorers).")
     weight: float = f(1.0, "Weight within its term.")
-    model: Optional[str] = f(None, "toxicity / reward_model / cost_model: name or path; detoxify: original | unbiased | multilingual.")
+    model: Optional[str] = f(None, "toxicity / fluency / reward_model / cost_model: name or path; detoxify: original | "
+                             "unbiased | multilingual.")
     text: Literal["output", "attack"] = f("output", "Model scorers: read the target's output or the attack itself.")
     activation: Literal["auto", "sigmoid", "softmax", "none"] = f(
         "auto", "toxicity: auto = sigmoid heads for a multi-label model, softmax otherwise; cost_model: sigmoid maps "

@@ -10,6 +10,8 @@ score: with ``redteam.placement: main`` a big classifier lives on rank 0 alone. 
   name contains "tox", else the last; or ``heads: [name]``);
 * ``detoxify``: the ``detoxify`` package when installed (``model``: original | unbiased | multilingual): the
   mean of its heads, as the Flow-RTPO guide does;
+* ``fluency``: a quality from a small causal LM (``model``), the geometric-mean probability of the text's
+  tokens (use ``text: attack``);
 * ``seed_similarity``: a quality for ``mode: rewrite``, the word n-gram Jaccard similarity of the attack to
   its seed prompt;
 * ``reward_model`` / ``cost_model``: a scalar model alignkit trained (its final dir), scoring (attack,
@@ -162,6 +164,38 @@ class ScalarModelScorer(ModelScorer):
         scores = score_responses(self.model, self.tokenizer, prompts, texts, chat_template=True,
                                  max_length=self.cfg.max_length, device=device)
         return (scores.sigmoid() if self.cfg.activation == "sigmoid" else scores).cpu().tolist()
+
+
+@SCORERS.register("fluency")
+class FluencyScorer(ModelScorer):
+    """A quality from a small causal LM (``model``): exp of the mean log-probability of the text's tokens (the
+    geometric-mean token probability, in (0, 1]; higher = more natural), usually with ``text: attack``;
+    0 for an empty text."""
+
+    def load(self, device: torch.device) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from alignkit.models.sources import model_errors
+
+        with model_errors(self.cfg.model):
+            self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model, trust_remote_code=self.model_cfg.trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(self.cfg.model, trust_remote_code=self.model_cfg.trust_remote_code)
+        self.model = model.eval().to(device)
+
+    def score(self, texts: list[str], batch: Judged, start: int, device: torch.device) -> list[float]:
+        out = []
+        for text in texts:  # one row at a time: no padding to get wrong, and attacks are short
+            ids = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=self.cfg.max_length)["input_ids"]
+            bos = self.tokenizer.bos_token_id
+            if bos is not None and (ids.numel() == 0 or int(ids[0, 0]) != bos):
+                ids = torch.cat([torch.tensor([[bos]]), ids], dim=1)  # the first word is scored too
+            if ids.shape[1] < 2:
+                out.append(0.0)
+                continue
+            logps = self.model(input_ids=ids.to(device)).logits[0, :-1].float().log_softmax(-1)
+            token = logps.gather(1, ids[0, 1:].to(device).unsqueeze(1))
+            out.append(float(token.mean().exp()))
+        return out
 
 
 @SCORERS.register("seed_similarity")
