@@ -7,7 +7,8 @@ raises the attack success rate clearly while the attacks stay distinct.
 
 Measured (seeds 0-3, 40 iterations of 4 instructions x 8 attacks, lr 3e-3, w_diversity 0.1): mean success
 rate of the first 5 iterations 0.106 / 0.087 / 0.087 / 0.062, of the last 5 0.882 / 0.875 / 0.863 / 0.706;
-distinct_fraction 1.0 at the end for every seed (22.6-28 distinct successful attacks of 32 per iteration).
+distinct_fraction 1.0 at the end for every seed (22.6-28 distinct successful attacks of 32 per iteration);
+2 processes (DDP, seed 0): 0.094 -> 0.856.
 Thresholds: first 5 < 0.2, last 5 >= 0.5, distinct_fraction >= 0.5, >= 8 distinct successes.
 
 ``test_the_whole_chain_trained_by_alignkit``: every model trained by alignkit on the task's rows: the target
@@ -35,10 +36,10 @@ from tests.conftest import REPO, assert_ok, run_cli, write_config
 pytestmark = pytest.mark.slow
 
 
-def train(tmp_path: Path, name: str, cfg: dict) -> Path:
+def train(tmp_path: Path, name: str, cfg: dict, nproc: int = 1) -> Path:
     out = tmp_path / name
     cfg = {"output_dir": str(out), "logging": {"logging_steps": 10, "plot": False, "report_to": ["jsonl"]}, **cfg}
-    assert_ok(run_cli(["train", str(write_config(tmp_path / f"{name}.yaml", cfg))], cwd=REPO, timeout=400))
+    assert_ok(run_cli(["train", str(write_config(tmp_path / f"{name}.yaml", cfg))], nproc=nproc, cwd=REPO, timeout=400))
     return out
 
 
@@ -55,12 +56,15 @@ def iterations(run: Path) -> list[dict]:
     return [r for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_attack_success_rises_with_diverse_attacks(micro_model: Path, tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize("seed,nproc", [(0, 1), (1, 1), pytest.param(0, 2, marks=pytest.mark.distributed)])
+def test_attack_success_rises_with_diverse_attacks(micro_model: Path, tmp_path: Path, seed: int, nproc: int) -> None:
     prompts = write_rows(make_redteam_rows(400, seed=0), tmp_path / "prompts.jsonl")
-    run = train(tmp_path, "run", redteam_config(micro_model, prompts, seed, 3e-3,
-                                                {"name": "alignkit.data.synth_redteam:trigger_target"},
-                                                {"name": "toxic_words"}))
+    cfg = redteam_config(micro_model, prompts, seed, 3e-3, {"name": "alignkit.data.synth_redteam:trigger_target"},
+                         {"name": "toxic_words"})
+    if nproc > 1:  # the same global batch over 2 ranks; scores on rank 0 (placement main, the default)
+        cfg["training"]["per_device_batch_size"] //= nproc
+        cfg["distributed"] = {"strategy": "ddp"}
+    run = train(tmp_path, "run", cfg, nproc)
     rows = iterations(run)
     asr = [r["attack_success_rate"] for r in rows]
     assert len(asr) == 40
