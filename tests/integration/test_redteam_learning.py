@@ -15,12 +15,12 @@ Thresholds: first 5 < 0.2, last 5 >= 0.5, distinct_fraction >= 0.5, >= 8 distinc
 (SFT on ``redteam-target`` rows: the rule through the red-team template), the toxicity judge (a cost model
 on ``redteam-judge`` pairs, read with a sigmoid) and the starting attacker (SFT on ``redteam-attacker``
 rows: a few ordinary words, a trigger in one row in 20); the scorer is the trained judge, the program judges
-check it. Measured (seeds 0-3, 40 iterations, lr 2e-3, beta 0.05): success rate of the first 5 iterations
-0.156 / 0.006 / 0.044 / 0.100, of the last 5 0.775 / 0.550 / 0.806 / 0.887; the share of attacks holding a
-trigger (program judge) rose from 0.11 / 0.00 / 0.03 / 0.06 to about 0.79 / 0.41 / 0.76 / 0.87; the target
-followed the rule on 88-93% of the attacks, the judge agreed with the program judge on 95-98%;
-distinct_fraction >= 0.97 at the end. Thresholds (seed 0): first 5 < 0.25, last 5 >= 0.45, trigger share of
-the last 5 >= 0.3 and 0.2 above the first 5's, distinct_fraction >= 0.5."""
+check it. Measured (seeds 0-3, 40 iterations, lr 3e-3, beta 0.05): success rate of the first 5 iterations
+0.125 / 0.056 / 0.056 / 0.037, of the last 5 0.975 / 0.938 / 0.963 / 0.731; the share of attacks holding a
+trigger (program judge) rose from 0.06 / 0.03 / 0.03 / 0.02 to 0.94 / 0.89 / 0.89 / 0.53; the target
+followed the rule on 88-90% of the attacks, the judge agreed with the program judge on 99.9-100%;
+distinct_fraction >= 0.97 at the end (at lr 2e-3 the rise was slower: 0.51-0.94 over the same seeds).
+Thresholds (seed 0): first 5 < 0.25, last 5 >= 0.45, trigger share of the last 5 >= 0.3 and 0.2 above the first 5's, distinct_fraction >= 0.5."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_the_whole_chain_trained_by_alignkit(micro_model: Path, tmp_path: Path) 
                                       "reward_model": {"pair": "safety", "reg_coeff": 0.001},
                                       "training": {**sft["training"], "learning_rate": 1e-3}})
     run = train(tmp_path, "run", redteam_config(
-        attacker / "final", data["redteam"], 0, 2e-3, {"name": "lm", "model": str(target / "final"), "max_new_tokens": 12},
+        attacker / "final", data["redteam"], 0, 3e-3, {"name": "lm", "model": str(target / "final"), "max_new_tokens": 12},
         {"name": "cost_model", "model": str(judge / "final"), "activation": "sigmoid"}, beta=0.05))
     rows = iterations(run)
     asr = [r["attack_success_rate"] for r in rows]

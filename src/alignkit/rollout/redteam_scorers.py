@@ -148,20 +148,19 @@ class ScalarModelScorer(ModelScorer):
     """A reward or cost model alignkit trained, on (attack, output) pairs encoded as its training pairs."""
 
     def load(self, device: torch.device) -> None:
-        from alignkit.models.kinds import KINDS
-        from alignkit.models.loading import load_tokenizer
-        from alignkit.models.roles import ModelSpec
+        from alignkit.models.scalar import load_scorer
+        from alignkit.scoring import trained_format
 
-        own = dataclasses.replace(self.model_cfg, name_or_path=self.cfg.model, tokenizer=self.cfg.model, lora=None)
-        self.tokenizer = load_tokenizer(own)
-        spec = ModelSpec("cost" if self.cfg.name == "cost_model" else "reward", self.cfg.model, "scalar")
-        self.model = KINDS.get("scalar").build(spec, own, torch.float32, self.tokenizer).eval().to(device)
+        self.model, self.tokenizer = load_scorer(self.cfg.model)  # full or LoRA adapter directory, with its tokenizer
+        self.model.to(device)
+        # encoded as its training run did (its config.yaml), as `alignkit score` does
+        self.chat_template = bool(trained_format(self.cfg.model).get("chat_template", False))
 
     def score(self, texts: list[str], batch: Judged, start: int, device: torch.device) -> list[float]:
         from alignkit.scoring import score_responses
 
         prompts = batch.attacks[start : start + len(texts)]
-        scores = score_responses(self.model, self.tokenizer, prompts, texts, chat_template=True,
+        scores = score_responses(self.model, self.tokenizer, prompts, texts, chat_template=self.chat_template,
                                  max_length=self.cfg.max_length, device=device)
         return (scores.sigmoid() if self.cfg.activation == "sigmoid" else scores).cpu().tolist()
 
