@@ -8,6 +8,7 @@ from alignkit.algorithms.dpo import DPO
 from alignkit.algorithms.grpo import GRPO, RLOO, DrGRPO
 from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.algorithms.ppo import PPO, PPOLag
+from alignkit.algorithms.redteam import RedTeam
 from alignkit.algorithms.reward import CostModel, RewardModel
 from alignkit.algorithms.safe_dpo import SafeDPO
 from alignkit.algorithms.sft import SFT
@@ -19,7 +20,7 @@ from alignkit.models.roles import Workload
 for _name, _cls in (("sft", SFT), ("reward_model", RewardModel), ("cost_model", CostModel), ("dpo", DPO),
                     ("safe_dpo", SafeDPO), ("vlm_sft", VLMSFT)):
     register_algorithm(_name)(_cls)
-for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag):  # the online loop's algorithms
+for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam):  # the online loop's algorithms
     register_algorithm(_online.name)(_online)
 
 

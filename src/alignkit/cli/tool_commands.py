@@ -92,7 +92,8 @@ def register(sub: Any) -> None:
     sp = sub.add_parser("data", help="data utilities")
     dsub = sp.add_subparsers(dest="data_command", required=True)
     ss = dsub.add_parser("synth", help="generate synthetic data with programmatically checkable answers")
-    ss.add_argument("--kind", required=True, help="sft | sft-pc | pref | safety | prompts (online algorithms: prompt + answer) | vlm (coloured shapes images)")
+    ss.add_argument("--kind", required=True, help="sft | sft-pc | pref | safety | prompts (online algorithms: prompt + answer) | redteam (attacker "
+                         "instructions) | redteam-attacker / redteam-target (SFT rows of a starting attacker / the trigger-word target) | redteam-judge (toxicity pairs for a cost model) | vlm (coloured shapes images)")
     ss.add_argument("--tasks", default=None,
                     help="comma-separated tasks: add, reverse, upper, digits (default: the first three; prompts: digits)")
     ss.add_argument("--n", type=int, default=1000)

@@ -60,6 +60,12 @@ from alignkit.data.judges import (
     helpfulness,
     is_unsafe,
 )
+from alignkit.data.synth_redteam import (
+    make_redteam_attacker_rows,
+    make_redteam_judge_rows,
+    make_redteam_rows,
+    make_redteam_target_rows,
+)
 from alignkit.errors import ConfigError
 
 TASKS: tuple[str, ...] = ("add", "reverse", "upper")
@@ -68,7 +74,8 @@ TASKS: tuple[str, ...] = ("add", "reverse", "upper")
 #: (``"7"``, ``"The answer is 7."``, ``"3+4=7"``), its prompt rows' ``answer`` is the bare number that
 #: ``exact_match`` wants, so RL has a format to learn as well as the sums
 ALL_TASKS: tuple[str, ...] = TASKS + ("digits",)
-KINDS: tuple[str, ...] = ("sft", "sft-pc", "pref", "safety", "prompts")
+KINDS: tuple[str, ...] = ("sft", "sft-pc", "pref", "safety", "prompts", "redteam", "redteam-target",
+                         "redteam-attacker", "redteam-judge")
 SPLITS: tuple[str, ...] = ("train", "eval")
 
 #: One in ``_EVAL_BUCKETS`` task instances is held out for the eval split.
@@ -338,17 +345,21 @@ _GENERATORS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "pref": make_preference_rows,
     "safety": make_safety_rows,
     "prompts": make_prompt_rows,
+    "redteam": make_redteam_rows,  # data/synth_redteam.py: the attacker's instructions
+    "redteam-target": make_redteam_target_rows,  # ... and the trigger-word target's SFT rows
+    "redteam-attacker": make_redteam_attacker_rows,  # ... a starting attacker's SFT rows
+    "redteam-judge": make_redteam_judge_rows,  # ... and a toxicity judge's (cost model) pairs
 }
 
 
 def generate(kind: str, n: int, seed: int, out: str | Path, *, split: str | None = None,
              tasks: Sequence[str] | None = None) -> Path:
-    """Write ``n`` rows of ``kind`` (``sft | sft-pc | pref | safety | prompts``) to ``out``; returns the path."""
+    """Write ``n`` rows of ``kind`` (``KINDS``) to ``out``; returns the path."""
     if kind not in _GENERATORS:
         raise ConfigError(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
     if n < 0:
         raise ConfigError(f"n must be >= 0, got {n}")
-    if tasks is not None and kind == "safety":
-        raise ConfigError("--tasks does not apply to the safety world")
+    if tasks is not None and kind.startswith("redteam") or kind == "safety":
+        raise ConfigError(f"--tasks does not apply to {kind} rows")
     extra = {"tasks": tuple(tasks)} if tasks is not None else {}
     return write_rows(_GENERATORS[kind](n, seed, split=split, **extra), out)

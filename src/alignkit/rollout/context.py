@@ -60,13 +60,22 @@ class RolloutContext:
         ``rollout.gather_full_params: false``, on the sharded module with every rank stepping together."""
         start = time.perf_counter()
         kind, module, params = self.models.kind(role), self.models[role], params or self.params
+        engine = self.engine_for(role)
         try:
             if self.gather_full_params or not self.strategy.frozen_plan():
                 with self.strategy.full_params(module) as plain:
-                    return kind.generate(plain, self.engine, prompts, params)
-            return kind.generate(self.strategy.unwrap(module), self.engine, prompts, params, synced=True)
+                    return kind.generate(plain, engine, prompts, params)
+            return kind.generate(self.strategy.unwrap(module), engine, prompts, params, synced=True)
         finally:
             self.generate_s += time.perf_counter() - start
+
+    def engine_for(self, role: str) -> RolloutEngine:
+        """The run's engine, or for a role with a tokenizer of its own (a red-team target of another family)
+        the same engine class padding, stopping and decoding with that tokenizer."""
+        mine, policy = self.models.tokenizer(role), self.models.tokenizer("policy")
+        if mine is None or mine is policy:
+            return self.engine
+        return type(self.engine)(mine)  # type: ignore[call-arg]  (an engine is built from a tokenizer)
 
     def samples(self, completion_ids: list[list[int]]) -> list[Sample]:
         """Samples (this rank's prompt ids + the given completion ids), in the order of ``rows``."""

@@ -55,6 +55,14 @@ def unsafe(prompts: list[Any], completions: list[str], **_: Any) -> list[float |
     return [float(is_unsafe(_text(p), c)) for p, c in zip(prompts, completions)]
 
 
+@REWARD_FUNCTIONS.register("toxic_words")
+def toxic_words(prompts: list[Any], completions: list[str], **_: Any) -> list[float | None]:
+    """1.0 when the completion holds a toxic word of the synthetic red-team world (``data/synth_redteam.py``)."""
+    from alignkit.data.synth_redteam import is_toxic
+
+    return [float(is_toxic(c)) for c in completions]
+
+
 @REWARD_FUNCTIONS.register("length")
 def length(prompts: list[Any], completions: list[str], **_: Any) -> list[float | None]:
     """Words in the completion (weight it negatively for a length penalty in words)."""

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from alignkit.distributed import comm
-from alignkit.errors import DataError, ModelError
+from alignkit.errors import DataError, ModelError, UserError
 from alignkit.models.roles import Models, same_vocabulary
 from alignkit.rollout.rewards import RewardFunctionError, WeightedFunction, call, combine, resolve
 
@@ -74,28 +74,11 @@ class Scorer:
         return {f.name: call(f, inputs.prompts, inputs.completions, _by_field(inputs.fields)) for f in self.functions}
 
     def _on_main(self, inputs: ScoreInputs) -> dict[str, list[float]]:
-        shares = comm.all_gather_object((inputs.prompts, inputs.completions, inputs.fields))
-        scored: list[dict[str, list[float]]] | str | None = None
-        if comm.rank() == 0:
-            prompts = [p for s in shares for p in s[0]]
-            completions = [c for s in shares for c in s[1]]
-            fields = _by_field([f for s in shares for f in s[2]])
-            try:
-                whole = {f.name: call(f, prompts, completions, fields) for f in self.functions}
-            except RewardFunctionError as e:  # every rank must learn of it, or the others wait forever
-                whole, scored = {}, str(e)
-            if scored is None:
-                scored, start = [], 0
-                for s in shares:  # each rank's slice of the scores, in rank order
-                    n = len(s[1])
-                    scored.append({k: v[start : start + n] for k, v in whole.items()})
-                    start += n
-        scored = comm.broadcast_object(scored)
-        if isinstance(scored, str):
-            error = RewardFunctionError(scored)
-            error.same_on_every_rank = True
-            raise error
-        return scored[comm.rank()]
+        def compute(items: list[tuple[Any, str, dict[str, Any]]]) -> dict[str, list[float]]:
+            prompts, completions, fields = [p for p, _, _ in items], [c for _, c, _ in items], [f for *_, f in items]
+            return {f.name: call(f, prompts, completions, _by_field(fields)) for f in self.functions}
+
+        return on_main(compute, list(zip(inputs.prompts, inputs.completions, inputs.fields)))
 
     @torch.no_grad()
     def _model_scores(self, models: Models, inputs: ScoreInputs, strategy: Any) -> list[float]:
@@ -122,6 +105,34 @@ class Scorer:
             raise ModelError(f"{self.signal} model {source}: its tokenizer differs from the policy's and the "
                              f"completions could not be re-encoded with it ({e})") from None
         return scores.cpu().tolist()
+
+
+def on_main(compute: Callable[[list[Any]], dict[str, list[float]]], items: list[Any]) -> dict[str, list[float]]:
+    """``compute`` run on rank 0 ALONE over the ``items`` of every rank (gathered in rank order; ranks may hold
+    different counts), each rank receiving the values of ITS OWN items: its slice of every list ``compute``
+    returns (one value per item). Never rank 0's values for other ranks' items (the seed guide's broadcast).
+    A :class:`~alignkit.errors.UserError` raised by ``compute`` (a function's bad output, a scorer model that
+    cannot load) is raised on every rank, or the others would wait forever. In one process: ``compute(items)``."""
+    if comm.world_size() == 1:
+        return compute(items)
+    shares = comm.all_gather_object(items)
+    scored: list[dict[str, list[float]]] | tuple[str, str] | None = None
+    if comm.rank() == 0:
+        try:
+            whole = compute([x for share in shares for x in share])
+        except UserError as e:  # every rank must learn of it
+            scored = (type(e).__name__, str(e))
+        else:
+            scored, start = [], 0
+            for share in shares:  # each rank's slice, in rank order
+                scored.append({k: list(v[start : start + len(share)]) for k, v in whole.items()})
+                start += len(share)
+    scored = comm.broadcast_object(scored)
+    if isinstance(scored, tuple):
+        error = RewardFunctionError(scored[1]) if scored[0] == "RewardFunctionError" else UserError(scored[1])
+        error.same_on_every_rank = True
+        raise error
+    return scored[comm.rank()]
 
 
 def _by_field(fields: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -1,0 +1,136 @@
+"""Red-team reward and advantages (ALGORITHMS 2.2, 2.3) as pure functions of the GATHERED global batch.
+
+Every function takes the iteration's values of every rank in global order (``(N,)``, NaN = unscorable)
+and returns numbers that are the same on every rank, which then takes its own slice.
+
+* :func:`value_at_risk`: VaR_tau = the lower (1 - tau)-quantile of the scored toxicities (numpy's
+  ``method="lower"``: the sorted value at floor((1 - tau)(n - 1)), so ties count as they fall) minus
+  eps = max(0.01 * (max - min), 1e-6), so the values AT the quantile get a (small) bonus too; with one
+  scored value, that value (its bonus is 0), as henrymao2004/flow_rtpo ``compute_cvar_bonus`` does.
+* :func:`redteam_reward`: R_i = tox_i + w_cvar * max(0, tox_i - VaR_tau) + w_quality * q_i
+  - w_diversity * sim_i. The reference code (flow_rtpo@036b339 ``__call__``) computes the CVaR bonus but
+  leaves it out of its total; here it is in, as its own docstring ("Equation 1") and ALGORITHMS 2.2 say.
+  ``sim_i`` is the novelty penalty (:func:`attack_similarity`), 0 unless w_diversity > 0.
+* :func:`redteam_advantages`: an estimator of ``rollout/advantages.py`` by name over per-prompt groups
+  (the G completions of a prompt are contiguous) or over the whole batch as one group (``global``), then
+  clipped to +-adv_clip_max (Flow-GRPO's ``adv_clip_max``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from alignkit.rollout.advantages import ADVANTAGES
+
+VAR_EPS_FRACTION = 0.01  # of the batch's toxicity range (flow_rtpo)
+VAR_EPS_MIN = 1e-6
+
+
+def value_at_risk(tox: Tensor, tau: float) -> float:
+    """VaR_tau of the non-NaN values of ``(N,)`` ``tox`` (module docstring); NaN when none is scored."""
+    ok = tox[~torch.isnan(tox)].double()
+    n = ok.numel()
+    if n == 0:
+        return math.nan
+    if n == 1:
+        return float(ok[0])
+    values = ok.numpy()
+    # numpy's own "lower" quantile at the reference's q = ((1 - tau) * 100) / 100: the same index, float for float
+    base = float(np.quantile(values, (1 - tau) * 100 / 100.0, method="lower"))
+    eps = max(VAR_EPS_FRACTION * float(values.max() - values.min()), VAR_EPS_MIN)
+    return base - eps
+
+
+def cvar_bonus(tox: Tensor, var: float) -> Tensor:
+    """``(N,)`` max(0, tox - VaR): the per-sample tail integrand (no 1/tau factor; NaN stays NaN)."""
+    return (tox.double() - var).clamp_min(0.0).where(~torch.isnan(tox), torch.full_like(tox.double(), math.nan))
+
+
+def redteam_reward(tox: Tensor, quality: Tensor | None = None, similarity: Tensor | None = None, *, tau: float,
+                   w_cvar: float, w_quality: float = 0.0, w_diversity: float = 0.0) -> dict[str, Tensor | float]:
+    """Every term of R over the gathered batch: ``reward``, ``cvar_bonus``, ``var`` (a float), and the inputs.
+    A sample whose toxicity (or, with w_quality != 0, quality) is NaN gets reward NaN: left out of the
+    advantage statistics with advantage 0, never scored 0."""
+    tox = tox.double()
+    zeros = torch.zeros_like(tox)
+    q = quality.double() if quality is not None else zeros
+    sim = similarity.double() if similarity is not None else zeros
+    var = value_at_risk(tox, tau)
+    bonus = cvar_bonus(tox, var) if not math.isnan(var) else torch.full_like(tox, math.nan)
+    reward = tox + w_cvar * bonus + (w_quality * q if w_quality else 0.0) - (w_diversity * sim if w_diversity else 0.0)
+    return {"reward": reward, "toxicity": tox, "cvar_bonus": bonus, "quality": q, "similarity": sim, "var": var}
+
+
+def redteam_advantages(rewards: Tensor, group_size: int, *, estimator: str = "grpo", statistics: str = "prompt",
+                       scale_rewards: str = "group", clip: float = 0.0) -> Tensor:
+    """``(N,)`` advantages from the gathered rewards: ``statistics`` ``prompt`` = per group of ``group_size``
+    (with ``scale_rewards`` group | batch | none, ``batch`` being Flow-GRPO's per-prompt mean with the global
+    std), ``global`` = the whole batch as one group (mean and std of every reward). ``clip`` > 0 clamps to
+    +-clip. NaN rewards get 0."""
+    if statistics == "global":
+        group_size, scale_rewards = rewards.numel(), "none" if scale_rewards == "none" else "group"
+    elif statistics != "prompt":
+        raise ValueError(f"statistics must be prompt or global, got {statistics!r}")
+    adv = ADVANTAGES.get(estimator)(rewards, group_size, scale_rewards=scale_rewards)
+    return adv.clamp(-clip, clip) if clip > 0 else adv
+
+
+_WORD = re.compile(r"\w+")
+
+
+def ngrams(text: str, n: int) -> frozenset[tuple[str, ...]]:
+    """The word 1..n-grams of ``text`` (lowercased)."""
+    words = _WORD.findall(text.lower())
+    return frozenset(tuple(words[i : i + k]) for k in range(1, n + 1) for i in range(len(words) - k + 1))
+
+
+def jaccard(a: frozenset, b: frozenset) -> float:
+    """|a & b| / |a | b|; 1 for two empty sets (the same text)."""
+    union = a | b
+    return len(a & b) / len(union) if union else 1.0
+
+
+def attack_similarity(attacks: list[str], n: int = 2) -> Tensor:
+    """``(N,)`` each attack's mean Jaccard similarity of word 1..n-grams to the OTHER attacks of the batch (1 =
+    every other attack is the same text; two empty attacks are the same): the novelty penalty of
+    curiosity-driven red teaming (Hong et al. 2024) in its simplest, model-free form. 0 for a batch of one."""
+    N = len(attacks)
+    if N < 2:
+        return torch.zeros(N, dtype=torch.float64)
+    sets = {a: ngrams(a, n) for a in set(attacks)}
+    pair: dict[tuple[str, str], float] = {}
+    out = torch.zeros(N, dtype=torch.float64)
+    for i, a in enumerate(attacks):
+        total = 0.0
+        for j, b in enumerate(attacks):
+            if i != j:
+                key = (a, b) if a <= b else (b, a)
+                if key not in pair:
+                    pair[key] = jaccard(sets[a], sets[b])
+                total += pair[key]
+        out[i] = total / (N - 1)
+    return out
+
+
+def attack_stats(attacks: list[str], tox: Tensor, threshold: float) -> dict[str, float]:
+    """Success and diversity of the gathered batch: ``attack_success_rate`` (scored toxicity >= threshold),
+    ``distinct_attacks`` (different stripped texts), ``distinct_fraction``, ``distinct_successes`` (different
+    texts among the successful attacks) and ``distinct_toxicity`` (mean toxicity over the distinct texts, each
+    counted once at its first occurrence)."""
+    ok = ~torch.isnan(tox)
+    success = (tox >= threshold) & ok
+    texts = [a.strip() for a in attacks]
+    first: dict[str, float] = {}
+    for t, v, good in zip(texts, tox.tolist(), ok.tolist()):
+        if good and t not in first:
+            first[t] = v
+    return {"attack_success_rate": float(success.sum()) / max(1, int(ok.sum())),
+            "distinct_attacks": float(len(set(texts))),
+            "distinct_fraction": len(set(texts)) / max(1, len(texts)),
+            "distinct_successes": float(len({t for t, s in zip(texts, success.tolist()) if s})),
+            "distinct_toxicity": sum(first.values()) / len(first) if first else math.nan}

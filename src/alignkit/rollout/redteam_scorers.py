@@ -1,0 +1,238 @@
+"""Red-team scorers by name: what reads a target's output (or the attack) and says how toxic (or how good) it is.
+
+Each scorer gets a :class:`Judged` batch (attacks, the target's outputs, the seed prompts, the rows' fields)
+and returns one float per sample (None / NaN = cannot score). Models are loaded LAZILY, on the ranks that
+score: with ``redteam.placement: main`` a big classifier lives on rank 0 alone. Entries:
+
+* ``toxicity``: a transformers text-classification model by name or path; a multi-label model (Detoxify
+  style, ``problem_type: multi_label_classification``) gives the mean of its heads' sigmoids (``heads``:
+  which labels; default all), a single-label one the softmax probability of its toxic label (the label whose
+  name contains "tox", else the last; or ``heads: [name]``);
+* ``detoxify``: the ``detoxify`` package when installed (``model``: original | unbiased | multilingual): the
+  mean of its heads, as the Flow-RTPO guide does;
+* ``fluency``: a quality from a small causal LM (``model``), the geometric-mean probability of the text's
+  tokens (use ``text: attack``);
+* ``seed_similarity``: a quality for ``mode: rewrite``, the word n-gram Jaccard similarity of the attack to
+  its seed prompt;
+* ``reward_model`` / ``cost_model``: a scalar model alignkit trained (its final dir), scoring (attack,
+  output) as training encoded pairs; ``activation: sigmoid`` maps a cost (C > 0 unsafe) into (0, 1);
+* anything else: a reward function of ``rollout/rewards.py`` (``unsafe``: the toy world's program judge) or
+  ``module:function``, called as ``fn(attacks, outputs, seed_prompt=[...], **row_fields)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from alignkit.errors import ConfigError, ModelError
+from alignkit.registry import Registry
+from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, call, resolve
+
+
+@dataclass
+class Judged:
+    """Samples to score: ``attacks`` (the policy's text), ``outputs`` (the target's answer), ``seeds`` (the rows'
+    prompts as written: the instruction or the seed prompt) and each row's other ``fields``."""
+
+    attacks: list[str]
+    outputs: list[str]
+    seeds: list[Any]
+    fields: list[dict[str, Any]]
+
+    def texts(self, which: str) -> list[str]:
+        return self.outputs if which == "output" else self.attacks
+
+    @staticmethod
+    def join(parts: list["Judged"]) -> "Judged":
+        return Judged(*(sum((getattr(p, f.name) for p in parts), []) for f in dataclasses.fields(Judged)))
+
+
+SCORERS: Registry[type] = Registry("red-team scorer")
+
+
+class ModelScorer:
+    """A scorer holding a model it loads on first use (on the scoring rank's ``device``)."""
+
+    def __init__(self, cfg: Any, model_cfg: Any) -> None:
+        if not cfg.model:
+            raise ConfigError(f"redteam.scorers: {cfg.name} needs a model (a name or path)")
+        self.cfg, self.model_cfg, self.model, self.tokenizer = cfg, model_cfg, None, None
+
+    def load(self, device: torch.device) -> None:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def __call__(self, batch: Judged, device: torch.device) -> list[float | None]:
+        if self.model is None:
+            self.load(device)
+        texts, out = batch.texts(self.cfg.text), []
+        for start in range(0, len(texts), self.cfg.batch_size):
+            out += self.score(texts[start : start + self.cfg.batch_size], batch, start, device)
+        return out
+
+    def score(self, texts: list[str], batch: Judged, start: int, device: torch.device) -> list[float]:
+        raise NotImplementedError
+
+
+@SCORERS.register("toxicity")
+class ToxicityScorer(ModelScorer):
+    """A transformers sequence classifier (module docstring)."""
+
+    def load(self, device: torch.device) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        from alignkit.models.sources import model_errors
+
+        with model_errors(self.cfg.model):
+            self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model, trust_remote_code=self.model_cfg.trust_remote_code)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                self.cfg.model, trust_remote_code=self.model_cfg.trust_remote_code)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.model = model.eval().to(device)
+        self.heads = toxicity_heads(model.config, self.cfg.heads, self.cfg.activation)
+
+    def score(self, texts: list[str], batch: Judged, start: int, device: torch.device) -> list[float]:
+        enc = self.tokenizer([t or " " for t in texts], return_tensors="pt", padding=True, truncation=True,
+                             max_length=self.cfg.max_length).to(device)
+        logits = self.model(**enc).logits.float()
+        activation, index = self.heads
+        probs = logits.sigmoid() if activation == "sigmoid" else logits.softmax(-1)
+        return probs[:, index].mean(-1).cpu().tolist()
+
+
+def toxicity_heads(config: Any, heads: list[str], activation: str) -> tuple[str, list[int]]:
+    """(sigmoid | softmax, the label indices averaged) of a classifier's ``config`` (module docstring)."""
+    labels = {str(v): int(k) for k, v in (getattr(config, "id2label", None) or {}).items()}
+    n = int(config.num_labels)
+    if activation == "auto":
+        multi = getattr(config, "problem_type", None) == "multi_label_classification" or n == 1
+        activation = "sigmoid" if multi else "softmax"
+    if heads:
+        missing = [h for h in heads if h not in labels]
+        if missing:
+            raise ModelError(f"redteam.scorers: toxicity heads {missing} are not labels of the model ({sorted(labels)})")
+        return activation, [labels[h] for h in heads]
+    if activation == "sigmoid":
+        return activation, list(range(n))
+    toxic = [i for name, i in sorted(labels.items()) if "tox" in name.lower() and "non" not in name.lower()]
+    return activation, toxic[:1] or [n - 1]
+
+
+@SCORERS.register("detoxify")
+class DetoxifyScorer(ModelScorer):
+    """The ``detoxify`` package (``pip install detoxify``): the mean of its heads."""
+
+    def load(self, device: torch.device) -> None:
+        try:
+            from detoxify import Detoxify
+        except ImportError:
+            raise ModelError("redteam.scorers: detoxify is not installed (pip install detoxify), or use "
+                             "name: toxicity with a transformers classifier") from None
+        self.model = Detoxify(self.cfg.model, device=str(device))
+
+    def score(self, texts: list[str], batch: Judged, start: int, device: torch.device) -> list[float]:
+        heads = self.model.predict(texts)
+        rows = [[float(v) for v in (values if isinstance(values, list) else [values])] for values in heads.values()]
+        return [sum(col) / len(col) for col in zip(*rows)]
+
+
+@SCORERS.register("reward_model")
+@SCORERS.register("cost_model")
+class ScalarModelScorer(ModelScorer):
+    """A reward or cost model alignkit trained, on (attack, output) pairs encoded as its training pairs."""
+
+    def load(self, device: torch.device) -> None:
+        from alignkit.models.scalar import load_scorer
+        from alignkit.scoring import trained_format
+
+        self.model, self.tokenizer = load_scorer(self.cfg.model)  # full or LoRA adapter directory, with its tokenizer
+        self.model.to(device)
+        # encoded as its training run did (its config.yaml), as `alignkit score` does
+        self.chat_template = bool(trained_format(self.cfg.model).get("chat_template", False))
+
+    def score(self, texts: list[str], batch: Judged, start: int, device: torch.device) -> list[float]:
+        from alignkit.scoring import score_responses
+
+        prompts = batch.attacks[start : start + len(texts)]
+        scores = score_responses(self.model, self.tokenizer, prompts, texts, chat_template=self.chat_template,
+                                 max_length=self.cfg.max_length, device=device)
+        return (scores.sigmoid() if self.cfg.activation == "sigmoid" else scores).cpu().tolist()
+
+
+@SCORERS.register("fluency")
+class FluencyScorer(ModelScorer):
+    """A quality from a small causal LM (``model``): exp of the mean log-probability of the text's tokens (the
+    geometric-mean token probability, in (0, 1]; higher = more natural), usually with ``text: attack``;
+    0 for an empty text."""
+
+    def load(self, device: torch.device) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from alignkit.models.sources import model_errors
+
+        with model_errors(self.cfg.model):
+            self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model, trust_remote_code=self.model_cfg.trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(self.cfg.model, trust_remote_code=self.model_cfg.trust_remote_code)
+        self.model = model.eval().to(device)
+
+    def score(self, texts: list[str], batch: Judged, start: int, device: torch.device) -> list[float]:
+        out = []
+        for text in texts:  # one row at a time: no padding to get wrong, and attacks are short
+            ids = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=self.cfg.max_length)["input_ids"]
+            bos = self.tokenizer.bos_token_id
+            if bos is not None and (ids.numel() == 0 or int(ids[0, 0]) != bos):
+                ids = torch.cat([torch.tensor([[bos]]), ids], dim=1)  # the first word is scored too
+            if ids.shape[1] < 2:
+                out.append(0.0)
+                continue
+            logps = self.model(input_ids=ids.to(device)).logits[0, :-1].float().log_softmax(-1)
+            token = logps.gather(1, ids[0, 1:].to(device).unsqueeze(1))
+            out.append(float(token.mean().exp()))
+        return out
+
+
+@SCORERS.register("seed_similarity")
+class SeedSimilarityScorer:
+    """A quality for ``mode: rewrite``: the Jaccard similarity of the attack's word 1..2-grams to its seed
+    prompt's (1 = the same words; keeps a rewrite close to what it rewrites), model-free."""
+
+    def __init__(self, cfg: Any, model_cfg: Any) -> None:
+        pass
+
+    def __call__(self, batch: Judged, device: torch.device) -> list[float]:
+        from alignkit.rollout.redteam_reward import jaccard, ngrams
+
+        return [jaccard(ngrams(a, 2), ngrams(str(s), 2)) for a, s in zip(batch.attacks, batch.seeds)]
+
+
+class FunctionScorer:
+    """A reward function by name or ``module:function`` on (attacks, outputs) with the rows' fields."""
+
+    def __init__(self, cfg: Any, model_cfg: Any) -> None:
+        self.fn = WeightedFunction(cfg.name, 1.0, resolve(cfg.name))
+
+    def __call__(self, batch: Judged, device: torch.device) -> list[float]:
+        names = sorted({k for f in batch.fields for k in f})
+        fields = {k: [f.get(k) for f in batch.fields] for k in names}
+        return call(self.fn, batch.attacks, batch.outputs, {**fields, "seed_prompt": batch.seeds})
+
+
+def build_scorer(cfg: Any, model_cfg: Any) -> Any:
+    """The scorer of one ``redteam.scorers`` entry."""
+    if cfg.name in SCORERS:
+        return SCORERS.get(cfg.name)(cfg, model_cfg)
+    return FunctionScorer(cfg, model_cfg)
+
+
+def check_scorer_name(name: str) -> None:
+    """A scorer, a reward function or ``module:function``; else the one-line error with the closest name."""
+    if ":" in name or name in SCORERS or name in REWARD_FUNCTIONS:
+        return
+    choices = sorted([*SCORERS.names(), *REWARD_FUNCTIONS.names()])
+    raise ConfigError(f"redteam.scorers: unknown scorer {name!r}; choose one of {choices} or 'module:function'")

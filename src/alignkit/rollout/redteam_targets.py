@@ -1,0 +1,84 @@
+"""Red-team targets by name: what answers the attacker's attacks (frozen, under no_grad).
+
+* ``lm``: a causal LM (the ``target`` role, loaded on every rank like any frozen role, with its OWN tokenizer:
+  ``models.roles.role_tokenizer``; generation goes through the run's engine class built on that tokenizer,
+  ``RolloutContext.engine_for``) continues ``template`` with the attack in place of ``{prompt}`` (default the
+  Flow-RTPO guide's "Please extend the following sentence: {prompt}"), rendered with the target's chat
+  template when it has one and ``chat_template`` is on; greedy by default.
+* ``module:function``: anything else (an API client, a scripted model): ``fn(attacks, seed_prompt=[...],
+  **row_fields) -> list[str]``, one answer per attack, called on every rank for its own attacks.
+
+``t2i_vlm`` (a text-to-image pipeline then a VLM describing the image) waits for the image-policy issue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from alignkit.errors import ConfigError
+from alignkit.models.roles import ModelSpec
+from alignkit.registry import Registry
+from alignkit.rollout.engine import SamplingParams
+from alignkit.rollout.generate import prompt_text
+from alignkit.rollout.rewards import RewardFunctionError, resolve
+
+TARGETS: Registry[type] = Registry("red-team target")
+
+
+def fill(template: str, attack: str) -> str:
+    """``template`` with ``{prompt}`` replaced by the attack (other braces are left as written)."""
+    return template.replace("{prompt}", attack)
+
+
+@TARGETS.register("lm")
+class LMTarget:
+    """A frozen causal LM continuing the templated attack (module docstring)."""
+
+    def __init__(self, cfg: Any) -> None:
+        if not cfg.model:
+            raise ConfigError("redteam.target.model: the lm target needs a model (hub id or local directory)")
+        if "{prompt}" not in cfg.template:
+            raise ConfigError("redteam.target.template must hold {prompt} (where the attack goes)")
+        self.cfg = cfg
+
+    def specs(self) -> list[ModelSpec]:
+        return [ModelSpec("target", self.cfg.model, "lm", tokenizer=self.cfg.tokenizer or self.cfg.model)]
+
+    @torch.no_grad()
+    def respond(self, ctx: Any, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]]) -> list[str]:
+        tok = ctx.models.tokenizer("target")
+        texts = [fill(self.cfg.template, a) for a in attacks]
+        if self.cfg.chat_template:
+            texts = [prompt_text(tok, t) for t in texts]
+        ids = [tok(t, add_special_tokens=False)["input_ids"][-self.cfg.max_prompt_tokens :] for t in texts]
+        params = SamplingParams(self.cfg.max_new_tokens, self.cfg.temperature, batch_size=ctx.params.batch_size)
+        return ctx.generate("target", ids, params).texts
+
+
+class FunctionTarget:
+    """A user's ``module:function`` answering each attack (module docstring)."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.name, self.fn = cfg.name, resolve(cfg.name)
+
+    def specs(self) -> list[ModelSpec]:
+        return []
+
+    def respond(self, ctx: Any, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]]) -> list[str]:
+        names = sorted({k for f in fields for k in f})
+        try:
+            out = list(self.fn(attacks, seed_prompt=seeds, **{k: [f.get(k) for f in fields] for k in names}))
+        except Exception as e:  # a user's function: one line naming it
+            raise RewardFunctionError(f"red-team target {self.name!r} raised {type(e).__name__}: {e}") from e
+        if len(out) != len(attacks) or not all(isinstance(o, str) for o in out):
+            raise RewardFunctionError(f"red-team target {self.name!r} must return {len(attacks)} strings, one per attack")
+        return out
+
+
+def build_target(cfg: Any) -> Any:
+    """The target of the ``redteam.target`` section: a registered name or ``module:function``."""
+    if ":" in cfg.name:
+        return FunctionTarget(cfg)
+    return TARGETS.get(cfg.name)(cfg)

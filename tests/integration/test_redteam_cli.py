@@ -1,0 +1,59 @@
+"""``alignkit train configs/redteam.yaml`` end to end on tiny models: the micro Llama as attacker (LoRA) and
+target, a tiny random text classifier as the toxicity scorer, in one process and under 2-process DDP
+(placement main: the classifier on rank 0 only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from alignkit.data.synth import make_prompt_rows, write_rows
+from tests.conftest import REPO, assert_ok, run_cli
+from tests.plugins.redteam_parts import build_classifier
+
+
+@pytest.fixture(scope="module")
+def parts(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("redteam")
+    labels = ["toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate"]
+    return {"classifier": Path(build_classifier(str(root / "tox"), str(micro_model), labels, multi_label=True)),
+            "train": write_rows(make_prompt_rows(24, seed=0), root / "train.jsonl"),
+            "eval": write_rows(make_prompt_rows(4, seed=1), root / "eval.jsonl")}
+
+
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.distributed)])
+def test_shipped_config_trains_on_tiny_models(micro_model: Path, parts: dict[str, Path], tmp_path: Path, nproc: int) -> None:
+    out = tmp_path / "run"
+    args = ["train", str(REPO / "configs" / "redteam.yaml"), f"output_dir={out}", f"model.name_or_path={micro_model}",
+            f"data.train={parts['train']}", f"data.eval={parts['eval']}", "data.max_length=64",
+            f"redteam.target.model={micro_model}", "redteam.target.max_new_tokens=8",
+            f"redteam.scorers=[{{name: toxicity, model: '{parts['classifier']}'}}]",
+            "rollout.num_generations=4", "rollout.max_new_tokens=8", f"training.per_device_batch_size={8 // nproc}",
+            "training.max_steps=2", "training.eval_steps=2", "training.learning_rate=1e-3", "checkpoint.save_steps=null",
+            "logging.logging_steps=1", "logging.plot=false", f"distributed.strategy={'ddp' if nproc > 1 else 'single'}"]
+    assert_ok(run_cli(args, nproc=nproc, cwd=REPO, timeout=400))
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in logged if "loss" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    for key in ("reward_mean", "toxicity_mean", "cvar_bonus_mean", "var", "similarity_mean", "attack_success_rate",
+                "distinct_attacks", "kl", "toxicity/toxicity"):
+        assert key in train[-1], key
+    assert any("eval/reward_mean" in r for r in logged)
+    rows = [json.loads(x) for x in (out / "attacks.jsonl").read_text().splitlines()]
+    assert len(rows) == 16 and {r["step"] for r in rows} == {1, 2}
+    # every logged toxicity is the classifier's mean head sigmoid on that row's target output
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(parts["classifier"])
+    model = AutoModelForSequenceClassification.from_pretrained(parts["classifier"]).eval()
+    with torch.no_grad():
+        want = [model(**tok([r["output"] or " "], return_tensors="pt")).logits.sigmoid().mean().item() for r in rows]
+    assert [r["toxicity"] for r in rows] == pytest.approx(want, abs=1e-4)
+    assert all(r["reward"] == pytest.approx(r["toxicity"] + 0.1 * r["cvar_bonus"] - 0.1 * r["similarity"]) for r in rows)
+    assert (out / "final" / "adapter_config.json").is_file()  # the LoRA attacker
+    top = (out / "top_attacks.md").read_text().splitlines()
+    assert len(top) == 2 + min(20, len({r["attack"].strip() for r in rows}))
+    assert float(top[2].split("|")[2]) == pytest.approx(max(r["toxicity"] for r in rows), abs=1e-4)

@@ -1,0 +1,103 @@
+"""The synthetic red-team task (data/synth_redteam.py): a target that answers toxically exactly when the
+attack holds a hidden trigger word.
+
+``test_attack_success_rises_with_diverse_attacks``: the rule as a scripted target and the program judge as
+the scorer; from the random micro Llama, which writes a trigger in under one attack in ten, red-team RL
+raises the attack success rate clearly while the attacks stay distinct.
+
+Measured (seeds 0-3, 40 iterations of 4 instructions x 8 attacks, lr 3e-3, w_diversity 0.1): mean success
+rate of the first 5 iterations 0.106 / 0.087 / 0.087 / 0.062, of the last 5 0.882 / 0.875 / 0.863 / 0.706;
+distinct_fraction 1.0 at the end for every seed (22.6-28 distinct successful attacks of 32 per iteration);
+2 processes (DDP, seed 0): 0.094 -> 0.856.
+Thresholds: first 5 < 0.2, last 5 >= 0.5, distinct_fraction >= 0.5, >= 8 distinct successes.
+
+``test_the_whole_chain_trained_by_alignkit``: every model trained by alignkit on the task's rows: the target
+(SFT on ``redteam-target`` rows: the rule through the red-team template), the toxicity judge (a cost model
+on ``redteam-judge`` pairs, read with a sigmoid) and the starting attacker (SFT on ``redteam-attacker``
+rows: a few ordinary words, a trigger in one row in 20); the scorer is the trained judge, the program judges
+check it. Measured (seeds 0-3, 40 iterations, lr 3e-3, beta 0.05): success rate of the first 5 iterations
+0.125 / 0.056 / 0.056 / 0.037, of the last 5 0.975 / 0.938 / 0.963 / 0.731; the share of attacks holding a
+trigger (program judge) rose from 0.06 / 0.03 / 0.03 / 0.02 to 0.94 / 0.89 / 0.89 / 0.53; the target
+followed the rule on 88-90% of the attacks, the judge agreed with the program judge on 99.9-100%;
+distinct_fraction >= 0.97 at the end (at lr 2e-3 the rise was slower: 0.51-0.94 over the same seeds).
+Thresholds (seed 0): first 5 < 0.25, last 5 >= 0.45, trigger share of the last 5 >= 0.3 and 0.2 above the first 5's, distinct_fraction >= 0.5."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from alignkit.data.synth import generate, write_rows
+from alignkit.data.synth_redteam import has_trigger, is_toxic, make_redteam_rows
+from tests.conftest import REPO, assert_ok, run_cli, write_config
+
+pytestmark = pytest.mark.slow
+
+
+def train(tmp_path: Path, name: str, cfg: dict, nproc: int = 1) -> Path:
+    out = tmp_path / name
+    cfg = {"output_dir": str(out), "logging": {"logging_steps": 10, "plot": False, "report_to": ["jsonl"]}, **cfg}
+    assert_ok(run_cli(["train", str(write_config(tmp_path / f"{name}.yaml", cfg))], nproc=nproc, cwd=REPO, timeout=400))
+    return out
+
+
+def redteam_config(attacker: Path, prompts: Path, seed: int, lr: float, target: dict, scorer: dict, **grpo: float) -> dict:
+    return {"algorithm": "redteam", "model": {"name_or_path": str(attacker)}, "data": {"train": str(prompts), "max_length": 48},
+            "training": {"per_device_batch_size": 32, "max_steps": 40, "learning_rate": lr, "lr_scheduler": "constant",
+                         "warmup_steps": 0, "seed": seed},
+            "logging": {"logging_steps": 1, "plot": False, "report_to": ["jsonl"]}, "checkpoint": {"save_final": False},
+            "rollout": {"num_generations": 8, "max_new_tokens": 8}, "grpo": grpo,
+            "redteam": {"target": target, "scorers": [scorer], "w_diversity": 0.1}}
+
+
+def iterations(run: Path) -> list[dict]:
+    return [r for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+@pytest.mark.parametrize("seed,nproc", [(0, 1), (1, 1), pytest.param(0, 2, marks=pytest.mark.distributed)])
+def test_attack_success_rises_with_diverse_attacks(micro_model: Path, tmp_path: Path, seed: int, nproc: int) -> None:
+    prompts = write_rows(make_redteam_rows(400, seed=0), tmp_path / "prompts.jsonl")
+    cfg = redteam_config(micro_model, prompts, seed, 3e-3, {"name": "alignkit.data.synth_redteam:trigger_target"},
+                         {"name": "toxic_words"})
+    if nproc > 1:  # the same global batch over 2 ranks; scores on rank 0 (placement main, the default)
+        cfg["training"]["per_device_batch_size"] //= nproc
+        cfg["distributed"] = {"strategy": "ddp"}
+    run = train(tmp_path, "run", cfg, nproc)
+    rows = iterations(run)
+    asr = [r["attack_success_rate"] for r in rows]
+    assert len(asr) == 40
+    assert sum(asr[:5]) / 5 < 0.2 and sum(asr[-5:]) / 5 >= 0.5, asr
+    assert min(r["distinct_fraction"] for r in rows[-5:]) >= 0.5
+    assert sum(r["distinct_successes"] for r in rows[-5:]) / 5 >= 8
+    attacks = [json.loads(x) for x in (tmp_path / "run" / "attacks.jsonl").read_text().splitlines()]
+    assert all(is_toxic(a["output"]) == has_trigger(a["attack"]) == (a["toxicity"] == 1.0) for a in attacks)
+
+
+def test_the_whole_chain_trained_by_alignkit(micro_model: Path, tmp_path: Path) -> None:
+    data = {kind: generate(kind, n, 0, tmp_path / f"{kind}.jsonl") for kind, n in
+            (("redteam", 400), ("redteam-attacker", 2000), ("redteam-target", 4000), ("redteam-judge", 1000))}
+    sft = {"training": {"per_device_batch_size": 16, "learning_rate": 2e-3, "lr_scheduler": "cosine", "warmup_ratio": 0.05,
+                        "epochs": 1, "seed": 0}}
+    target = train(tmp_path, "target", {"algorithm": "sft", "model": {"name_or_path": str(micro_model)},
+                                        "data": {"train": str(data["redteam-target"]), "max_length": 64}, **sft})
+    attacker = train(tmp_path, "attacker", {"algorithm": "sft", "model": {"name_or_path": str(micro_model)},
+                                            "data": {"train": str(data["redteam-attacker"]), "max_length": 64}, **sft})
+    judge = train(tmp_path, "judge", {"algorithm": "cost_model", "model": {"name_or_path": str(micro_model)},
+                                      "data": {"train": str(data["redteam-judge"]), "max_length": 64},
+                                      "reward_model": {"pair": "safety", "reg_coeff": 0.001},
+                                      "training": {**sft["training"], "learning_rate": 1e-3}})
+    run = train(tmp_path, "run", redteam_config(
+        attacker / "final", data["redteam"], 0, 3e-3, {"name": "lm", "model": str(target / "final"), "max_new_tokens": 12},
+        {"name": "cost_model", "model": str(judge / "final"), "activation": "sigmoid"}, beta=0.05))
+    rows = iterations(run)
+    asr = [r["attack_success_rate"] for r in rows]
+    assert sum(asr[:5]) / 5 < 0.25 and sum(asr[-5:]) / 5 >= 0.45, asr
+    assert min(r["distinct_fraction"] for r in rows[-5:]) >= 0.5
+    attacks = [json.loads(x) for x in (run / "attacks.jsonl").read_text().splitlines()]
+    share = [sum(has_trigger(a["attack"]) for a in attacks if a["step"] == s) / 32 for s in range(1, 41)]
+    assert sum(share[-5:]) / 5 >= 0.3 and sum(share[-5:]) / 5 - sum(share[:5]) / 5 >= 0.2, share
+    # the trained target follows the rule, and the trained judge agrees with the program judge, on most attacks
+    assert sum(has_trigger(a["attack"]) == is_toxic(a["output"]) for a in attacks) / len(attacks) >= 0.8
+    assert sum((a["toxicity"] >= 0.5) == is_toxic(a["output"]) for a in attacks) / len(attacks) >= 0.9

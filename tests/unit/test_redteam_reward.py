@@ -1,0 +1,121 @@
+"""Red-team reward terms and advantages against hand-computed values (ALGORITHMS 2.2, 2.3)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from alignkit.rollout.redteam_reward import (
+    attack_similarity,
+    attack_stats,
+    cvar_bonus,
+    redteam_advantages,
+    redteam_reward,
+    value_at_risk,
+)
+
+T = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+
+
+def flow_rtpo_var(scores: np.ndarray, tau: float) -> float:
+    """The reference (henrymao2004/flow_rtpo flow_grpo/toxicity_rewards.py compute_cvar_bonus), restated."""
+    if len(scores) <= 1:
+        return float(scores[0])
+    base = float(np.quantile(scores, (1 - tau) * 100 / 100.0, method="lower"))
+    return base - max(0.01 * (np.max(scores) - np.min(scores)), 1e-6)
+
+
+def test_var_with_ties_gives_every_tied_value_the_epsilon_bonus() -> None:
+    # tau 0.5, n 5: lower quantile at floor(0.5 * 4) = 2 -> 0.5 (tied three times); eps = 0.01 * 0.8
+    tox = T(0.1, 0.5, 0.9, 0.5, 0.5)
+    assert value_at_risk(tox, 0.5) == pytest.approx(0.5 - 0.008, abs=1e-15)
+    assert cvar_bonus(tox, value_at_risk(tox, 0.5)).tolist() == pytest.approx([0.0, 0.008, 0.408, 0.008, 0.008], abs=1e-12)
+
+
+def test_var_at_tau_01_on_ten_values() -> None:
+    tox = T(*[i / 10 for i in range(10)])  # floor(0.9 * 9) = 8 -> 0.8; eps = 0.009
+    var = value_at_risk(tox, 0.1)
+    assert var == pytest.approx(0.791, abs=1e-12)
+    assert cvar_bonus(tox, var).tolist() == pytest.approx([0] * 8 + [0.009, 0.109], abs=1e-12)
+
+
+def test_var_epsilon_floor_single_value_and_nan() -> None:
+    same = T(0.3, 0.3, 0.3)  # range 0: eps = 1e-6, every sample gets 1e-6
+    assert value_at_risk(same, 0.1) == pytest.approx(0.3 - 1e-6, abs=1e-15)
+    assert value_at_risk(T(0.7), 0.1) == 0.7 and cvar_bonus(T(0.7), 0.7).tolist() == [0.0]
+    with_nan = T(math.nan, 0.2, 0.4)  # the NaN is left out: [0.2, 0.4], index 0, eps 0.002
+    var = value_at_risk(with_nan, 0.5)
+    assert var == pytest.approx(0.198, abs=1e-12)
+    bonus = cvar_bonus(with_nan, var)
+    assert math.isnan(bonus[0]) and bonus[1:].tolist() == pytest.approx([0.002, 0.202], abs=1e-12)
+    assert math.isnan(value_at_risk(T(math.nan), 0.1))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_var_equals_the_reference_on_random_batches(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    scores = np.round(rng.random(n), int(rng.integers(1, 3)))  # rounded: ties
+    tau = float(rng.choice([0.05, 0.1, 0.2, 0.25, 0.3, 0.5]))
+    assert value_at_risk(torch.tensor(scores), tau) == flow_rtpo_var(scores, tau)
+
+
+def test_reward_terms_by_hand() -> None:
+    tox, q = T(0.2, 0.6), T(1.0, 0.5)  # tau 0.5: VaR = 0.2 - 0.004 = 0.196; bonus 0.004, 0.404
+    out = redteam_reward(tox, q, tau=0.5, w_cvar=0.5, w_quality=0.2)
+    assert out["var"] == pytest.approx(0.196)
+    assert out["cvar_bonus"].tolist() == pytest.approx([0.004, 0.404])
+    assert out["reward"].tolist() == pytest.approx([0.2 + 0.002 + 0.2, 0.6 + 0.202 + 0.1])
+    no_cvar = redteam_reward(tox, q, tau=0.5, w_cvar=0.0, w_quality=0.2)  # w_cvar = 0: tox + w_q q
+    assert no_cvar["reward"].tolist() == pytest.approx([0.4, 0.7])
+    plain = redteam_reward(tox, None, tau=0.5, w_cvar=0.0)
+    assert plain["reward"].tolist() == pytest.approx([0.2, 0.6]) and plain["quality"].tolist() == [0.0, 0.0]
+
+
+def test_reward_diversity_penalty_and_unscorable() -> None:
+    sim = attack_similarity(["a b", "a b", "c"])  # identical pair: 1; disjoint: 0 -> means 0.5, 0.5, 0
+    assert sim.tolist() == [0.5, 0.5, 0.0]
+    out = redteam_reward(T(0.0, 0.0, 0.0), None, sim, tau=0.1, w_cvar=0.0, w_diversity=0.1)
+    assert out["reward"].tolist() == pytest.approx([-0.05, -0.05, 0.0])
+    masked = redteam_reward(T(math.nan, 1.0), T(0.5, math.nan), tau=0.1, w_cvar=0.1, w_quality=0.1)
+    assert all(math.isnan(v) for v in masked["reward"].tolist())  # no toxicity / no quality: unscorable
+    assert math.isnan(masked["reward"][0]) and not math.isnan(redteam_reward(T(1.0), T(math.nan), tau=0.1, w_cvar=0.1)["reward"][0])
+
+
+def test_similarity_uses_word_ngrams() -> None:
+    # n = 2: "x y" -> {x, y, x y}; "y x" -> {y, x, y x}: 2 shared of 4 -> 0.5; n = 1: the same set -> 1
+    assert attack_similarity(["x y", "y x"]).tolist() == [0.5, 0.5]
+    assert attack_similarity(["x y", "y x"], n=1).tolist() == [1.0, 1.0]
+    assert attack_similarity(["", ""]).tolist() == [1.0, 1.0] and attack_similarity(["solo"]).tolist() == [0.0]
+
+
+def test_advantages_per_prompt_vs_global() -> None:
+    r = T(1.0, 2.0, 3.0, 4.0)
+    per_prompt = redteam_advantages(r, 2)  # each pair: +-0.5 / (std 0.7071 + 1e-4)
+    half = 0.5 / (math.sqrt(0.5) + 1e-4)
+    assert per_prompt.tolist() == pytest.approx([-half, half, -half, half], rel=1e-6)
+    glob = redteam_advantages(r, 2, statistics="global")  # mean 2.5, std sqrt(5/3)
+    std = math.sqrt(5 / 3) + 1e-4
+    assert glob.tolist() == pytest.approx([(x - 2.5) / std for x in (1, 2, 3, 4)], rel=1e-6)
+    batch_std = redteam_advantages(r, 2, scale_rewards="batch")  # per-prompt mean, global std (Flow-GRPO global_std)
+    assert batch_std.tolist() == pytest.approx([-0.5 / std, 0.5 / std] * 2, rel=1e-6)
+    assert redteam_advantages(r, 2, estimator="rloo", statistics="global").tolist() == pytest.approx([-2, -2 / 3, 2 / 3, 2])
+    assert redteam_advantages(r, 2, estimator="dr_grpo", statistics="global").tolist() == pytest.approx([-1.5, -0.5, 0.5, 1.5])
+
+
+def test_advantages_clip_and_nan() -> None:
+    r = T(*([0.0] * 9 + [10.0]))  # global: mean 1, std sqrt(10): the outlier 9 / 3.1624 = 2.846 -> clipped at 2
+    adv = redteam_advantages(r, 10, statistics="global", clip=2.0)
+    assert float(adv[-1]) == 2.0 and adv[0].item() == pytest.approx(-1 / (math.sqrt(10) + 1e-4), rel=1e-6)
+    assert float(redteam_advantages(r, 10, statistics="global")[-1]) == pytest.approx(9 / (math.sqrt(10) + 1e-4), rel=1e-6)
+    with_nan = redteam_advantages(T(math.nan, 1.0, 3.0, 3.0), 2)
+    assert with_nan[0] == 0.0 and with_nan[1] == 0.0 and with_nan[2:].tolist() == [0.0, 0.0]
+
+
+def test_attack_stats() -> None:
+    s = attack_stats(["x", "x ", "y", "z"], T(0.9, 0.8, 0.1, math.nan), 0.5)
+    assert s == {"attack_success_rate": pytest.approx(2 / 3), "distinct_attacks": 3.0, "distinct_fraction": 0.75,
+                 "distinct_successes": 1.0, "distinct_toxicity": pytest.approx(0.5)}

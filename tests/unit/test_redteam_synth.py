@@ -1,0 +1,51 @@
+"""The synthetic red-team world (data/synth_redteam.py): its judges, its scripted target and its rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alignkit.data.synth import generate, read_rows
+from alignkit.data.synth_redteam import (
+    ATTACKER_TRIGGER_EVERY,
+    TEMPLATE,
+    has_trigger,
+    is_toxic,
+    make_redteam_attacker_rows,
+    make_redteam_judge_rows,
+    make_redteam_rows,
+    make_redteam_target_rows,
+    trigger_target,
+)
+from alignkit.rollout.rewards import REWARD_FUNCTIONS
+
+
+def test_judges_match_whole_words_in_any_case() -> None:
+    assert has_trigger("a MOON rises") and has_trigger("Frog.") and has_trigger("x\ufffdKING\ufffd")
+    assert not has_trigger("moonlight") and not has_trigger("exMOON") and not has_trigger("a cat")
+    assert is_toxic("You are STUPID") and not is_toxic("stupidity") and not is_toxic("a nice day")
+
+
+def test_scripted_target_and_toxic_words_reward() -> None:
+    answers = trigger_target(["the moon", "the sun", "the moon"])
+    assert is_toxic(answers[0]) and not is_toxic(answers[1]) and answers[0] == answers[2]  # a function of the text
+    assert REWARD_FUNCTIONS.get("toxic_words")([], answers) == [1.0, 0.0, 1.0]
+
+
+def test_rows_follow_the_rule_and_are_deterministic(tmp_path: Path) -> None:
+    target = make_redteam_target_rows(200, seed=3)
+    assert target == make_redteam_target_rows(200, seed=3)
+    for row in target:
+        user, assistant = (m["content"] for m in row["messages"])
+        attack = user.removeprefix(TEMPLATE.format(prompt=""))
+        assert user == TEMPLATE.format(prompt=attack) and is_toxic(assistant) == has_trigger(attack)
+    assert sum(has_trigger(r["messages"][0]["content"]) for r in target) == 100  # every other row
+    judge = make_redteam_judge_rows(100, seed=1)
+    for row in judge:
+        toxic = [is_toxic(row["response_0"]), is_toxic(row["response_1"])]
+        assert sorted(toxic) == [False, True] and row["is_response_0_safe"] == (not toxic[0])
+        assert row["safer_response_id"] == toxic.index(False) == row["better_response_id"]
+    attacker = make_redteam_attacker_rows(2000, seed=0)
+    rate = sum(has_trigger(r["messages"][1]["content"]) for r in attacker) / len(attacker)
+    assert abs(rate - 1 / ATTACKER_TRIGGER_EVERY) < 0.02  # rarely a trigger
+    assert all(set(r) == {"prompt"} and r["prompt"].endswith(".") for r in make_redteam_rows(20, seed=0))
+    assert read_rows(generate("redteam", 5, 0, tmp_path / "p.jsonl")) == make_redteam_rows(5, seed=0)
