@@ -178,6 +178,30 @@ def curve(run: Path, keys: tuple[str, ...] = ("step", "lambda", "J_C", "cost_mea
 RUNNERS = {"safe_dpo": run_safe_dpo, "ppo_lag": run_ppo_lag}
 
 
+def plot_groups(groups: dict[str, list[Path]], out: Path, threshold: float = 0.0) -> Path:
+    """One row per group (e.g. a dual rule), lambda and J_C against step, one line per run (seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(groups), 2, figsize=(10, 2.6 * len(groups)), squeeze=False, sharex=True)
+    for row, (label, runs) in zip(axes, groups.items()):
+        for i, run in enumerate(runs):
+            pts = curve(run)
+            for ax, key in zip(row, ("lambda", "J_C")):
+                ax.plot([p["step"] for p in pts], [p[key] for p in pts], lw=1.2, label=f"seed {i}")
+        row[0].set_ylabel(f"{label}\nlambda")
+        row[1].set_ylabel("J_C")
+        row[1].axhline(threshold, color="k", ls="--", lw=0.8)
+        row[1].legend(fontsize=7, loc="upper right")
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    return out
+
+
 def main() -> None:
     from alignkit.models.tiny import build_tiny_model
 
