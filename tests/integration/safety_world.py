@@ -8,15 +8,17 @@ set (the training rows' harmful prompts) on which the constraint's J_C is measur
 
 * ``safe_dpo`` (configs/safe_dpo.yaml): the two frozen scorers, J_C the greedy cost of answers to
   red-team prompts every ``cost_eval_every`` steps;
-* ``ppo_lag`` (configs/ppo_lag.yaml with the trained scorers): rollouts on the red-team prompts, reward
+* ``ppo_lag`` (configs/ppo_lag_rm.yaml with the trained scorers): rollouts on the red-team prompts, reward
   = the helpful RM (it prefers the compliant answer), cost = the cost model, J_C = the mean cost of the
   last ``window`` iterations' samples; the conflict is on every prompt;
 * ``judge``: greedy answers to held-out prompts, judged by the program judges and the cost model.
 
 By hand (writes ``OUT/summary.json`` and prints one line per run)::
 
-    python -m tests.integration.safety_world OUT --seeds 0 1 2 3 --runs safe_dpo safe_dpo:pid ppo_lag ppo_lag:pid \
-        [--steps safe_dpo=450 ppo_lag=60]
+    python -m tests.integration.safety_world OUT --seeds 0 1 2 3 --runs safe_dpo safe_dpo:safe_rlhf ppo_lag \
+        ppo_lag:safe_rlhf,lambda_lr=0.1 [--steps safe_dpo=450 ppo_lag=120]
+
+(a run is ALGO[:VARIANT,...]: shorthands of ``VARIANTS`` or KEY=VALUE keys of the algorithm's section).
 """
 
 from __future__ import annotations
