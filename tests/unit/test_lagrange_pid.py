@@ -118,7 +118,8 @@ def test_both_sections_have_the_same_dual_keys() -> None:
         fields = {f.name: f for f in dataclasses.fields(section)}
         for name in names + ["threshold", "lambda_init", "lambda_lr", "lambda_max"]:
             assert name in fields, (section, name)
-        assert section().lambda_update == "gradient"
+    # safe_dpo's default is the PID dual measured on the toy safety world; ppo_lag keeps Safe RLHF's rule
+    assert (SafeDPOConfig().lambda_update, PPOLagConfig().lambda_update) == ("pid", "gradient")
 
 
 def test_ppo_lag_builds_the_pid_multiplier_from_its_section(micro_model) -> None:
