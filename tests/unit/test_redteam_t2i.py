@@ -17,7 +17,7 @@ from alignkit.errors import ConfigError, ModelError
 from alignkit.rollout.redteam_scorers import Judged, build_scorer
 from alignkit.rollout.redteam_targets import T2IVLMTarget, build_target
 from alignkit.rollout.t2i_render import DiffusersRenderer, build_renderer, seed_of, shapes_scene
-from tests.plugins.redteam_parts import build_clip
+from tests.plugins.redteam_parts import build_clip, build_tiny_sd
 
 CPU = torch.device("cpu")
 
@@ -74,6 +74,18 @@ def test_diffusers_renderer_calls_the_pipeline_and_names_the_missing_package(mon
     assert all(c["num_inference_steps"] == 3 and c["guidance_scale"] == 2.0 and c["height"] == 16 and "width" not in c
                for c in calls)
     assert calls[0]["generator"][1].initial_seed() == seed_of("b")  # one seeded generator per attack
+
+
+def test_diffusers_renderer_on_a_tiny_random_pipeline(micro_llava: Path, tmp_path: Path) -> None:
+    """Where diffusers is installed (the ``image`` extra): a saved pipeline loads by path, renders each attack
+    at the asked size, and the same attack gives the same image (its generator seeded from its text)."""
+    pytest.importorskip("diffusers")
+    path = build_tiny_sd(str(tmp_path / "sd"), build_clip(str(tmp_path / "clip"), str(micro_llava)))
+    cfg = RedTeamTargetConfig(name="t2i_vlm", model="m", renderer=path, num_inference_steps=2, height=16, width=16,
+                              render_batch_size=2)
+    imgs = build_renderer(cfg)(["a red circle", "blue", "a red circle"], CPU)
+    assert [im.size for im in imgs] == [(16, 16)] * 3
+    assert (pixels(imgs[0]) == pixels(imgs[2])).all() and (pixels(imgs[0]) != pixels(imgs[1])).any()
 
 
 def test_t2i_target_is_a_frozen_vlm_role_and_clip_quality_needs_it() -> None:
