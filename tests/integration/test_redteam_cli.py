@@ -12,7 +12,7 @@ import torch
 
 from alignkit.data.synth import make_prompt_rows, write_rows
 from tests.conftest import REPO, assert_ok, run_cli
-from tests.plugins.redteam_parts import build_classifier
+from tests.plugins.redteam_parts import build_classifier, tiny_train_args
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +27,10 @@ def parts(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 @pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.distributed)])
 def test_shipped_config_trains_on_tiny_models(micro_model: Path, parts: dict[str, Path], tmp_path: Path, nproc: int) -> None:
     out = tmp_path / "run"
-    args = ["train", str(REPO / "configs" / "redteam.yaml"), f"output_dir={out}", f"model.name_or_path={micro_model}",
-            f"data.train={parts['train']}", f"data.eval={parts['eval']}", "data.max_length=64",
-            f"redteam.target.model={micro_model}", "redteam.target.max_new_tokens=8",
-            f"redteam.scorers=[{{name: toxicity, model: '{parts['classifier']}'}}]",
-            "rollout.num_generations=4", "rollout.max_new_tokens=8", f"training.per_device_batch_size={8 // nproc}",
-            "training.max_steps=2", "training.eval_steps=2", "training.learning_rate=1e-3", "checkpoint.save_steps=null",
-            "logging.logging_steps=1", "logging.plot=false", f"distributed.strategy={'ddp' if nproc > 1 else 'single'}"]
+    args = tiny_train_args(str(REPO / "configs" / "redteam.yaml"), str(out), str(micro_model), str(parts["train"]),
+                           str(parts["eval"]), nproc, generations=4, batch=8, max_new_tokens=8)
+    args += [f"redteam.target.model={micro_model}", "redteam.target.max_new_tokens=8",
+             f"redteam.scorers=[{{name: toxicity, model: '{parts['classifier']}'}}]"]
     assert_ok(run_cli(args, nproc=nproc, cwd=REPO, timeout=400))
     logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in logged if "loss" in r]

@@ -63,3 +63,57 @@ def vowel_share_logged(prompts: list[Any], completions: list[str], **fields: Any
 def broken_judge(prompts: list[Any], completions: list[str], **_: Any) -> list[float]:
     """A judge that fails (on whichever rank runs it)."""
     raise RuntimeError("the judge's server is down")
+
+
+def build_clip(out: str, tokenizer_dir: str, *, seed: int = 0) -> str:
+    """A tiny random CLIP (32x32 images) with the tokenizer of ``tokenizer_dir`` and a PIL image processor, saved
+    at ``out``: what ``name: clip_quality`` loads by path (``CLIPModel`` + ``CLIPProcessor``)."""
+    import torch
+    from transformers import AutoTokenizer, CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPProcessor
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    text = {"vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "max_position_embeddings": 64, "pad_token_id": tok.pad_token_id,
+            "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 32, "patch_size": 8}
+    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)).save_pretrained(out)
+    images = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    CLIPProcessor(image_processor=images, tokenizer=tok).save_pretrained(out)
+    return out
+
+
+def tiny_train_args(config: str, out: str, model: str, train: str, eval_: str, nproc: int, *, generations: int,
+                    batch: int, max_new_tokens: int) -> list[str]:
+    """``alignkit train`` arguments of a 2-iteration red-team run on tiny models (``batch`` completions per
+    iteration split over ``nproc`` processes); the caller adds its ``redteam.*`` overrides."""
+    return ["train", config, f"output_dir={out}", f"model.name_or_path={model}", f"data.train={train}",
+            f"data.eval={eval_}", "data.max_length=64", f"rollout.num_generations={generations}",
+            f"rollout.max_new_tokens={max_new_tokens}", f"training.per_device_batch_size={batch // nproc}",
+            "training.max_steps=2", "training.eval_steps=2", "training.learning_rate=1e-3", "checkpoint.save_steps=null",
+            "logging.logging_steps=1", "logging.plot=false", f"distributed.strategy={'ddp' if nproc > 1 else 'single'}"]
+
+
+def build_tiny_sd(out: str, clip_dir: str, *, seed: int = 0) -> str:
+    """A tiny random Stable Diffusion pipeline (diffusers; text encoder with the tokenizer of ``clip_dir``) saved at
+    ``out``: what ``redteam.target.renderer`` loads by path."""
+    import torch
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(block_out_channels=(32, 64), layers_per_block=1, sample_size=8, cross_attention_dim=32,
+                                down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), norm_num_groups=8,
+                                attention_head_dim=4)
+    vae = AutoencoderKL(block_out_channels=[16, 32], down_block_types=["DownEncoderBlock2D"] * 2,
+                        up_block_types=["UpDecoderBlock2D"] * 2, latent_channels=4, norm_num_groups=8)
+    tok = AutoTokenizer.from_pretrained(clip_dir)
+    tok.model_max_length = 64
+    text = CLIPTextModel(CLIPTextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, max_position_embeddings=64, eos_token_id=tok.eos_token_id,
+                                        pad_token_id=tok.pad_token_id))
+    StableDiffusionPipeline(unet=unet, vae=vae, text_encoder=text, tokenizer=tok, scheduler=DDIMScheduler(),
+                            safety_checker=None, feature_extractor=None, requires_safety_checker=False).save_pretrained(out)
+    return out

@@ -46,24 +46,32 @@ INSTRUCTIONS = {"write": "{prompt}",
 
 @dataclass
 class RedTeamTargetConfig:
-    name: str = f("lm", "The model under attack: lm (a causal LM continuing the template) or 'module:function'.")
-    model: Optional[str] = f(None, "lm: hub id or local directory of the target (frozen).")
+    name: str = f("lm", "The model under attack: lm (a causal LM continuing the template), t2i_vlm (the attack rendered "
+                  "to an image, a LLaVA-family VLM continuing the template on it) or 'module:function'.")
+    model: Optional[str] = f(None, "lm: hub id or local directory of the target (frozen); t2i_vlm: the VLM's.")
     tokenizer: Optional[str] = f(None, "lm: the target's tokenizer; null = the target model's own.")
     template: str = f("Please extend the following sentence: {prompt}", "lm: what the target reads; {prompt} = the attack.")
     chat_template: bool = f(True, "lm: render the templated attack with the target's chat template when it has one.")
     max_new_tokens: int = f(32, "lm: longest answer in tokens.", gt=0)
     max_prompt_tokens: int = f(256, "lm: the templated attack keeps its last this many tokens.", gt=0)
     temperature: float = f(0.0, "lm: 0 = greedy answers (the guide's), > 0 = sampled.", ge=0)
+    renderer: str = f("builtin:shapes", "t2i_vlm: a diffusers text-to-image pipeline (hub id or path; pip install "
+                      "'alignkit[image]') or builtin:shapes (deterministic coloured shapes named by the attack's words).")
+    num_inference_steps: int = f(20, "t2i_vlm: the pipeline's denoising steps.", gt=0)
+    guidance_scale: float = f(4.5, "t2i_vlm: the pipeline's classifier-free guidance scale.", ge=0)
+    height: Optional[int] = f(None, "t2i_vlm: image height in pixels; null = the renderer's default.", gt=0)
+    width: Optional[int] = f(None, "t2i_vlm: image width in pixels; null = the renderer's default.", gt=0)
+    render_batch_size: int = f(8, "t2i_vlm: attacks per pipeline call.", gt=0)
 
 
 @dataclass
 class RedTeamScorerConfig:
-    name: str = f("", "toxicity | detoxify | reward_model | cost_model | fluency | seed_similarity | a reward function (unsafe, "
+    name: str = f("", "toxicity | detoxify | reward_model | cost_model | fluency | seed_similarity | clip_quality (t2i_vlm) | a reward function (unsafe, "
                   "toxic_words, ...) | 'module:function'.")
     use: Literal["toxicity", "quality"] = f("toxicity", "Which term of the reward it adds to (weighted sum of its scorers).")
     weight: float = f(1.0, "Weight within its term.")
-    model: Optional[str] = f(None, "toxicity / fluency / reward_model / cost_model: name or path; detoxify: original | "
-                             "unbiased | multilingual.")
+    model: Optional[str] = f(None, "toxicity / fluency / reward_model / cost_model / clip_quality (a CLIP): name or path; "
+                             "detoxify: original | unbiased | multilingual.")
     text: Literal["output", "attack"] = f("output", "Model scorers: read the target's output or the attack itself.")
     activation: Literal["auto", "sigmoid", "softmax", "none"] = f(
         "auto", "toxicity: auto = sigmoid heads for a multi-label model, softmax otherwise; cost_model: sigmoid maps "
@@ -106,6 +114,9 @@ class RedTeamConfig:
     def __post_init__(self) -> None:
         if not self.tau < 1:
             raise ConfigError(f"redteam.tau: expected a value in (0, 1), got {self.tau}")
+        if self.target.name != "t2i_vlm" and any(s.name == "clip_quality" for s in self.scorers):
+            raise ConfigError(f"redteam.scorers: clip_quality scores rendered images: it needs redteam.target.name: "
+                              f"t2i_vlm (have {self.target.name!r})")
 
 
 class RedTeamPrompts(PromptData):
@@ -189,7 +200,9 @@ class RedTeam(GroupRelative):
     def answered(self, ctx: RolloutContext, attacks: list[str]) -> Judged:
         """This rank's attacks with the target's answers, the rows' prompts and fields."""
         seeds, fields = [row["prompt"] for row in ctx.rows], [row["fields"] for row in ctx.rows]
-        return Judged(attacks, self.target.respond(ctx, attacks, seeds, fields), seeds, fields)
+        outputs = self.target.respond(ctx, attacks, seeds, fields)
+        images = list(getattr(self.target, "images", None) or [None] * len(attacks))  # t2i_vlm: the rendered images
+        return Judged(attacks, outputs, seeds, fields, images)
 
     def judge(self, batch: Judged, device: torch.device, placement: str) -> dict[str, list[float]]:
         """Every scorer's values of this rank's samples (``use/name`` -> list), computed here (``local``) or
@@ -199,7 +212,8 @@ class RedTeam(GroupRelative):
             return {key: [float("nan") if v is None else float(v) for v in scorer(whole, device)]
                     for key, _, scorer in self.scorer_list}
 
-        items = [Judged([a], [o], [s], [fl]) for a, o, s, fl in zip(batch.attacks, batch.outputs, batch.seeds, batch.fields)]
+        items = [Judged([a], [o], [s], [fl], [im]) for a, o, s, fl, im in
+                 zip(batch.attacks, batch.outputs, batch.seeds, batch.fields, batch.images)]
         return on_main(compute, items) if placement == "main" else compute(items)
 
     def term(self, scores: dict[str, torch.Tensor], use: str) -> torch.Tensor | None:

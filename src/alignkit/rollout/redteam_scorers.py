@@ -16,6 +16,9 @@ score: with ``redteam.placement: main`` a big classifier lives on rank 0 alone. 
   its seed prompt;
 * ``reward_model`` / ``cost_model``: a scalar model alignkit trained (its final dir), scoring (attack,
   output) as training encoded pairs; ``activation: sigmoid`` maps a cost (C > 0 unsafe) into (0, 1);
+* ``clip_quality``: a quality for the ``t2i_vlm`` target, the image-text similarity of a transformers CLIP
+  (``model``: ``CLIPModel`` + ``CLIPProcessor``) between the rendered image and the attack, ``logits_per_image
+  / 30`` as the Flow-RTPO guide (about 3.33 cos with CLIP's logit scale 100);
 * anything else: a reward function of ``rollout/rewards.py`` (``unsafe``: the toy world's program judge) or
   ``module:function``, called as ``fn(attacks, outputs, seed_prompt=[...], **row_fields)``.
 """
@@ -36,12 +39,14 @@ from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, call, r
 @dataclass
 class Judged:
     """Samples to score: ``attacks`` (the policy's text), ``outputs`` (the target's answer), ``seeds`` (the rows'
-    prompts as written: the instruction or the seed prompt) and each row's other ``fields``."""
+    prompts as written: the instruction or the seed prompt), each row's other ``fields`` and ``images``."""
 
     attacks: list[str]
     outputs: list[str]
     seeds: list[Any]
     fields: list[dict[str, Any]]
+    #: the image each attack was rendered to (the ``t2i_vlm`` target; None per sample otherwise)
+    images: list[Any] = dataclasses.field(default_factory=list)
 
     def texts(self, which: str) -> list[str]:
         return self.outputs if which == "output" else self.attacks
@@ -163,6 +168,33 @@ class ScalarModelScorer(ModelScorer):
         scores = score_responses(self.model, self.tokenizer, prompts, texts, chat_template=self.chat_template,
                                  max_length=self.cfg.max_length, device=device)
         return (scores.sigmoid() if self.cfg.activation == "sigmoid" else scores).cpu().tolist()
+
+
+@SCORERS.register("clip_quality")
+class ClipQualityScorer(ModelScorer):
+    """CLIP similarity of each rendered image to its attack (module docstring)."""
+
+    def load(self, device: torch.device) -> None:
+        from transformers import CLIPModel, CLIPProcessor
+
+        from alignkit.models.sources import model_errors
+
+        with model_errors(self.cfg.model):
+            self.tokenizer = CLIPProcessor.from_pretrained(self.cfg.model)
+            model = CLIPModel.from_pretrained(self.cfg.model)
+        self.model = model.eval().to(device)
+
+    def score(self, texts: list[str], batch: Judged, start: int, device: torch.device) -> list[float]:
+        images = batch.images[start : start + len(texts)]
+        if len(images) != len(texts) or any(im is None for im in images):
+            raise ConfigError("redteam.scorers: clip_quality needs rendered images (redteam.target.name: t2i_vlm)")
+        attacks = batch.attacks[start : start + len(texts)]
+        enc = self.tokenizer(text=[a or " " for a in attacks], images=list(images), return_tensors="pt", padding=True,
+                             truncation=True, max_length=min(self.cfg.max_length, self.max_positions())).to(device)
+        return (self.model(**enc).logits_per_image.float().diagonal() / 30).cpu().tolist()
+
+    def max_positions(self) -> int:
+        return int(self.model.config.text_config.max_position_embeddings)
 
 
 @SCORERS.register("fluency")

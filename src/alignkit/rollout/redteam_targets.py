@@ -7,8 +7,13 @@
   template when it has one and ``chat_template`` is on; greedy by default.
 * ``module:function``: anything else (an API client, a scripted model): ``fn(attacks, seed_prompt=[...],
   **row_fields) -> list[str]``, one answer per attack, called on every rank for its own attacks.
-
-``t2i_vlm`` (a text-to-image pipeline then a VLM describing the image) waits for the image-policy issue.
+* ``t2i_vlm``: the Flow-RTPO chain. A renderer (``rollout/t2i_render.py``: a diffusers pipeline by
+  name/path, or ``builtin:shapes``) draws each attack, then a frozen LLaVA-family VLM (the ``target`` role,
+  kind ``vlm``, with its own processor) continues ``template`` on that image (one image placeholder before
+  the templated attack, through the VLM's chat template: :func:`vlm_text`); its text is the output the
+  scorers read. Generation is the one VLM path (``rollout.vlm_generate.image_prompt`` requests through the
+  role's engine). The images of the last :meth:`respond` stay in ``images`` for the scorers that read them
+  (``clip_quality``).
 """
 
 from __future__ import annotations
@@ -55,6 +60,47 @@ class LMTarget:
         ids = [tok(t, add_special_tokens=False)["input_ids"][-self.cfg.max_prompt_tokens :] for t in texts]
         params = SamplingParams(self.cfg.max_new_tokens, self.cfg.temperature, batch_size=ctx.params.batch_size)
         return ctx.generate("target", ids, params).texts
+
+
+@TARGETS.register("t2i_vlm")
+class T2IVLMTarget(LMTarget):
+    """A renderer then a frozen VLM continuing the templated attack on the image (module docstring)."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        from alignkit.rollout.t2i_render import build_renderer
+
+        self.renderer, self.processor, self.images = build_renderer(cfg), None, []
+
+    def specs(self) -> list[ModelSpec]:
+        return [ModelSpec("target", self.cfg.model, "vlm", tokenizer=self.cfg.tokenizer or self.cfg.model)]
+
+    @torch.no_grad()
+    def respond(self, ctx: Any, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]]) -> list[str]:
+        from alignkit.rollout.vlm_generate import image_prompt
+
+        if self.processor is None:
+            from transformers import AutoProcessor
+
+            from alignkit.models.sources import model_errors
+
+            with model_errors(self.cfg.model):
+                self.processor = AutoProcessor.from_pretrained(self.cfg.tokenizer or self.cfg.model)
+        self.images = self.renderer(attacks, ctx.strategy.device)
+        texts = [vlm_text(self.processor, fill(self.cfg.template, a), self.cfg.chat_template) for a in attacks]
+        requests = [image_prompt(self.processor, t, [img]) for t, img in zip(texts, self.images)]
+        params = SamplingParams(self.cfg.max_new_tokens, self.cfg.temperature, batch_size=ctx.params.batch_size)
+        return ctx.generate("target", requests, params).texts
+
+
+def vlm_text(processor: Any, text: str, chat_template: bool) -> str:
+    """``text`` after one image, as a VLM reads it: through the processor's chat template (typed content, as
+    llava-hf models ship it), else the tokenizer's, else plain (``<image>`` and a newline before the text)."""
+    if chat_template and getattr(processor, "chat_template", None):
+        chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+        return processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    plain = f"{getattr(processor, 'image_token', '<image>')}\n{text}"
+    return prompt_text(processor.tokenizer, plain) if chat_template else plain
 
 
 class FunctionTarget:
