@@ -54,3 +54,45 @@ def test_shipped_config_trains_on_tiny_models(micro_model: Path, parts: dict[str
     top = (out / "top_attacks.md").read_text().splitlines()
     assert len(top) == 2 + min(20, len({r["attack"].strip() for r in rows}))
     assert float(top[2].split("|")[2]) == pytest.approx(max(r["toxicity"] for r in rows), abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_shipped_config_under_accelerate_one_node_and_two_node_loopback(micro_model: Path, parts: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    """The guide's launch forms: ``accelerate launch --num_processes 2`` on one node, and two "machines" on this
+    one (``--num_machines 2 --machine_rank R --main_process_ip 127.0.0.1``), both through ``alignkit launch
+    --launcher accelerate``: the same 2-rank run, so the same attacks and the same trained adapter."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from tests.conftest import child_env, free_port
+
+    def args(out: Path) -> list[str]:
+        train = tiny_train_args(str(REPO / "configs" / "redteam.yaml"), str(out), str(micro_model), str(parts["train"]),
+                                str(parts["eval"]), 2, generations=4, batch=8, max_new_tokens=8)[1:]
+        return [*train, f"redteam.target.model={micro_model}", "redteam.target.max_new_tokens=8",
+                f"redteam.scorers=[{{name: toxicity, model: '{parts['classifier']}'}}]"]
+
+    launch = [sys.executable, "-m", "alignkit", "launch", "--launcher", "accelerate"]
+    one = tmp_path / "one_node"
+    assert_ok(subprocess.run([*launch, "--nproc-per-node", "2", "--master-port", str(free_port()), *args(one)],
+                             capture_output=True, text=True, timeout=400, cwd=REPO, env=child_env()))
+    two, port = tmp_path / "two_nodes", str(free_port())
+    nodes = [subprocess.Popen([*launch, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(r), "--master-addr",
+                               "127.0.0.1", "--master-port", port, *args(two)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=child_env()) for r in (0, 1)]
+    try:
+        results = [n.communicate(timeout=400) for n in nodes]
+    finally:
+        for n in nodes:
+            n.kill()
+    for n, (stdout, stderr) in zip(nodes, results):
+        assert n.returncode == 0, f"exit {n.returncode}\n{stdout[-2000:]}\n{stderr[-4000:]}"
+    attacks = [[json.loads(x)["attack"] for x in (run / "attacks.jsonl").read_text().splitlines()] for run in (one, two)]
+    assert len(attacks[0]) == 16 and attacks[0] == attacks[1]
+    a, b = (load_file(run / "final" / "adapter_model.safetensors") for run in (one, two))
+    assert a.keys() == b.keys()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
