@@ -57,6 +57,20 @@ def run_script(path: Path, *, nproc: int = 1, timeout: int = 300, args: list[str
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
 
 
+def run_nodes(cmds: list[list[str]], *, timeout: int = 300, cwd: Path | None = None) -> list[tuple[str, str]]:
+    """The commands of several "nodes" on this machine, together; each must exit 0; (stdout, stderr) of each."""
+    nodes = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=child_env())
+             for c in cmds]
+    try:
+        results = [n.communicate(timeout=timeout) for n in nodes]
+    finally:
+        for n in nodes:
+            n.kill()
+    for n, (stdout, stderr) in zip(nodes, results):
+        assert n.returncode == 0, f"exit {n.returncode}\n{stdout[-2000:]}\n{stderr[-4000:]}"
+    return results
+
+
 def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, assert_ok, child_env, free_port, run_cli, run_script, write_config
+from tests.conftest import REPO, assert_ok, child_env, free_port, run_cli, run_nodes, run_script, write_config
 
 pytestmark = pytest.mark.distributed
 
@@ -65,15 +65,7 @@ def test_two_nodes_on_one_machine_match_one_node(launch_config: Path, script_run
     cmd = lambda rank: [sys.executable, "-m", "alignkit", "launch", "--nnodes", "2", "--nproc-per-node", "1",  # noqa: E731
                         "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port,
                         str(launch_config), f"output_dir={out}"]
-    nodes = [subprocess.Popen(cmd(r), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-             for r in (0, 1)]
-    try:
-        results = [n.communicate(timeout=300) for n in nodes]
-    finally:
-        for n in nodes:
-            n.kill()
-    for n, (stdout, stderr) in zip(nodes, results):
-        assert n.returncode == 0, f"exit {n.returncode}\n{stdout[-2000:]}\n{stderr[-4000:]}"
+    results = run_nodes([cmd(r) for r in (0, 1)])
     assert "Pre-flight OK: 2 ranks reachable" in results[0][1]
     a = load_file(one_node / "final" / "model.safetensors")
     b = load_file(out / "final" / "model.safetensors")

@@ -68,7 +68,7 @@ def test_shipped_config_under_accelerate_one_node_and_two_node_loopback(micro_mo
 
     from safetensors.torch import load_file
 
-    from tests.conftest import child_env, free_port
+    from tests.conftest import child_env, free_port, run_nodes
 
     def args(out: Path) -> list[str]:
         train = tiny_train_args(str(REPO / "configs" / "redteam.yaml"), str(out), str(micro_model), str(parts["train"]),
@@ -81,16 +81,8 @@ def test_shipped_config_under_accelerate_one_node_and_two_node_loopback(micro_mo
     assert_ok(subprocess.run([*launch, "--nproc-per-node", "2", "--master-port", str(free_port()), *args(one)],
                              capture_output=True, text=True, timeout=400, cwd=REPO, env=child_env()))
     two, port = tmp_path / "two_nodes", str(free_port())
-    nodes = [subprocess.Popen([*launch, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(r), "--master-addr",
-                               "127.0.0.1", "--master-port", port, *args(two)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=child_env()) for r in (0, 1)]
-    try:
-        results = [n.communicate(timeout=400) for n in nodes]
-    finally:
-        for n in nodes:
-            n.kill()
-    for n, (stdout, stderr) in zip(nodes, results):
-        assert n.returncode == 0, f"exit {n.returncode}\n{stdout[-2000:]}\n{stderr[-4000:]}"
+    run_nodes([[*launch, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(r), "--master-addr", "127.0.0.1",
+                "--master-port", port, *args(two)] for r in (0, 1)], timeout=400, cwd=REPO)
     attacks = [[json.loads(x)["attack"] for x in (run / "attacks.jsonl").read_text().splitlines()] for run in (one, two)]
     assert len(attacks[0]) == 16 and attacks[0] == attacks[1]
     a, b = (load_file(run / "final" / "adapter_model.safetensors") for run in (one, two))
