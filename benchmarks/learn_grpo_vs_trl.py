@@ -17,7 +17,9 @@ shuffle the same prompt file with their own seeded sampler, so the orders differ
 
 Measured per seed: ``reward_mean`` per iteration (alignkit: metrics.jsonl with logging_steps=1; TRL: the mean
 of each reward-function call = one iteration), the rise (mean of the last 10 iterations minus the first 10)
-and the final reward (mean of the last 10). Per side: mean / min / standard error of the rise; alignkit - TRL
+and the final reward (mean of the last 10); per side also the mean over seeds of each 10-iteration window
+(the learning curve) and of iteration 0 alone, the only one sampled before any update (the first window
+holds nine updates at lr 1e-3 already, so a run that dips early shows a low start and a larger rise). Per side: mean / min / standard error of the rise; alignkit - TRL
 (difference and ratio of the mean rises) with its standard error. Runs alternate alignkit / TRL per seed.
 
 ``--probe EPOCHS``, the iteration-0 check: do both sides sample from the same distribution before any
@@ -250,6 +252,12 @@ def compare(a: dict[str, float], t: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def window_means(runs: list[dict[str, Any]], window: int = WINDOW) -> list[float]:
+    """The mean over seeds of each ``window``-iteration block's mean reward: the learning curve."""
+    n = min(len(r["rewards"]) for r in runs) // window
+    return [sum(sum(r["rewards"][i * window:(i + 1) * window]) / window for r in runs) / len(runs) for i in range(n)]
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     sides = {}
     for side, per_seed in runs.items():
@@ -260,6 +268,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         if ok:
             sides[side] = {"rise": mean_min_se([r["rise"] for r in ok]), "final": mean_min_se([r["final"] for r in ok]),
                            "start": mean_min_se([r["start"] for r in ok]),
+                           # iteration 0 is sampled before any update: the same distribution on both sides
+                           "iteration0": mean_min_se([r["rewards"][0] for r in ok]), "windows": window_means(ok),
                            "minutes_per_run": sum(r["wall_s"] for r in ok) / len(ok) / 60}
     result: dict[str, Any] = {"sides": sides}
     if "alignkit" in sides and "trl" in sides:
@@ -277,14 +287,21 @@ def markdown(runs: dict[str, list[dict[str, Any]]], summary: dict[str, Any], hea
             r = per_seed[i] if i < len(per_seed) else {}
             cells += [f"{r['start']:.3f}", f"{r['final']:.3f}", f"{r['rise']:+.3f}"] if "rise" in r else ["failed"] * 3
         lines.append(f"| {i} | " + " | ".join(cells) + " |")
-    lines += ["", "| side | rise mean ± SE | rise min | final mean ± SE | min/run |", "|---|---|---|---|---|"]
+    lines += ["", "| side | rise mean ± SE | rise min | final mean ± SE | final min | min/run |", "|---|---|---|---|---|---|"]
     for side, s in summary["sides"].items():
         lines.append(f"| {side} | {s['rise']['mean']:+.3f} ± {s['rise']['se']:.3f} | {s['rise']['min']:+.3f} | "
-                     f"{s['final']['mean']:.3f} ± {s['final']['se']:.3f} | {s['minutes_per_run']:.1f} |")
+                     f"{s['final']['mean']:.3f} ± {s['final']['se']:.3f} | {s['final']['min']:.3f} | "
+                     f"{s['minutes_per_run']:.1f} |")
+    lines += ["", f"mean reward per {WINDOW}-iteration window (over seeds), and of iteration 0 alone (before any update):", ""]
+    for side, s in summary["sides"].items():
+        lines.append(f"- {side}: " + " ".join(f"{x:.3f}" for x in s["windows"])
+                     + f"; iteration 0: {s['iteration0']['mean']:.3f} ± {s['iteration0']['se']:.3f}")
     c = summary.get("alignkit_vs_trl_rise")
     if c:
         ratio = f"; ratio {c['ratio']:.2f} ± {c['ratio_se']:.2f}" if "ratio" in c else ""
-        lines += ["", f"alignkit - TRL, rise: {c['diff']:+.3f} ± {c['diff_se']:.3f}{ratio}"]
+        f = summary["alignkit_vs_trl_final"]
+        lines += ["", f"alignkit - TRL, rise: {c['diff']:+.3f} ± {c['diff_se']:.3f}{ratio}; final reward: "
+                      f"{f['diff']:+.3f} ± {f['diff_se']:.3f}"]
     return "\n".join(lines)
 
 
