@@ -68,3 +68,10 @@ def test_recorded_reward_and_probe_summary() -> None:
     assert s["same_prompt_ids"] and s["trl_generation_config"] == {"top_k": 0}
     runs["trl"][0]["prompt_ids"] = {"a": [1, 2], "b": [4]}
     assert not probe_summary(runs)["same_prompt_ids"]
+
+
+def test_window_means_is_the_mean_learning_curve() -> None:
+    from learn_grpo_vs_trl import window_means
+
+    runs = [{"rewards": [0.0] * 10 + [1.0] * 10 + [0.5] * 5}, {"rewards": [0.2] * 10 + [0.0] * 10}]
+    assert window_means(runs) == pytest.approx([0.1, 0.5])  # whole windows of the shortest run only
