@@ -30,7 +30,8 @@ pipeline against TRL's ``_tokenize_prompts``), the mean reward of every sampled 
 per-prompt difference, completion lengths and TRL's generation config.
 Usage::
 
-    python benchmarks/learn_grpo_vs_trl.py [--seeds 8] [--iterations 60] [--skip-trl] [--quick] [--out benchmarks/results]
+    python benchmarks/learn_grpo_vs_trl.py [--seeds 8] [--iterations 60] [--skip-trl | --skip-alignkit] [--quick] [--out benchmarks/results]
+        [--alignkit-override KEY=VALUE ...] [--trl-override FIELD=VALUE ...]
     python benchmarks/learn_grpo_vs_trl.py --probe 4 --seeds 4   # iteration 0: 4 x 512 completions per seed and side
 """
 
@@ -321,19 +322,32 @@ def ensure_policy(out: Path, data: dict[str, str]) -> str:
     return str(final)
 
 
+def trl_overrides(items: list[str]) -> dict[str, Any]:
+    """``["loss_type=grpo", "epsilon=0.3"]`` -> ``{"loss_type": "grpo", "epsilon": 0.3}`` (JSON, else text)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
 def run_all(a: argparse.Namespace, out: Path, work: Path) -> dict[str, list[dict[str, Any]]]:
     from bench_sft_dpo import ensure_trl_venv, log, run_child
 
     data = write_task_data(work)
     policy = ensure_policy(out, data)
-    sides = {"alignkit": sys.executable}
+    sides = {} if a.skip_alignkit else {"alignkit": sys.executable}
     if not a.skip_trl:
         sides["trl"] = str(ensure_trl_venv(out / ".venv-trl"))
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     for seed in range(a.seeds):
         for side, python in sides.items():  # alternate the sides per seed
             spec = {"policy": policy, "prompts": data["prompts"], "iterations": a.iterations, "seed": seed,
-                    "run_dir": str(work / f"{side}-{seed}"), "overrides": a.alignkit_override}
+                    "run_dir": str(work / f"{side}-{seed}"), "overrides": a.alignkit_override,
+                    "trl_overrides": trl_overrides(a.trl_override)}
             res = run_child(python, side, spec, work / f"{side}-{seed}.log", 3 * 3600, script=Path(__file__))
             log(f"{side} seed {seed}: " + (f"{res['wall_s'] / 60:.1f} min" if res["ok"] else res["error"]))
             runs[side].append(res)
@@ -394,10 +408,14 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--skip-trl", action="store_true")
+    ap.add_argument("--skip-alignkit", action="store_true", help="TRL only (e.g. with --trl-override)")
     ap.add_argument("--quick", action="store_true", help="2 seeds x 4 iterations (a smoke test)")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--alignkit-override", action="append", default=[], metavar="KEY=VALUE",
                     help="an alignkit config override on top of its defaults (repeatable), e.g. grpo.loss_aggregation=token_mean")
+    ap.add_argument("--trl-override", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a GRPOConfig field on top of TRL's defaults (repeatable; the value read as JSON, else a "
+                         "string), e.g. loss_type=grpo")
     ap.add_argument("--probe", type=int, default=0, metavar="EPOCHS",
                     help="only the iteration-0 check: each side samples EPOCHS epochs of 64 distinct prompts x G from "
                          "the starting policy without updating it (per seed); compares prompt ids and rewards")
@@ -426,7 +444,7 @@ def main() -> None:
     meta = {"setup": {"task": "single-digit multiplication", "forms": FORMS, "G": G, "batch": BATCH, "lr": LR, "max_new_tokens": MAX_NEW,
                       "iterations": a.iterations, "seeds": a.seeds, "window": WINDOW, "sft_steps": SFT_STEPS,
                       "prompt_order": "each side shuffles the same prompt file with its own seeded sampler"},
-            "alignkit_overrides": a.alignkit_override,
+            "alignkit_overrides": a.alignkit_override, "trl_overrides": trl_overrides(a.trl_override),
             "defaults": {s: next((r.get("defaults") for r in v if r.get("ok")), None) for s, v in runs.items()},
             "versions": next((r.get("versions") for r in runs.get("trl", []) if r.get("ok")), None)}
     (out / f"learn-grpo-{stamp}.json").write_text(json.dumps({**meta, "summary": summary, "runs": runs}, indent=1),

@@ -75,3 +75,11 @@ def test_window_means_is_the_mean_learning_curve() -> None:
 
     runs = [{"rewards": [0.0] * 10 + [1.0] * 10 + [0.5] * 5}, {"rewards": [0.2] * 10 + [0.0] * 10}]
     assert window_means(runs) == pytest.approx([0.1, 0.5])  # whole windows of the shortest run only
+
+
+def test_trl_overrides_read_json_else_text() -> None:
+    from learn_grpo_vs_trl import trl_overrides
+
+    assert trl_overrides(["loss_type=grpo", "epsilon=0.3", "mask_truncated_completions=true", "top_k=0"]) == {
+        "loss_type": "grpo", "epsilon": 0.3, "mask_truncated_completions": True, "top_k": 0}
+    assert trl_overrides([]) == {}
