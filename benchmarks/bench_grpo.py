@@ -85,7 +85,8 @@ def make_trl_trainer(spec: dict[str, Any], reward: Any, *, batch: int, max_new: 
                      seed: int, callbacks: list[Any] | None = None) -> Any:
     """TRL's GRPOTrainer on ``spec["model"]`` (or ``spec["policy"]``) and the prompt rows ``spec["prompts"]``
     (``prompt`` as one user turn, ``answer`` passed to the reward): G generations, beta 0, constant lr without
-    warm-up, one update per generation batch, CPU fp32; the rest GRPOConfig's defaults."""
+    warm-up, one update per generation batch, CPU fp32; the rest GRPOConfig's defaults, except the fields
+    ``spec["trl_overrides"]`` sets (``{field: value}``)."""
     import trl
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -99,7 +100,7 @@ def make_trl_trainer(spec: dict[str, Any], reward: Any, *, batch: int, max_new: 
         num_generations=G, max_completion_length=max_new, temperature=1.0, beta=0.0, learning_rate=lr,
         lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, seed=seed,
         use_cpu=True, bf16=False, fp16=False, report_to="none", logging_steps=10**6, save_strategy="no",
-        disable_tqdm=True, num_iterations=1,
+        disable_tqdm=True, num_iterations=1, **spec.get("trl_overrides", {}),
     )
     return trl.GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                            processing_class=AutoTokenizer.from_pretrained(model), callbacks=callbacks)

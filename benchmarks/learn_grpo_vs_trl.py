@@ -17,11 +17,22 @@ shuffle the same prompt file with their own seeded sampler, so the orders differ
 
 Measured per seed: ``reward_mean`` per iteration (alignkit: metrics.jsonl with logging_steps=1; TRL: the mean
 of each reward-function call = one iteration), the rise (mean of the last 10 iterations minus the first 10)
-and the final reward (mean of the last 10). Per side: mean / min / standard error of the rise; alignkit - TRL
+and the final reward (mean of the last 10); per side also the mean over seeds of each 10-iteration window
+(the learning curve) and of iteration 0 alone, the only one sampled before any update (the first window
+holds nine updates at lr 1e-3 already, so a run that dips early shows a low start and a larger rise). Per side: mean / min / standard error of the rise; alignkit - TRL
 (difference and ratio of the mean rises) with its standard error. Runs alternate alignkit / TRL per seed.
+
+``--probe EPOCHS``, the iteration-0 check: do both sides sample from the same distribution before any
+update? Each side runs its own trainer on 64 distinct products (``probe-prompts.jsonl``) for EPOCHS whole
+epochs at lr 1e-30 (an AdamW step of ~1e-30 moves no float32 weight), scoring with
+``bench_rewards.exact_answer_recorded``; the parent compares the prompts' token ids (alignkit's prompt
+pipeline against TRL's ``_tokenize_prompts``), the mean reward of every sampled completion per side, the
+per-prompt difference, completion lengths and TRL's generation config.
 Usage::
 
-    python benchmarks/learn_grpo_vs_trl.py [--seeds 8] [--iterations 60] [--skip-trl] [--quick] [--out benchmarks/results]
+    python benchmarks/learn_grpo_vs_trl.py [--seeds 8] [--iterations 60] [--skip-trl | --skip-alignkit] [--quick] [--out benchmarks/results]
+        [--alignkit-override KEY=VALUE ...] [--trl-override FIELD=VALUE ...]
+    python benchmarks/learn_grpo_vs_trl.py --probe 4 --seeds 4   # iteration 0: 4 x 512 completions per seed and side
 """
 
 from __future__ import annotations
@@ -48,6 +59,8 @@ LR = 1e-3
 MAX_NEW = 12
 WINDOW = 10
 SFT_STEPS = 100
+PROBE_PROMPTS = 64  # --probe: distinct prompts (8 iterations per epoch)
+PROBE_LR = 1e-30  # --probe: an AdamW step of ~lr changes no float32 weight: sampling stays at iteration 0
 FORMS = ("{p}", "The answer is {p}.", "{x}*{y}={p}")
 TRL_DEFAULT_KEYS = ("loss_type", "scale_rewards", "epsilon", "epsilon_high", "top_p", "top_k", "num_iterations",
                     "steps_per_generation", "mask_truncated_completions", "importance_sampling_level",
@@ -113,8 +126,9 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
         "algorithm=grpo", f"model.name_or_path={spec['policy']}", f"output_dir={spec['run_dir']}",
         f"data.train={spec['prompts']}", "data.max_length=64", f"rollout.num_generations={G}",
         f"rollout.max_new_tokens={MAX_NEW}", "rollout.temperature=1.0", "rollout.log_samples=0", "grpo.beta=0.0",
-        "reward.functions=[{name: 'bench_rewards:exact_answer', weight: 1.0}]",
-        f"training.per_device_batch_size={BATCH}", f"training.learning_rate={LR}", "training.lr_scheduler=constant",
+        f"reward.functions=[{{name: 'bench_rewards:{spec.get('reward', 'exact_answer')}', weight: 1.0}}]",
+        f"training.per_device_batch_size={BATCH}", f"training.learning_rate={spec.get('lr', LR)}",
+        "training.lr_scheduler=constant",
         "training.warmup_steps=0", f"training.max_steps={spec['iterations']}", f"training.seed={spec['seed']}",
         "logging.report_to=[jsonl]", "logging.logging_steps=1", "logging.plot=false", "checkpoint.save_final=false",
         *spec.get("overrides", []),
@@ -130,34 +144,86 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
             "defaults": json.loads(json.dumps(defaults, default=str))}
 
 
-def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
+def child_trl(spec: dict[str, Any], probe: Any = None) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(THREADS)
+    import bench_rewards
     import transformers
     import trl
     from bench_grpo import make_trl_trainer
-    from bench_rewards import exact_answer
 
     rewards: list[float] = []
+    score = getattr(bench_rewards, spec.get("reward", "exact_answer"))
 
     def reward(prompts: Any, completions: Any, answer: Any = None, **kw: Any) -> list[float]:
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-        scores = exact_answer(prompts, texts, answer=answer)
+        scores = score(prompts, texts, answer=answer)
         rewards.append(sum(scores) / len(scores))  # one call per generation batch = per iteration
         return scores
 
-    trainer = make_trl_trainer(spec, reward, batch=BATCH, max_new=MAX_NEW, lr=LR, steps=spec["iterations"],
-                               seed=spec["seed"])
+    trainer = make_trl_trainer(spec, reward, batch=BATCH, max_new=MAX_NEW, lr=spec.get("lr", LR),
+                               steps=spec["iterations"], seed=spec["seed"])
     t0 = time.perf_counter()
     trainer.train()
     defaults = {k: getattr(trainer.args, k) for k in TRL_DEFAULT_KEYS if hasattr(trainer.args, k)}
-    return {"rewards": rewards, "seconds": time.perf_counter() - t0,
-            "defaults": json.loads(json.dumps(defaults, default=str)),
-            "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
+    out = {"rewards": rewards, "seconds": time.perf_counter() - t0,
+           "defaults": json.loads(json.dumps(defaults, default=str)),
+           "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
+    return {**out, **probe(trainer)} if probe else out
 
 
-CHILDREN = {"sft": child_sft, "alignkit": child_alignkit, "trl": child_trl}
+# ====================================================================== children: the iteration-0 probe
+def probe_prompts(work: Path) -> str:
+    """``PROBE_PROMPTS`` distinct products (a fixed draw of the 100) in one file: ``--probe`` runs whole
+    epochs of it, so both sides sample every prompt equally often and the means compare prompt for prompt."""
+    pairs = [(x, y) for x in range(10) for y in range(10)]
+    random.Random(3).shuffle(pairs)
+    path = work / "probe-prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"What is {x}*{y}?", "answer": str(x * y)}) + "\n"
+                            for x, y in pairs[:PROBE_PROMPTS]), encoding="utf-8")
+    return str(path)
+
+
+def probe_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A probe run: the recording reward and a learning rate too small to move a float32 weight."""
+    return {**spec, "reward": "exact_answer_recorded", "lr": PROBE_LR}
+
+
+def child_probe_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
+    """alignkit's sampling before any update: every scored completion, and each prompt's token ids as
+    alignkit's prompt pipeline renders them."""
+    import bench_rewards
+    from transformers import AutoTokenizer
+
+    bench_rewards.RECORD = []
+    out = child_alignkit(probe_spec(spec))  # puts this checkout's src on sys.path
+    from alignkit.rollout.generate import prompt_text
+
+    tok = AutoTokenizer.from_pretrained(spec["policy"])
+    prompts = [json.loads(x)["prompt"] for x in Path(spec["prompts"]).read_text().splitlines()]
+    ids = {p: tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts}
+    return {**out, "record": bench_rewards.RECORD, "prompt_ids": ids}
+
+
+def child_probe_trl(spec: dict[str, Any]) -> dict[str, Any]:
+    """TRL's sampling before any update: every scored completion, each prompt's token ids as TRL
+    tokenises them (``_tokenize_prompts``) and the generation config it samples with."""
+    import bench_rewards
+
+    bench_rewards.RECORD = []
+    prompts = [json.loads(x)["prompt"] for x in Path(spec["prompts"]).read_text().splitlines()]
+
+    def probe(trainer: Any) -> dict[str, Any]:
+        ids = trainer._tokenize_prompts([[{"role": "user", "content": p}] for p in prompts])[0]
+        return {"record": bench_rewards.RECORD, "prompt_ids": {p: list(i) for p, i in zip(prompts, ids)},
+                "generation_config": json.loads(json.dumps(trainer.generation_config.to_diff_dict(), default=str))}
+
+    return child_trl(probe_spec(spec), probe)
+
+
+CHILDREN = {"sft": child_sft, "alignkit": child_alignkit, "trl": child_trl,
+            "probe_alignkit": child_probe_alignkit, "probe_trl": child_probe_trl}
 
 
 # ====================================================================== numbers
@@ -187,6 +253,12 @@ def compare(a: dict[str, float], t: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def window_means(runs: list[dict[str, Any]], window: int = WINDOW) -> list[float]:
+    """The mean over seeds of each ``window``-iteration block's mean reward: the learning curve."""
+    n = min(len(r["rewards"]) for r in runs) // window
+    return [sum(sum(r["rewards"][i * window:(i + 1) * window]) / window for r in runs) / len(runs) for i in range(n)]
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     sides = {}
     for side, per_seed in runs.items():
@@ -197,6 +269,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         if ok:
             sides[side] = {"rise": mean_min_se([r["rise"] for r in ok]), "final": mean_min_se([r["final"] for r in ok]),
                            "start": mean_min_se([r["start"] for r in ok]),
+                           # iteration 0 is sampled before any update: the same distribution on both sides
+                           "iteration0": mean_min_se([r["rewards"][0] for r in ok]), "windows": window_means(ok),
                            "minutes_per_run": sum(r["wall_s"] for r in ok) / len(ok) / 60}
     result: dict[str, Any] = {"sides": sides}
     if "alignkit" in sides and "trl" in sides:
@@ -214,14 +288,21 @@ def markdown(runs: dict[str, list[dict[str, Any]]], summary: dict[str, Any], hea
             r = per_seed[i] if i < len(per_seed) else {}
             cells += [f"{r['start']:.3f}", f"{r['final']:.3f}", f"{r['rise']:+.3f}"] if "rise" in r else ["failed"] * 3
         lines.append(f"| {i} | " + " | ".join(cells) + " |")
-    lines += ["", "| side | rise mean ± SE | rise min | final mean ± SE | min/run |", "|---|---|---|---|---|"]
+    lines += ["", "| side | rise mean ± SE | rise min | final mean ± SE | final min | min/run |", "|---|---|---|---|---|---|"]
     for side, s in summary["sides"].items():
         lines.append(f"| {side} | {s['rise']['mean']:+.3f} ± {s['rise']['se']:.3f} | {s['rise']['min']:+.3f} | "
-                     f"{s['final']['mean']:.3f} ± {s['final']['se']:.3f} | {s['minutes_per_run']:.1f} |")
+                     f"{s['final']['mean']:.3f} ± {s['final']['se']:.3f} | {s['final']['min']:.3f} | "
+                     f"{s['minutes_per_run']:.1f} |")
+    lines += ["", f"mean reward per {WINDOW}-iteration window (over seeds), and of iteration 0 alone (before any update):", ""]
+    for side, s in summary["sides"].items():
+        lines.append(f"- {side}: " + " ".join(f"{x:.3f}" for x in s["windows"])
+                     + f"; iteration 0: {s['iteration0']['mean']:.3f} ± {s['iteration0']['se']:.3f}")
     c = summary.get("alignkit_vs_trl_rise")
     if c:
         ratio = f"; ratio {c['ratio']:.2f} ± {c['ratio_se']:.2f}" if "ratio" in c else ""
-        lines += ["", f"alignkit - TRL, rise: {c['diff']:+.3f} ± {c['diff_se']:.3f}{ratio}"]
+        f = summary["alignkit_vs_trl_final"]
+        lines += ["", f"alignkit - TRL, rise: {c['diff']:+.3f} ± {c['diff_se']:.3f}{ratio}; final reward: "
+                      f"{f['diff']:+.3f} ± {f['diff_se']:.3f}"]
     return "\n".join(lines)
 
 
@@ -241,23 +322,82 @@ def ensure_policy(out: Path, data: dict[str, str]) -> str:
     return str(final)
 
 
+def trl_overrides(items: list[str]) -> dict[str, Any]:
+    """``["loss_type=grpo", "epsilon=0.3"]`` -> ``{"loss_type": "grpo", "epsilon": 0.3}`` (JSON, else text)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
 def run_all(a: argparse.Namespace, out: Path, work: Path) -> dict[str, list[dict[str, Any]]]:
     from bench_sft_dpo import ensure_trl_venv, log, run_child
 
     data = write_task_data(work)
     policy = ensure_policy(out, data)
-    sides = {"alignkit": sys.executable}
+    sides = {} if a.skip_alignkit else {"alignkit": sys.executable}
     if not a.skip_trl:
         sides["trl"] = str(ensure_trl_venv(out / ".venv-trl"))
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     for seed in range(a.seeds):
         for side, python in sides.items():  # alternate the sides per seed
             spec = {"policy": policy, "prompts": data["prompts"], "iterations": a.iterations, "seed": seed,
-                    "run_dir": str(work / f"{side}-{seed}"), "overrides": a.alignkit_override}
+                    "run_dir": str(work / f"{side}-{seed}"), "overrides": a.alignkit_override,
+                    "trl_overrides": trl_overrides(a.trl_override)}
             res = run_child(python, side, spec, work / f"{side}-{seed}.log", 3 * 3600, script=Path(__file__))
             log(f"{side} seed {seed}: " + (f"{res['wall_s'] / 60:.1f} min" if res["ok"] else res["error"]))
             runs[side].append(res)
     return runs
+
+
+def run_probe(a: argparse.Namespace, out: Path, work: Path) -> dict[str, Any]:
+    """``--probe``: both sides sample ``a.probe`` epochs of the probe prompts from the starting policy (no
+    update), per seed; compares the prompt token ids and the reward of what they sampled."""
+    from bench_sft_dpo import ensure_trl_venv, log, run_child
+
+    data = write_task_data(work)
+    policy, prompts = ensure_policy(out, data), probe_prompts(work)
+    sides = {"alignkit": sys.executable, "trl": str(ensure_trl_venv(out / ".venv-trl"))}
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
+    for seed in range(a.seeds):
+        for side, python in sides.items():
+            spec = {"policy": policy, "prompts": prompts, "iterations": a.probe * PROBE_PROMPTS * G // BATCH,
+                    "seed": seed, "run_dir": str(work / f"probe-{side}-{seed}"), "overrides": a.alignkit_override}
+            res = run_child(python, f"probe_{side}", spec, work / f"probe-{side}-{seed}.log", 3600, script=Path(__file__))
+            log(f"probe {side} seed {seed}: " + (f"{len(res['record'])} completions" if res["ok"] else res["error"]))
+            if not res["ok"]:
+                raise RuntimeError(f"probe {side} failed: {res['error']}")
+            runs[side].append(res)
+    return runs
+
+
+def probe_summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per side: the mean reward of every sampled completion (all seeds) with its standard error, the
+    completion length in characters, the share of empty completions, the most common completions; the
+    prompt-for-prompt difference alignkit - TRL (mean over prompts of the per-prompt mean difference)."""
+    per_prompt: dict[str, dict[str, list[float]]] = {}
+    sides: dict[str, Any] = {}
+    for side, seeds in runs.items():
+        rec = [r for res in seeds for r in res["record"]]
+        counts: dict[str, int] = {}
+        for r in rec:
+            per_prompt.setdefault(r["prompt"], {}).setdefault(side, []).append(r["reward"])
+            counts[r["completion"]] = counts.get(r["completion"], 0) + 1
+        sides[side] = {"reward": mean_min_se([r["reward"] for r in rec]),
+                       "chars": sum(len(r["completion"]) for r in rec) / len(rec),
+                       "empty": sum(not r["completion"].strip() for r in rec) / len(rec),
+                       "top": sorted(counts.items(), key=lambda kv: -kv[1])[:8]}
+    both = [v for v in per_prompt.values() if len(v) == len(runs)]
+    diffs = [sum(v["alignkit"]) / len(v["alignkit"]) - sum(v["trl"]) / len(v["trl"]) for v in both]
+    ids = [res["prompt_ids"] for res in (seeds[0] for seeds in runs.values())]
+    return {"sides": sides, "per_prompt_diff": mean_min_se(diffs), "prompts": len(both),
+            "same_prompt_ids": all(ids[0].get(p) == ids[1].get(p) for p in ids[0]) and ids[0].keys() == ids[1].keys(),
+            "example_prompt_ids": {side: next(iter(res[0]["prompt_ids"].items())) for side, res in runs.items()},
+            "trl_generation_config": runs["trl"][0].get("generation_config")}
 
 
 def main() -> None:
@@ -268,11 +408,27 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--skip-trl", action="store_true")
+    ap.add_argument("--skip-alignkit", action="store_true", help="TRL only (e.g. with --trl-override)")
     ap.add_argument("--quick", action="store_true", help="2 seeds x 4 iterations (a smoke test)")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--alignkit-override", action="append", default=[], metavar="KEY=VALUE",
                     help="an alignkit config override on top of its defaults (repeatable), e.g. grpo.loss_aggregation=token_mean")
+    ap.add_argument("--trl-override", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a GRPOConfig field on top of TRL's defaults (repeatable; the value read as JSON, else a "
+                         "string), e.g. loss_type=grpo")
+    ap.add_argument("--probe", type=int, default=0, metavar="EPOCHS",
+                    help="only the iteration-0 check: each side samples EPOCHS epochs of 64 distinct prompts x G from "
+                         "the starting policy without updating it (per seed); compares prompt ids and rewards")
     a = ap.parse_args()
+    if a.probe:
+        out = Path(a.out)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        runs = run_probe(a, out, out / "work" / f"learn-grpo-probe-{stamp}")
+        summary = probe_summary(runs)
+        print(json.dumps(summary, indent=1))
+        (out / f"learn-grpo-probe-{stamp}.json").write_text(json.dumps({"summary": summary, "runs": runs}, indent=1),
+                                                            encoding="utf-8")
+        return
     if a.quick:
         a.seeds, a.iterations = 2, 4
     out = Path(a.out)
@@ -288,7 +444,7 @@ def main() -> None:
     meta = {"setup": {"task": "single-digit multiplication", "forms": FORMS, "G": G, "batch": BATCH, "lr": LR, "max_new_tokens": MAX_NEW,
                       "iterations": a.iterations, "seeds": a.seeds, "window": WINDOW, "sft_steps": SFT_STEPS,
                       "prompt_order": "each side shuffles the same prompt file with its own seeded sampler"},
-            "alignkit_overrides": a.alignkit_override,
+            "alignkit_overrides": a.alignkit_override, "trl_overrides": trl_overrides(a.trl_override),
             "defaults": {s: next((r.get("defaults") for r in v if r.get("ok")), None) for s, v in runs.items()},
             "versions": next((r.get("versions") for r in runs.get("trl", []) if r.get("ok")), None)}
     (out / f"learn-grpo-{stamp}.json").write_text(json.dumps({**meta, "summary": summary, "runs": runs}, indent=1),

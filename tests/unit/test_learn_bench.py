@@ -40,3 +40,46 @@ def test_mean_min_se_and_compare() -> None:
     assert c["ratio"] == pytest.approx(2.0) and c["ratio_se"] == pytest.approx(2.0 * math.sqrt(0.15**2 + 0.4**2))
     assert "ratio" not in compare({"mean": 0.2, "se": 0.0}, {"mean": 0.0, "se": 0.0})
     assert "ratio" not in compare({"mean": -0.1, "se": 0.0}, {"mean": -0.05, "se": 0.0})
+
+
+def test_recorded_reward_and_probe_summary() -> None:
+    import bench_rewards
+    from learn_grpo_vs_trl import probe_summary
+
+    bench_rewards.RECORD = []
+    try:  # alignkit passes text prompts and completions, TRL conversational ones: both recorded as text
+        assert bench_rewards.exact_answer_recorded(["What is 2*3?"], ["6"], answer=["6"]) == [1.0]
+        assert bench_rewards.exact_answer_recorded([[{"role": "user", "content": "What is 2*3?"}]],
+                                                   [[{"role": "assistant", "content": "7"}]], answer=["6"]) == [0.0]
+        assert bench_rewards.RECORD == [{"prompt": "What is 2*3?", "completion": "6", "reward": 1.0},
+                                        {"prompt": "What is 2*3?", "completion": "7", "reward": 0.0}]
+    finally:
+        bench_rewards.RECORD = None
+    rec = lambda p, c, r: {"prompt": p, "completion": c, "reward": r}  # noqa: E731
+    ids = {"a": [1, 2], "b": [3]}
+    runs = {"alignkit": [{"record": [rec("a", "1", 1.0), rec("a", "", 0.0), rec("b", "x", 0.0), rec("b", "2", 1.0)],
+                          "prompt_ids": ids}],
+            "trl": [{"record": [rec("a", "1", 1.0), rec("a", "1", 1.0), rec("b", "x", 0.0), rec("b", "y", 0.0)],
+                     "prompt_ids": dict(ids), "generation_config": {"top_k": 0}}]}
+    s = probe_summary(runs)
+    assert s["sides"]["alignkit"]["reward"]["mean"] == pytest.approx(0.5) and s["sides"]["trl"]["reward"]["mean"] == 0.5
+    assert s["sides"]["alignkit"]["empty"] == pytest.approx(0.25) and s["sides"]["trl"]["top"][0] == ("1", 2)
+    assert s["per_prompt_diff"]["mean"] == pytest.approx(0.0) and s["prompts"] == 2  # a: 0.5 - 1, b: 0.5 - 0
+    assert s["same_prompt_ids"] and s["trl_generation_config"] == {"top_k": 0}
+    runs["trl"][0]["prompt_ids"] = {"a": [1, 2], "b": [4]}
+    assert not probe_summary(runs)["same_prompt_ids"]
+
+
+def test_window_means_is_the_mean_learning_curve() -> None:
+    from learn_grpo_vs_trl import window_means
+
+    runs = [{"rewards": [0.0] * 10 + [1.0] * 10 + [0.5] * 5}, {"rewards": [0.2] * 10 + [0.0] * 10}]
+    assert window_means(runs) == pytest.approx([0.1, 0.5])  # whole windows of the shortest run only
+
+
+def test_trl_overrides_read_json_else_text() -> None:
+    from learn_grpo_vs_trl import trl_overrides
+
+    assert trl_overrides(["loss_type=grpo", "epsilon=0.3", "mask_truncated_completions=true", "top_k=0"]) == {
+        "loss_type": "grpo", "epsilon": 0.3, "mask_truncated_completions": True, "top_k": 0}
+    assert trl_overrides([]) == {}

@@ -53,7 +53,8 @@ class GRPOConfig:
     loss_aggregation: Aggregation = f(
         "auto", "sequence_mean (GRPO: mean over each completion's tokens, then over completions), token_mean "
         "(DAPO: over all tokens of the step), constant (Dr. GRPO: token sum / (completions x max_new_tokens)); "
-        "auto = constant for dr_grpo, else sequence_mean.")
+        "auto = constant for dr_grpo, else sequence_mean. TRL's loss_type grpo / dapo (its default) / dr_grpo are "
+        "sequence_mean / token_mean / constant; neither learned better on benchmarks/learn_grpo_vs_trl.py.")
     importance_sampling_level: Literal["token", "sequence"] = f(
         "token", "Importance ratio per token, or per sequence (GSPO: exp of the mean token log-ratio).")
     reference: Literal["auto", "model", "lora_base"] = f(
