@@ -174,6 +174,23 @@ def test_truncated_completions_carry_no_loss_when_masked(mask: bool):
     batch = algo.collate(samples)
     assert algo.units(batch) == (6 if mask else 9)
     fm = FakeModels(9)
-    algo.loss(fm, batch, normalizer=float(algo.units(batch)))[0].backward()
+    loss, m = algo.loss(fm, batch, normalizer=float(algo.units(batch)))
+    loss.backward()
     truncated = torch.split(fm.lp.grad, lens)[1]
     assert (truncated == 0).all() if mask else (truncated != 0).all()
+    assert float(m.counts["clip_fraction"]) == float(m.counts["entropy"]) == (6 if mask else 9)  # metrics too
+
+
+def test_ppo_metrics_leave_out_unscorable_tokens():
+    """clip_fraction, entropy and the value losses average the trained tokens only, as the loss does."""
+    algo = make("ppo_lag", "ppo.lam=0.5")
+    values = [[0.5, 1.0], [0.0, 0.0, 0.25], [0.3, 0.7, 0.1]]
+    samples, _ = experience(algo, [2.0, -1.0, nan], values, costs=[1.0, 0.0, 2.0], cost_values=values)
+    batch = algo.collate(samples)
+    fm = FakeModels(8)
+    fm.logps = lambda role, batch, *, temperature=1.0, with_entropy=False: (fm.lp, torch.arange(8.0))
+    _, m = algo.loss(fm, batch, normalizer=float(algo.units(batch)))
+    means = m.means()
+    assert float(m.counts["entropy"]) == 5 and means["entropy"] == pytest.approx(sum(range(5)) / 5)
+    for name in ("clip_fraction", "value_loss", "cost_value_loss"):
+        assert float(m.counts[name]) == 5, name

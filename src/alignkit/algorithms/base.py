@@ -49,6 +49,11 @@ class MetricSums:
         """Add every element of ``values`` as one sample of ``name``."""
         self.add(name, values.detach().double().sum(), values.numel())
 
+    def add_masked_mean(self, name: str, values: torch.Tensor, mask: torch.Tensor) -> None:
+        """Add the elements of ``values`` where ``mask`` is non-zero as samples of ``name``."""
+        keep = mask.detach().double()
+        self.add(name, (values.detach().double() * keep).sum(), keep.sum())
+
     def merge(self, other: "MetricSums") -> None:
         for k in other.sums:
             self.add(k, other.sums[k], other.counts[k])

@@ -107,14 +107,16 @@ class GroupRelative(OnlineAlgorithm):
                                                eps_high=g.epsilon_high or g.epsilon, seq=seq, num_seqs=S,
                                                level=g.importance_sampling_level)
         m = MetricSums()
+        # rollout.mask_truncated_completions: cut completions carry no loss and are out of the metrics (as TRL)
+        keep = flat(batch, "loss_mask") if "loss_mask" in batch else torch.ones_like(logps)
         if "ref_logps" in batch:
             kl = kl_estimate(logps, flat(batch, "ref_logps"), g.kl_estimator)
             per_token = per_token + g.beta * kl
-            m.add_mean("kl", kl.detach())
-        m.add_mean("clip_fraction", clipped)
-        m.add_mean("entropy", entropy)  # exact per-position entropy of the sampling distribution, token mean
-        if "loss_mask" in batch:  # rollout.mask_truncated_completions: cut completions carry no loss
-            per_token = per_token * flat(batch, "loss_mask")
+            m.add_masked_mean("kl", kl, keep)
+        m.add_masked_mean("clip_fraction", clipped, keep)
+        m.add_masked_mean("entropy", entropy, keep)  # exact entropy of the sampling distribution, token mean
+        if "loss_mask" in batch:
+            per_token = per_token * keep
         return aggregate(per_token, seq, S, mode=self.aggregation, normalizer=normalizer), m
 
     def units(self, batch: Batch) -> int:

@@ -196,15 +196,16 @@ class PPO(OnlineAlgorithm):
         keep = flat(batch, "loss_mask")  # (N,) 0 on unscorable samples' tokens: no gradient, not in units()
         losses = {"policy": aggregate(per_token * keep, seq, S, mode="token_mean", normalizer=normalizer)}
         m = MetricSums()
-        m.add_mean("clip_fraction", clipped)
-        m.add_mean("entropy", entropy)  # exact per-position entropy of the sampling distribution, token mean
+        # over the trained tokens: an unscorable sample's tokens are out of the metrics as of the loss
+        m.add_masked_mean("clip_fraction", clipped, keep)
+        m.add_masked_mean("entropy", entropy, keep)  # exact entropy of the sampling distribution, token mean
         critics = [("value", "")] + ([("cost_value", "cost_")] if self.constrained else [])
         for role, prefix in critics:
             values = models.values(role, batch)
             vl = clipped_value_loss(values, flat(batch, prefix + "values"), flat(batch, prefix + "returns"),
                                     clip=p.value_clip)
             losses[role] = p.vf_coef * aggregate(vl * keep, seq, S, mode="token_mean", normalizer=normalizer)
-            m.add_mean(f"{role}_loss", vl.detach())
+            m.add_masked_mean(f"{role}_loss", vl, keep)
         return losses, m
 
     def units(self, batch: Batch) -> int:
