@@ -10,7 +10,7 @@ runner configures it once per run (:func:`configure`); library code just wraps i
 from __future__ import annotations
 
 import logging
-import shutil
+import os
 import sys
 import time
 from typing import Any, Iterable, Iterator, TypeVar
@@ -42,7 +42,10 @@ def make_bar(total: int, desc: str, unit: str, initial: int = 0) -> Any:
     and IDE consoles) makes tqdm hide the bar (it counts 0 rows), so the size falls back to 100 x 24."""
     from tqdm import tqdm
 
-    size = shutil.get_terminal_size((0, 0))
+    try:  # the terminal's own size: COLUMNS / LINES in the environment do not stop tqdm asking the terminal
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        size = os.terminal_size((0, 0))
     known = size.columns > 0 and size.lines > 0
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=known,
                 ncols=None if known else 100, nrows=None if known else 24)
