@@ -19,6 +19,19 @@ import alignkit.algorithms  # noqa: F401, E402
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): one worker per core, at most 4 (each worker holds its own tiny models
+    and warm starts, and the 2-process tests start two more processes each)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with a test marked slow first: ``--dist loadfile`` hands whole files to free workers in collection
+    order, and a long file started last would run alone at the end. The order within a file is kept."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
