@@ -121,6 +121,15 @@ def micro_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def micro_sd3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random SD3 pipeline in diffusers' format (built once; skips where diffusers is not installed)."""
+    pytest.importorskip("diffusers")
+    from alignkit.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "micro-sd3", arch="sd3", size="micro", seed=0)
+
+
+@pytest.fixture(scope="session")
 def processor(micro_llava: Path) -> Any:
     """The micro LLaVA's processor (image processor + tokenizer with ``<image>``)."""
     from transformers import AutoProcessor
