@@ -1,4 +1,4 @@
-"""Flow matching against hand computations."""
+"""Flow matching and Flow-GRPO's SDE step against hand computations and closed-form Gaussian densities."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from alignkit.losses.flow import flow_matching_loss, noisy_latents, sample_sigmas
+from alignkit.ops.flow_sde import sde_step
 
 
 def test_noisy_latents_mix_data_and_noise_per_sample() -> None:
@@ -38,3 +39,39 @@ def test_sigma_sampling_is_seeded_and_inside_the_unit_interval() -> None:
     ln = sample_sigmas(20000, torch.Generator().manual_seed(1), scheme="logit_normal", mean=0.0, std=1.0)
     assert abs(float(ln.mean()) - 0.5) < 0.01  # symmetric about 1/2 for mean 0
 
+
+def test_sde_step_by_hand_on_one_element() -> None:
+    # sigma 0.5 -> 0.25, a = 0.7: std_t = 0.7 sqrt(0.5 / 0.5) = 0.7, dt = -0.25
+    # mean = x (1 + 0.49 / 1 x -0.25) + v (1 + 0.49 x 0.5 / 1) x -0.25 = 2 x 0.8775 + 1 x 1.245 x -0.25 = 1.44375
+    # std = 0.7 x 0.5 = 0.35; x_next = mean + 0.35 x eps (eps = 2) = 2.14375
+    # log p = -(0.7)^2 / (2 x 0.1225) - log 0.35 - log sqrt(2 pi) = -2 - log 0.35 - 0.918939
+    out = sde_step(torch.tensor([[1.0]]), torch.tensor([[2.0]]), torch.tensor([0.5]), torch.tensor([0.25]),
+                   noise_level=0.7, noise=torch.tensor([[2.0]]))
+    assert math.isclose(float(out.mean), 1.44375, rel_tol=1e-6)
+    assert math.isclose(float(out.std), 0.35, rel_tol=1e-6)
+    assert math.isclose(float(out.sample), 2.14375, rel_tol=1e-6)
+    want = -2.0 - math.log(0.35) - 0.5 * math.log(2 * math.pi)
+    assert math.isclose(float(out.logp), want, rel_tol=1e-6)
+
+
+def test_sde_step_logp_is_the_gaussian_density_of_the_transition_averaged_over_elements() -> None:
+    g = torch.Generator().manual_seed(0)
+    x, v = torch.randn(3, 4, 2, 2, generator=g), torch.randn(3, 4, 2, 2, generator=g)
+    sigma, sigma_next = torch.tensor([1.0, 0.6, 0.3]), torch.tensor([0.8, 0.4, 0.1])
+    out = sde_step(v, x, sigma, sigma_next, noise_level=0.7, sigma_cap=0.9, noise=torch.randn(3, 4, 2, 2, generator=g))
+    normal = torch.distributions.Normal(out.mean, out.std.reshape(-1, 1, 1, 1))
+    direct = normal.log_prob(out.sample).flatten(1).mean(dim=1)
+    assert torch.allclose(out.logp, direct, atol=1e-5)
+    # sigma = 1 uses the cap under the root: std_t = 0.7 sqrt(1 / (1 - 0.9))
+    assert math.isclose(float(out.std[0]), 0.7 * math.sqrt(1 / 0.1) * math.sqrt(0.2), rel_tol=1e-5)
+    # the stored transition scored again under an unchanged policy: the same log-prob (ratio 1)
+    again = sde_step(v, x, sigma, sigma_next, noise_level=0.7, sigma_cap=0.9, next_sample=out.sample)
+    assert torch.allclose(again.logp, out.logp) and torch.equal(again.sample, out.sample)
+    # a moved policy: another log-prob of the same transition, and a gradient through the mean only
+    v2 = (v + 0.1).requires_grad_(True)
+    moved = sde_step(v2, x, sigma, sigma_next, noise_level=0.7, sigma_cap=0.9, next_sample=out.sample)
+    assert not torch.allclose(moved.logp, out.logp)
+    moved.logp.sum().backward()
+    assert v2.grad is not None and bool(torch.isfinite(v2.grad).all())
+    with pytest.raises(ValueError, match="sigma_next must be below sigma"):
+        sde_step(v, x, sigma_next, sigma)
