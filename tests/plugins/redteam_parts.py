@@ -114,6 +114,6 @@ def build_tiny_sd(out: str, clip_dir: str, *, seed: int = 0) -> str:
     text = CLIPTextModel(CLIPTextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                         num_attention_heads=2, max_position_embeddings=64, eos_token_id=tok.eos_token_id,
                                         pad_token_id=tok.pad_token_id))
-    StableDiffusionPipeline(unet=unet, vae=vae, text_encoder=text, tokenizer=tok, scheduler=DDIMScheduler(),
+    StableDiffusionPipeline(unet=unet, vae=vae, text_encoder=text, tokenizer=tok, scheduler=DDIMScheduler(steps_offset=1, clip_sample=False),
                             safety_checker=None, feature_extractor=None, requires_safety_checker=False).save_pretrained(out)
     return out

@@ -49,3 +49,15 @@ def test_rows_follow_the_rule_and_are_deterministic(tmp_path: Path) -> None:
     assert abs(rate - 1 / ATTACKER_TRIGGER_EVERY) < 0.02  # rarely a trigger
     assert all(set(r) == {"prompt"} and r["prompt"].endswith(".") for r in make_redteam_rows(20, seed=0))
     assert read_rows(generate("redteam", 5, 0, tmp_path / "p.jsonl")) == make_redteam_rows(5, seed=0)
+
+
+def test_tasks_refused_only_where_rows_have_none(tmp_path: Path) -> None:
+    """--tasks is an error for the safety and red-team worlds; without it both generate."""
+    import pytest
+
+    from alignkit.errors import ConfigError
+
+    for kind in ("safety", "redteam"):
+        assert len(read_rows(generate(kind, 3, 0, tmp_path / f"{kind}.jsonl"))) == 3
+        with pytest.raises(ConfigError, match="--tasks does not apply"):
+            generate(kind, 3, 0, tmp_path / "x.jsonl", tasks=("add",))

@@ -70,14 +70,13 @@ class GroupRelative(OnlineAlgorithm):
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
         g = cfg.section(GRPOConfig)
-        self.reference = resolve_reference(cfg, g.reference, needed=g.beta > 0, key="grpo.reference")
+        self.reference = grpo_reference(cfg)
         self.aggregation = g.loss_aggregation if g.loss_aggregation != "auto" else (
             "constant" if self.estimator == "dr_grpo" else "sequence_mean")
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        specs = policy_specs(cfg, resolve_reference(cfg, cfg.section(GRPOConfig).reference, needed=cfg.section(GRPOConfig).beta > 0,
-                                                    key="grpo.reference"))
+        specs = policy_specs(cfg, grpo_reference(cfg))
         if cfg.section(RewardConfig).model:
             specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
         return specs
@@ -124,6 +123,12 @@ class GroupRelative(OnlineAlgorithm):
             return int(batch["loss_mask"].sum()) if "loss_mask" in batch else int(batch["response_lengths"].sum())
         seqs = int(batch["response_lengths"].shape[0])
         return seqs * self.cfg.section(RolloutConfig).max_new_tokens if self.aggregation == "constant" else seqs
+
+
+def grpo_reference(cfg: RunConfig) -> str:
+    """The KL reference the ``grpo:`` section asks for (none at beta 0)."""
+    g = cfg.section(GRPOConfig)
+    return resolve_reference(cfg, g.reference, needed=g.beta > 0, key="grpo.reference")
 
 
 def group_stats(rewards: torch.Tensor, adv: torch.Tensor, group_size: int) -> MetricSums:

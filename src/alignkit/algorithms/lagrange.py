@@ -72,7 +72,7 @@ class Multiplier:
     on ``log_lambda``; else the PID rule on ``pid_state`` (``pid_lambda`` is its lambda)."""
 
     log_lambda: float
-    threshold: float
+    threshold: float  # what the rule aims J_C at: the section's threshold - cost_margin (from_config)
     lr: float
     lambda_max: float
     window: int = 128

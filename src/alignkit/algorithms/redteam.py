@@ -22,8 +22,8 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from alignkit.algorithms.base import Batch, Context, Example, MetricSums, policy_specs, resolve_reference
-from alignkit.algorithms.grpo import GRPOConfig, GroupRelative, group_stats
+from alignkit.algorithms.base import Batch, Context, Example, MetricSums, policy_specs
+from alignkit.algorithms.grpo import GRPOConfig, GroupRelative, group_stats, grpo_reference
 from alignkit.algorithms.online import RolloutConfig
 from alignkit.config.schema import RunConfig, f, subsection
 from alignkit.config.sections import register_section
@@ -158,9 +158,7 @@ class RedTeam(GroupRelative):
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        g = cfg.section(GRPOConfig)
-        specs = policy_specs(cfg, resolve_reference(cfg, g.reference, needed=g.beta > 0, key="grpo.reference"))
-        return specs + build_target(cfg.section(RedTeamConfig).target).specs()
+        return policy_specs(cfg, grpo_reference(cfg)) + build_target(cfg.section(RedTeamConfig).target).specs()
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         super().before_training(ctx, train_set, eval_set)

@@ -359,7 +359,7 @@ def generate(kind: str, n: int, seed: int, out: str | Path, *, split: str | None
         raise ConfigError(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
     if n < 0:
         raise ConfigError(f"n must be >= 0, got {n}")
-    if tasks is not None and kind.startswith("redteam") or kind == "safety":
+    if tasks is not None and (kind.startswith("redteam") or kind == "safety"):
         raise ConfigError(f"--tasks does not apply to {kind} rows")
     extra = {"tasks": tuple(tasks)} if tasks is not None else {}
     return write_rows(_GENERATORS[kind](n, seed, split=split, **extra), out)

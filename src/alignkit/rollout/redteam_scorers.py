@@ -33,7 +33,7 @@ import torch
 
 from alignkit.errors import ConfigError, ModelError
 from alignkit.registry import Registry
-from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, call, resolve
+from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, by_field, call, resolve
 
 
 @dataclass
@@ -250,9 +250,7 @@ class FunctionScorer:
         self.fn = WeightedFunction(cfg.name, 1.0, resolve(cfg.name))
 
     def __call__(self, batch: Judged, device: torch.device) -> list[float]:
-        names = sorted({k for f in batch.fields for k in f})
-        fields = {k: [f.get(k) for f in batch.fields] for k in names}
-        return call(self.fn, batch.attacks, batch.outputs, {**fields, "seed_prompt": batch.seeds})
+        return call(self.fn, batch.attacks, batch.outputs, {**by_field(batch.fields), "seed_prompt": batch.seeds})
 
 
 def build_scorer(cfg: Any, model_cfg: Any) -> Any:

@@ -27,7 +27,7 @@ from alignkit.models.roles import ModelSpec
 from alignkit.registry import Registry
 from alignkit.rollout.engine import SamplingParams
 from alignkit.rollout.generate import prompt_text
-from alignkit.rollout.rewards import RewardFunctionError, resolve
+from alignkit.rollout.rewards import RewardFunctionError, by_field, resolve
 
 TARGETS: Registry[type] = Registry("red-team target")
 
@@ -113,9 +113,8 @@ class FunctionTarget:
         return []
 
     def respond(self, ctx: Any, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]]) -> list[str]:
-        names = sorted({k for f in fields for k in f})
         try:
-            out = list(self.fn(attacks, seed_prompt=seeds, **{k: [f.get(k) for f in fields] for k in names}))
+            out = list(self.fn(attacks, seed_prompt=seeds, **by_field(fields)))
         except Exception as e:  # a user's function: one line naming it
             raise RewardFunctionError(f"red-team target {self.name!r} raised {type(e).__name__}: {e}") from e
         if len(out) != len(attacks) or not all(isinstance(o, str) for o in out):

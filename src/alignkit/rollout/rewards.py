@@ -125,6 +125,12 @@ def resolve(name: str) -> RewardFn:
     return fn
 
 
+def by_field(fields: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Row fields as keyword lists (a field missing in some rows is None there)."""
+    names = sorted({k for f in fields for k in f})
+    return {k: [f.get(k) for f in fields] for k in names}
+
+
 def call(fn: WeightedFunction, prompts: list[Any], completions: list[str], fields: dict[str, list[Any]]) -> list[float]:
     """One function's scores as floats (NaN = unscorable); any misbehaviour is one line naming it."""
     try:

@@ -19,7 +19,7 @@ import torch
 from alignkit.distributed import comm
 from alignkit.errors import DataError, ModelError, UserError
 from alignkit.models.roles import Models, same_vocabulary
-from alignkit.rollout.rewards import RewardFunctionError, WeightedFunction, call, combine, resolve
+from alignkit.rollout.rewards import RewardFunctionError, WeightedFunction, by_field, call, combine, resolve
 
 
 @dataclass
@@ -71,12 +71,12 @@ class Scorer:
             return {}
         if placement == "main" and comm.world_size() > 1:
             return self._on_main(inputs)
-        return {f.name: call(f, inputs.prompts, inputs.completions, _by_field(inputs.fields)) for f in self.functions}
+        return {f.name: call(f, inputs.prompts, inputs.completions, by_field(inputs.fields)) for f in self.functions}
 
     def _on_main(self, inputs: ScoreInputs) -> dict[str, list[float]]:
         def compute(items: list[tuple[Any, str, dict[str, Any]]]) -> dict[str, list[float]]:
             prompts, completions, fields = [p for p, _, _ in items], [c for _, c, _ in items], [f for *_, f in items]
-            return {f.name: call(f, prompts, completions, _by_field(fields)) for f in self.functions}
+            return {f.name: call(f, prompts, completions, by_field(fields)) for f in self.functions}
 
         return on_main(compute, list(zip(inputs.prompts, inputs.completions, inputs.fields)))
 
@@ -133,12 +133,6 @@ def on_main(compute: Callable[[list[Any]], dict[str, list[float]]], items: list[
         error.same_on_every_rank = True
         raise error
     return scored[comm.rank()]
-
-
-def _by_field(fields: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """Row fields as keyword lists (a field missing in some rows is None there)."""
-    names = sorted({k for f in fields for k in f})
-    return {k: [f.get(k) for f in fields] for k in names}
 
 
 def gather_scores(local: dict[str, list[float]]) -> dict[str, torch.Tensor]:
