@@ -61,7 +61,24 @@ def unwrap_flow(module: torch.nn.Module) -> Any:
     return module
 
 
-class FlowSFT(OfflineAlgorithm):
+class StepSeeded:
+    """State of an algorithm whose noise is seeded by the optimizer step (``seeded``): ``step``, the optimizer
+    steps done, kept by the hook and carried by checkpoints, so a resumed run draws the same noise."""
+
+    step: int = 0
+
+    def on_step_end(self, ctx: Context) -> dict[str, float]:
+        self.step = ctx.step
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state.get("step", 0))
+
+
+class FlowSFT(StepSeeded, OfflineAlgorithm):
     name = "flow_sft"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
@@ -105,13 +122,3 @@ class FlowSFT(OfflineAlgorithm):
         m = MetricSums()
         m.add_mean("loss", per_image)
         return m
-
-    def on_step_end(self, ctx: Context) -> dict[str, float]:
-        self.step = ctx.step
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step = int(state.get("step", 0))

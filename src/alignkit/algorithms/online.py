@@ -31,7 +31,7 @@ from alignkit.config.sections import register_section
 from alignkit.data.prompts import PromptData
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
 from alignkit.rollout.engine import ENGINES
-from alignkit.rollout.experience import Sample, collate_samples, per_sequence
+from alignkit.rollout.experience import Sample, collate_samples, per_sequence, tokens_in
 from alignkit.rollout.score import Scorer
 
 
@@ -155,6 +155,10 @@ class OnlineAlgorithm(Algorithm):
     @abstractmethod
     def units(self, batch: Batch) -> int:
         """Loss units of a micro-batch (tokens or sequences) for the global normaliser."""
+
+    def tokens_in(self, batch: Batch) -> int:
+        """Tokens a micro-batch puts through the policy (``train_tokens_per_s``): its attention mask's."""
+        return tokens_in(batch)
 
     # ------------------------------------------------------------------ shared pieces
     @torch.no_grad()

@@ -87,3 +87,17 @@ class CaptionData:
 
     def tokens_in(self, batch: Batch) -> int:
         return 0
+
+
+
+class ImagePromptData(CaptionData):
+    """Prompt rows of a text-to-image policy (``algorithm: flow_grpo``): ``{"prompt": text, ...}``, or an
+    image/caption row whose caption is the prompt (so the rows ``flow_sft`` trained on serve as prompts). An
+    example is ``{"prompt": text, "prompt_ids": [], "fields": {the row's other fields}}``: the policy's own
+    text encoders read the text; the fields travel to the reward scorers."""
+
+    def __init__(self, cfg: DataConfig) -> None:
+        super().__init__(cfg, resolution=0)
+
+    def convert_row(self, row: Row) -> dict[str, Any]:
+        return {"prompt": caption_of(row), "prompt_ids": [], "fields": {k: v for k, v in row.data.items() if k != "prompt"}}

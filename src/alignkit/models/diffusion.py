@@ -15,8 +15,9 @@ for a resume.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -76,6 +77,16 @@ class FlowPolicy(nn.Module):
             if isinstance(part, nn.Module) and name != "transformer":
                 part.requires_grad_(False)
                 part.eval()
+
+    @contextlib.contextmanager
+    def disable_adapter(self) -> Iterator[None]:
+        """Run as the LoRA base: the transformer's adapters off for the duration (diffusers' ``disable_adapters``),
+        the ``lora_base`` reference of Flow-GRPO's KL term."""
+        self.transformer.disable_adapters()
+        try:
+            yield
+        finally:
+            self.transformer.enable_adapters()
 
     def frozen_parts(self) -> list[nn.Module]:
         return [p for n, p in self.pipe.components.items() if isinstance(p, nn.Module) and n != "transformer"]

@@ -23,12 +23,14 @@ from torch import Tensor
 
 class SDEStep(NamedTuple):
     """``sample`` ``(B, ...)`` the next latents; ``logp`` ``(B,)``; ``mean`` ``(B, ...)``; ``std`` ``(B,)`` the
-    transition's standard deviation std_t sqrt(-dt) (the KL term of the loss divides by its square)."""
+    transition's standard deviation std_t sqrt(-dt); ``std_t`` ``(B,)`` the SDE's noise scale at sigma (Flow-GRPO's
+    KL term divides by its square: ``losses.flow.flow_grpo_loss``)."""
 
     sample: Tensor
     logp: Tensor
     mean: Tensor
     std: Tensor
+    std_t: Tensor
 
 
 def sde_step(velocity: Tensor, sample: Tensor, sigma: Tensor, sigma_next: Tensor, *, noise_level: float = 0.7,
@@ -52,4 +54,12 @@ def sde_step(velocity: Tensor, sample: Tensor, sigma: Tensor, sigma_next: Tensor
         next_sample = mean + std * eps
     target = next_sample.detach().float()
     logp = -((target - mean) ** 2) / (2 * std**2) - torch.log(std) - 0.5 * math.log(2 * math.pi)
-    return SDEStep(next_sample, logp.flatten(1).mean(dim=1), mean, std.flatten())
+    return SDEStep(next_sample, logp.flatten(1).mean(dim=1), mean, std.flatten(), std_t.flatten())
+
+
+def ode_step(velocity: Tensor, sample: Tensor, sigma: Tensor, sigma_next: Tensor) -> Tensor:
+    """The deterministic Euler step of the flow ODE, x + v (sigma_next - sigma): diffusers'
+    ``FlowMatchEulerDiscreteScheduler.step`` (evaluation and ``alignkit generate``). Computed in fp32."""
+    shape = (-1,) + (1,) * (sample.dim() - 1)
+    dt = (sigma_next.float() - sigma.float()).reshape(shape)
+    return sample.float() + velocity.float() * dt
