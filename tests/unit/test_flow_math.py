@@ -75,3 +75,45 @@ def test_sde_step_logp_is_the_gaussian_density_of_the_transition_averaged_over_e
     assert v2.grad is not None and bool(torch.isfinite(v2.grad).all())
     with pytest.raises(ValueError, match="sigma_next must be below sigma"):
         sde_step(v, x, sigma_next, sigma)
+
+
+def test_flow_grpo_loss_by_hand() -> None:
+    from alignkit.losses.flow import flow_grpo_loss
+
+    # pair 0: rho = e^0.1 = 1.10517, A = 1: max(-1.10517, -1 x clip(rho, 0.9, 1.1) = -1.1) = -1.1 (clipped)
+    # pair 1: rho = 1, A = -2: max(2, 2) = 2; pair 2: rho = e^-0.05 = 0.95123, A = 0.5: max(-0.47561, -0.47561)
+    logp = torch.tensor([0.1, 0.0, -0.05], requires_grad=True)
+    old, adv = torch.zeros(3), torch.tensor([1.0, -2.0, 0.5])
+    loss, parts = flow_grpo_loss(logp, old, adv, clip_range=0.1, normalizer=2.0)
+    want = [-1.1, 2.0, -0.5 * math.exp(-0.05)]
+    assert torch.allclose(parts["policy"], torch.tensor(want))
+    assert math.isclose(float(loss.detach()), sum(want) / 2, rel_tol=1e-6)
+    assert parts["clipped"].tolist() == [1.0, 0.0, 0.0] and torch.equal(parts["kl"], torch.zeros(3))
+    loss.backward()  # the clipped pair carries no gradient; d/dlogp of -A rho / 2 = -A rho / 2
+    assert torch.allclose(logp.grad, torch.tensor([0.0, 1.0, -0.25 * math.exp(-0.05)]))
+    with pytest.raises(ValueError, match="normalizer"):
+        flow_grpo_loss(logp, old, adv, clip_range=0.1, normalizer=0.0)
+
+
+def test_flow_grpo_loss_ratio_one_and_kl_term() -> None:
+    from alignkit.losses.flow import flow_grpo_loss
+
+    # an unmoved policy: rho = 1 exactly, the loss is -mean(A) whatever the clip range, nothing clipped
+    logp = torch.tensor([-1.3, 0.7])
+    loss, parts = flow_grpo_loss(logp, logp.clone(), torch.tensor([0.5, 1.5]), clip_range=1e-4, normalizer=2.0)
+    assert torch.equal(parts["ratio"], torch.ones(2)) and float(loss) == pytest.approx(-1.0)
+    assert parts["clipped"].sum() == 0
+    # KL: mean_elements((mean - ref)^2) / (2 std_t^2): (1^2 + 3^2) / 2 / (2 x 0.25) = 10; 0 where the means agree
+    mean, ref = torch.tensor([[1.0, 3.0], [2.0, 2.0]]), torch.tensor([[0.0, 0.0], [2.0, 2.0]])
+    loss, parts = flow_grpo_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), clip_range=0.1, normalizer=1.0,
+                                 mean=mean, ref_mean=ref, std_t=torch.tensor([0.5, 0.5]), beta=0.1)
+    assert torch.allclose(parts["kl"], torch.tensor([10.0, 0.0])) and float(loss) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="ref_mean"):
+        flow_grpo_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), clip_range=0.1, normalizer=1.0, beta=0.1)
+
+
+def test_ode_step_is_the_euler_step() -> None:
+    from alignkit.ops.flow_sde import ode_step
+
+    x, v = torch.tensor([[2.0, -1.0]]), torch.tensor([[4.0, 1.0]])
+    assert torch.allclose(ode_step(v, x, torch.tensor([0.75]), torch.tensor([0.5])), torch.tensor([[1.0, -1.25]]))
