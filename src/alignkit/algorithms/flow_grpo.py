@@ -126,6 +126,11 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         unwrap_flow(ctx.models["policy"])  # a one-line error for a policy of another kind
 
     # ------------------------------------------------------------------ sampling
+    def sampling_summary(self) -> str:
+        o = self.opts
+        return (f"{o.num_inference_steps} SDE steps ({o.train_steps} trained, noise_level={o.noise_level}), "
+                f"guidance={o.guidance_scale}, {o.resolution} px; evaluation: {o.eval_num_inference_steps} ODE steps")
+
     def conditioning(self, flow: Any, prompts: list[str]) -> Conditioning:
         embeds, pooled = flow.encode_text(prompts, self.opts.max_sequence_length)
         if self.opts.guidance_scale <= 1.0:

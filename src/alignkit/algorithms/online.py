@@ -94,6 +94,11 @@ class OnlineAlgorithm(Algorithm):
         t = self.cfg.section(RolloutConfig).temperature
         return t if t > 0 else 1.0
 
+    def sampling_summary(self) -> str:
+        """How rollouts sample, for the start-up line."""
+        r = self.cfg.section(RolloutConfig)
+        return f"max_new_tokens={r.max_new_tokens}, temperature={r.temperature}, engine={r.engine}"
+
     def scorers(self) -> dict[str, Scorer]:
         """The signals a rollout scores and gathers: ``reward`` always (``reward.*``), more (``cost``) if any."""
         r, ro = self.cfg.section(RewardConfig), self.cfg.section(RolloutConfig)

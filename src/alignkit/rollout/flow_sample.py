@@ -57,7 +57,9 @@ def velocity(module: nn.Module, latents: Tensor, sigma: Tensor, cond: Conditioni
              scale: float, detach_uncond: bool = False) -> Tensor:
     """``(B, C, h, w)`` the (guided) velocity at ``latents`` and noise levels ``sigma`` ``(B,)``; ``scale``: the
     transformer's timestep per unit sigma (the scheduler's ``num_train_timesteps``). ``detach_uncond``: the
-    unconditional half carries no gradient (flow_grpo's training forward)."""
+    unconditional half carries no gradient (flow_grpo's training forward). The latents enter in the text
+    embeddings' dtype (the pipeline's); the velocity comes back in the transformer's."""
+    latents = latents.to(cond.embeds.dtype)  # fp32 trajectories into a bf16 / fp16 transformer
     t = sigma.to(latents) * scale
     if guidance <= 1.0 or cond.neg_embeds is None:
         return module(latents, t, cond.embeds, cond.pooled)
@@ -90,7 +92,7 @@ def sample(module: nn.Module, cond: Conditioning, generators: list[torch.Generat
     latents, logps = [x], []
     for i in range(steps):
         s, s_next = sigmas[i].expand(B).to(device), sigmas[i + 1].expand(B).to(device)
-        v = velocity(module, x.to(cond.embeds.dtype), s, cond, guidance=guidance, scale=scale)
+        v = velocity(module, x, s, cond, guidance=guidance, scale=scale)
         if noise_level > 0:
             out = sde_step(v, x, s, s_next, noise_level=noise_level, sigma_cap=cap, noise=draws[:, i + 1])
             x, lp = out.sample, out.logp

@@ -183,7 +183,7 @@ class OnlineTrainer:
                       f"prompts x {self.G} generations per iteration")
         self.log.info(f"Training: {len(self.prompts)} prompts, {steps.per_epoch} optimizer steps per epoch, {steps.total} "
                       f"steps in all ({r.update_epochs} per iteration), lr={self.plan.lr:.3g}, "
-                      f"max_new_tokens={r.max_new_tokens}, temperature={r.temperature}, engine={r.engine}")
+                      f"{self.algo.sampling_summary()}")
 
     def _epoch(self, state: TrainState) -> float:
         return state.epoch + state.consumed / max(1, self.order.usable())
