@@ -63,3 +63,23 @@ def test_shapes_colour_scorer_entry() -> None:
     assert values[0] is not None and values[0] > 0 and values[1] is None
     with pytest.raises(ConfigError, match="rendered images"):
         scorer(Judged(texts, ["", ""], texts, [{}, {}], [None, None]), torch.device("cpu"))
+
+
+def test_flow_grpo_scorer_and_prompt_errors_name_their_key(tmp_path) -> None:
+    from alignkit.config import load_config
+    from alignkit.data.captions import ImagePromptData
+    from alignkit.errors import ConfigError, DataError
+    from tests.conftest import REPO
+
+    config = REPO / "configs" / "flow_grpo.yaml"
+    with pytest.raises(ConfigError, match=r"flow_grpo.scorers: unknown scorer 'shape_colour'.*shapes_colour"):
+        load_config(config, ["flow_grpo.scorers=[{name: shape_colour}]"])
+    from alignkit.algorithms.flow_grpo import FlowGRPO
+
+    with pytest.raises(ConfigError, match="flow_grpo.scorers: name at least one main reward"):
+        FlowGRPO(load_config(config, ["flow_grpo.scorers=[{name: shapes_colour, use: quality}]"]), None)
+    rows = tmp_path / "prompts.jsonl"
+    rows.write_text('{"prompt": "A red circle in the top left."}\n{"text2": "no prompt"}\n')
+    cfg = load_config(config, [f"data.train={rows}"])
+    with pytest.raises(DataError, match=r"prompts.jsonl:2: an image/caption row needs 'caption'"):
+        ImagePromptData(cfg.data).build_dataset([str(rows)], "train")

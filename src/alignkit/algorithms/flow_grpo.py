@@ -47,7 +47,7 @@ from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample
 from alignkit.rollout.flow_sample import Conditioning, decode, latent_shape, sample, schedule, velocity
 from alignkit.rollout.redteam_reward import redteam_advantages, redteam_reward
-from alignkit.rollout.redteam_scorers import Judged, build_scorer, judge_placed, weighted_term
+from alignkit.rollout.redteam_scorers import Judged, build_scorer, check_scorer_name, judge_placed, weighted_term
 from alignkit.rollout.score import gather_scores
 
 
@@ -56,6 +56,9 @@ class FlowScorerConfig(RedTeamScorerConfig):
     use: Literal["main", "quality"] = f(  # type: ignore[assignment]
         "main", "Which term of the reward it adds to: main (the reward the CVaR bonus reads) or quality (times "
         "w_quality).")
+
+    def __post_init__(self) -> None:
+        check_scorer_name(self.name, "flow_grpo.scorers")
 
 
 @register_section("flow_grpo")

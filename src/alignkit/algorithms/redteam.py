@@ -80,8 +80,6 @@ class RedTeamScorerConfig:
     max_length: int = f(512, "Model scorers: tokens per text.", gt=0)
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise ConfigError("redteam.scorers: each entry needs a name")
         check_scorer_name(self.name)
 
 

@@ -280,12 +280,14 @@ def build_scorer(cfg: Any, model_cfg: Any) -> Any:
     return FunctionScorer(cfg, model_cfg)
 
 
-def check_scorer_name(name: str) -> None:
-    """A scorer, a reward function or ``module:function``; else the one-line error with the closest name."""
+def check_scorer_name(name: str, key: str = "redteam.scorers") -> None:
+    """A scorer, a reward function or ``module:function``; else the one-line error naming ``key`` and the choices."""
+    if not name:
+        raise ConfigError(f"{key}: each entry needs a name")
     if ":" in name or name in SCORERS or name in REWARD_FUNCTIONS:
         return
     choices = sorted([*SCORERS.names(), *REWARD_FUNCTIONS.names()])
-    raise ConfigError(f"redteam.scorers: unknown scorer {name!r}; choose one of {choices} or 'module:function'")
+    raise ConfigError(f"{key}: unknown scorer {name!r}; choose one of {choices} or 'module:function'")
 
 
 def judge_placed(scorers: list[tuple[str, Any, Any]], batch: Judged, device: torch.device,
