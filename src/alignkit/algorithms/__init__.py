@@ -5,6 +5,8 @@ points that load a config (the CLI, the runner, scripts) import it first."""
 
 from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
 from alignkit.algorithms.dpo import DPO
+from alignkit.algorithms.flow_grpo import FlowGRPO
+from alignkit.algorithms.flow_sft import FlowSFT
 from alignkit.algorithms.grpo import GRPO, RLOO, DrGRPO
 from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.algorithms.ppo import PPO, PPOLag
@@ -18,9 +20,9 @@ from alignkit.config.sections import ALGORITHMS, register_algorithm
 from alignkit.models.roles import Workload
 
 for _name, _cls in (("sft", SFT), ("reward_model", RewardModel), ("cost_model", CostModel), ("dpo", DPO),
-                    ("safe_dpo", SafeDPO), ("vlm_sft", VLMSFT)):
+                    ("safe_dpo", SafeDPO), ("vlm_sft", VLMSFT), ("flow_sft", FlowSFT)):
     register_algorithm(_name)(_cls)
-for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam):  # the online loop's algorithms
+for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam, FlowGRPO):  # the online loop's algorithms
     register_algorithm(_online.name)(_online)
 
 

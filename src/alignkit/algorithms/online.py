@@ -31,7 +31,7 @@ from alignkit.config.sections import register_section
 from alignkit.data.prompts import PromptData
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
 from alignkit.rollout.engine import ENGINES
-from alignkit.rollout.experience import Sample, collate_samples, per_sequence
+from alignkit.rollout.experience import Sample, collate_samples, per_sequence, tokens_in
 from alignkit.rollout.score import Scorer
 
 
@@ -94,6 +94,11 @@ class OnlineAlgorithm(Algorithm):
         t = self.cfg.section(RolloutConfig).temperature
         return t if t > 0 else 1.0
 
+    def sampling_summary(self) -> str:
+        """How rollouts sample, for the start-up line."""
+        r = self.cfg.section(RolloutConfig)
+        return f"max_new_tokens={r.max_new_tokens}, temperature={r.temperature}, engine={r.engine}"
+
     def scorers(self) -> dict[str, Scorer]:
         """The signals a rollout scores and gathers: ``reward`` always (``reward.*``), more (``cost``) if any."""
         r, ro = self.cfg.section(RewardConfig), self.cfg.section(RolloutConfig)
@@ -155,6 +160,10 @@ class OnlineAlgorithm(Algorithm):
     @abstractmethod
     def units(self, batch: Batch) -> int:
         """Loss units of a micro-batch (tokens or sequences) for the global normaliser."""
+
+    def tokens_in(self, batch: Batch) -> int:
+        """Tokens a micro-batch puts through the policy (``train_tokens_per_s``): its attention mask's."""
+        return tokens_in(batch)
 
     # ------------------------------------------------------------------ shared pieces
     @torch.no_grad()

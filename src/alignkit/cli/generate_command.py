@@ -6,7 +6,8 @@ directory (or hub id). FILE holds rows with ``prompt`` (a string or a message li
 rows (LLaVA ``conversations`` or ``messages`` with image parts, answered after their last user turn,
 greedily); each output row
 is the input row plus ``completion`` (or ``completions`` with ``--num-generations`` > 1), and, with
-``--reward``, the named reward function's score of each.
+``--reward``, the named reward function's score of each. A text-to-image (``diffusion``) policy writes image grids
+instead (``cli/generate_images.py``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def _is_vision_language(model_dir: str) -> bool:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from alignkit.cli.generate_images import generate_images, is_diffusion_target
+
+    if is_diffusion_target(args.target, args.base):  # a text-to-image policy: image grids
+        return generate_images(args)
     from alignkit.data.io import read_rows, require_field
     from alignkit.rollout.generate import generate
     from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, call, resolve
@@ -106,15 +111,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    sp = sub.add_parser("generate", help="write completions of a prompt file (a run config's final model, or a model dir)")
+    sp = sub.add_parser("generate", help="write completions of a prompt file (a run config's final model, or a model dir); "
+                        "image grids for a text-to-image policy")
     sp.add_argument("target", metavar="CONFIG_OR_MODEL", help="a run config (.yaml) or a model directory / hub id")
     sp.add_argument("file", help=".jsonl / .json / .parquet rows with 'prompt'")
-    sp.add_argument("--out", default=None, help="write JSONL here (default: stdout)")
+    sp.add_argument("--out", default=None, help="write JSONL here (default: stdout); text-to-image: the output folder")
     sp.add_argument("--max-new-tokens", type=int, default=None, help="default: the config's rollout.max_new_tokens, else 32")
     sp.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the config's, else 0)")
     sp.add_argument("--num-generations", type=int, default=1, help="completions per prompt")
     sp.add_argument("--batch-size", type=int, default=32)
     sp.add_argument("--image-root", default=None,
                     help="vision-language models: folder of the rows' image paths (default: the file's folder)")
-    sp.add_argument("--reward", default=None, help="also score each completion with this reward function (e.g. exact_match)")
+    sp.add_argument("--reward", default=None, help="also score each completion with this reward function (e.g. exact_match); "
+                    "a text-to-image policy: a model-free image scorer (e.g. shapes_colour)")
+    sp.add_argument("--base", default=None, help="text-to-image: the pipeline (dir or hub id) a LoRA-only target applies to")
+    sp.add_argument("--num-inference-steps", type=int, default=None,
+                    help="text-to-image: ODE denoising steps (default: the config's flow_grpo.eval_num_inference_steps, else 28)")
+    sp.add_argument("--guidance-scale", type=float, default=None,
+                    help="text-to-image: classifier-free guidance (default: the config's, else 4.5; <= 1 = off)")
+    sp.add_argument("--resolution", type=int, default=None, help="text-to-image: image side in px (default: the config's, else 512)")
+    sp.add_argument("--seed", type=int, default=0, help="text-to-image: seeds every image's noise (with its prompt and index)")
     sp.set_defaults(func=cmd_generate)

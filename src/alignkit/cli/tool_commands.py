@@ -30,11 +30,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``tiny-model --arch sd3``: VAE fitting steps by default
+VAE_STEPS = 300
+
+
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from alignkit.models.tiny import build_tiny_model
 
-    out = build_tiny_model(args.out_dir, arch=args.arch, size=args.size, vocab_size=args.vocab_size, seed=args.seed)
-    what = "processor (image processor + tokenizer)" if args.arch == "llava" else "tokenizer"
+    if args.arch == "sd3":
+        from alignkit.models.tiny_sd3 import build_tiny_sd3
+
+        out = build_tiny_sd3(args.out_dir, size=args.size, vocab_size=args.vocab_size, seed=args.seed,
+                             vae_steps=args.vae_steps)
+    else:
+        out = build_tiny_model(args.out_dir, arch=args.arch, size=args.size, vocab_size=args.vocab_size, seed=args.seed)
+    what = {"llava": "processor (image processor + tokenizer)", "sd3": "diffusers pipeline (transformer, VAE, "
+            "text encoders, tokenizers, scheduler)"}.get(args.arch, "tokenizer")
     print(f"wrote a random {args.size} {args.arch} model and its {what} to {out}")
     return 0
 
@@ -82,11 +93,15 @@ def register(sub: Any) -> None:
 
     sp = sub.add_parser("tiny-model", help="write a tiny random model + tokenizer in Hugging Face format")
     sp.add_argument("out_dir")
-    sp.add_argument("--arch", default="llama", choices=["llama", "llava"],
-                    help="llava: a vision-language model (small CLIP vision tower + projector + the tiny Llama)")
+    sp.add_argument("--arch", default="llama", choices=["llama", "llava", "sd3"],
+                    help="llava: a vision-language model (small CLIP vision tower + projector + the tiny Llama); sd3: "
+                         "a flow-matching text-to-image pipeline in diffusers' format (needs diffusers)")
     sp.add_argument("--size", default="tiny", choices=["micro", "tiny", "small"])
     sp.add_argument("--vocab-size", type=int, default=None)
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--vae-steps", type=int, default=VAE_STEPS,
+                    help="sd3: steps fitting the VAE to the synthetic shapes scenes, so decoded latents are pictures "
+                         "(0: a random VAE)")
     sp.set_defaults(func=cmd_tiny_model)
 
     sp = sub.add_parser("data", help="data utilities")

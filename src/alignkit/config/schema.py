@@ -55,8 +55,8 @@ class ModelConfig:
     trust_remote_code: bool = f(False, "Allow model code from the hub/local dir to run. Off by default.")
     lora: Optional[LoraConfig] = f(None, "LoRA adapters through peft; null = full fine-tuning.")
     ref_name_or_path: Optional[str] = f(None, "Reference model for DPO/PPO; defaults to the policy start.")
-    kind: str = f("auto", "The policy's model kind (models/kinds.py): lm, vlm, or one a plugin registers; auto = "
-                  "vlm for a vision-language model, else lm.")
+    kind: str = f("auto", "The policy's model kind (models/kinds.py): lm, vlm, diffusion, or one a plugin registers; "
+                  "auto = the algorithm's (diffusion for flow_sft; vlm for a vision-language model, else lm).")
 
 
 @dataclass

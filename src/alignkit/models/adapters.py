@@ -68,11 +68,23 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
     ``model`` may be wrapped (DDP, our log-prob wrapper); the forward must still go through the
     wrapper so that sharded engines gather their parameters.
     """
-    peft = peft_model_of(model)
-    if peft is None:
+    owner = peft_model_of(model) or _adapter_owner(model)
+    if owner is None:
         raise ConfigError("the reference is the LoRA base (dpo.reference=lora_base) but the model has no LoRA adapters")
-    with peft.disable_adapter():
+    with owner.disable_adapter():
         yield
+
+
+def _adapter_owner(model: nn.Module) -> nn.Module | None:
+    """A module inside our wrappers with a ``disable_adapter()`` context of its own (the diffusion kind's
+    :class:`~alignkit.models.diffusion.FlowPolicy`: LoRA injected by diffusers, no PeftModel), or None."""
+    for _ in range(8):
+        if model is None:
+            return None
+        if callable(getattr(model, "disable_adapter", None)) and getattr(model, "lora", False):
+            return model
+        model = getattr(model, "module", None)
+    return None
 
 
 def merge_lora(adapter_dir: str | Path, out_dir: str | Path, *, base: str | None = None) -> Path:

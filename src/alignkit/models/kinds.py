@@ -9,7 +9,9 @@ never a token helper directly, so a new kind (a diffusers pipeline, a non-token 
 adapter registered here and no algorithm changes.
 
 Kinds shipped: ``lm`` (a causal LM returning per-token log-probs), ``scalar`` (reward / cost / value
-head), ``vlm`` (a LLaVA-family model with the ``lm`` forward; its batches carry ``pixel_values``).
+head), ``vlm`` (a LLaVA-family model with the ``lm`` forward; its batches carry ``pixel_values``),
+``diffusion`` (a diffusers flow-matching text-to-image pipeline whose transformer trains:
+:mod:`alignkit.models.diffusion`).
 """
 
 from __future__ import annotations
@@ -158,3 +160,35 @@ class ScalarKind(ModelKind):
 
         d = resolve_dims(spec.source, trust_remote_code)
         return d.as_score_model() if d.head == "lm" else d
+
+
+@register_kind("diffusion")
+class DiffusionKind(ModelKind):
+    """A diffusers flow-matching text-to-image pipeline (SD3 class) by hub id or directory: the module is a
+    :class:`~alignkit.models.diffusion.FlowPolicy` whose transformer trains (LoRA adapters with ``model.lora``,
+    else all of it) and which saves in diffusers' format; its tokenizer is the pipeline's first CLIP one."""
+
+    def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
+        from alignkit.models.diffusion import FlowPolicy, add_lora, load_pipeline
+
+        pipe = load_pipeline(spec.source, dtype)
+        if spec.trainable and spec.lora:
+            if cfg.lora is None:
+                raise ValueError("a LoRA diffusion policy needs model.lora (rank, alpha, target modules)")
+            add_lora(pipe.transformer, cfg.lora)
+        else:
+            pipe.transformer.requires_grad_(spec.trainable)
+            if spec.trainable:
+                pipe.transformer.float()  # full training keeps fp32 master weights
+        return FlowPolicy(pipe, lora=spec.trainable and spec.lora)
+
+    def tokenizer(self, cfg: ModelConfig) -> Any:
+        from transformers import AutoTokenizer
+
+        from alignkit.models.sources import model_errors
+
+        source = cfg.tokenizer or cfg.name_or_path
+        with model_errors(source):
+            if cfg.tokenizer:
+                return AutoTokenizer.from_pretrained(source)
+            return AutoTokenizer.from_pretrained(source, subfolder="tokenizer")

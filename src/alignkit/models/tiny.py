@@ -30,8 +30,9 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-#: ``llava``: a tiny vision-language model around the tiny Llama (:mod:`alignkit.models.tiny_vlm`).
-ARCHS: tuple[str, ...] = ("llama", "llava")
+#: ``llava``: a tiny vision-language model around the tiny Llama (:mod:`alignkit.models.tiny_vlm`); ``sd3``: a
+#: tiny flow-matching text-to-image pipeline in diffusers' format (:mod:`alignkit.models.tiny_sd3`).
+ARCHS: tuple[str, ...] = ("llama", "llava", "sd3")
 
 #: Model shapes. ``vocab_size`` is the tokenizer target; the model uses ``len(tokenizer)``.
 SIZES: dict[str, dict[str, int]] = {
@@ -138,6 +139,10 @@ def build_tiny_model(out_dir: str | Path, arch: str = "llama", size: str = "tiny
         from alignkit.models.tiny_vlm import build_tiny_llava
 
         return build_tiny_llava(out_dir, size=size, vocab_size=vocab_size, seed=seed)
+    if arch == "sd3":
+        from alignkit.models.tiny_sd3 import build_tiny_sd3
+
+        return build_tiny_sd3(out_dir, size=size, vocab_size=vocab_size, seed=seed)
     out = Path(out_dir)
     tokenizer = train_tokenizer(vocab_size or SIZES[size]["vocab_size"])
     config = tiny_config(tokenizer, size, arch)

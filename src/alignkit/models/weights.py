@@ -34,8 +34,12 @@ def load_weights_into(model: nn.Module, path: Path) -> None:
 
     In place (``copy_``) so the optimizer's references to the parameters stay valid. A peft
     model's directory holds the adapter alone; it goes through peft's own key mapping. Tied
-    weights that ``save_pretrained`` dropped keep aliasing the loaded tensor they are tied to.
+    weights that ``save_pretrained`` dropped keep aliasing the loaded tensor they are tied to. A module
+    that saves in a format of its own (a diffusers pipeline's) reads it back with its ``load_saved(path)``.
     """
+    if callable(getattr(model, "load_saved", None)):
+        model.load_saved(path)
+        return
     try:
         from peft import PeftModel, set_peft_model_state_dict
         from peft.utils import load_peft_weights

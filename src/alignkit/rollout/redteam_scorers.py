@@ -19,6 +19,9 @@ score: with ``redteam.placement: main`` a big classifier lives on rank 0 alone. 
 * ``clip_quality``: a quality for the ``t2i_vlm`` target, the image-text similarity of a transformers CLIP
   (``model``: ``CLIPModel`` + ``CLIPProcessor``) between the rendered image and the attack, ``logits_per_image
   / 30`` as the Flow-RTPO guide (about 3.33 cos with CLIP's logit scale 100);
+* ``shapes_colour``: a programmatic reward of the image rendered from the attack (a flow policy's image, or the
+  ``t2i_vlm`` target's) for the shipped shapes task: the asked colour at the named cell
+  (:mod:`alignkit.rollout.image_rewards`); NaN for a prompt that names no ``<colour> <shape> in the <position>``;
 * anything else: a reward function of ``rollout/rewards.py`` (``unsafe``: the toy world's program judge) or
   ``module:function``, called as ``fn(attacks, outputs, seed_prompt=[...], **row_fields)``.
 """
@@ -33,7 +36,7 @@ import torch
 
 from alignkit.errors import ConfigError, ModelError
 from alignkit.registry import Registry
-from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, by_field, call, resolve
+from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, by_field, call, combine, resolve
 
 
 @dataclass
@@ -243,6 +246,23 @@ class SeedSimilarityScorer:
         return [jaccard(ngrams(a, 2), ngrams(str(s), 2)) for a, s in zip(batch.attacks, batch.seeds)]
 
 
+@SCORERS.register("shapes_colour")
+class ShapesColourScorer:
+    """The shapes task's colour-at-position reward of each image for its text (module docstring), model-free."""
+
+    def __init__(self, cfg: Any, model_cfg: Any) -> None:
+        pass
+
+    def __call__(self, batch: Judged, device: torch.device) -> list[float | None]:
+        from alignkit.rollout.image_rewards import prompt_objects, shapes_colour
+
+        if len(batch.images) != len(batch.attacks) or any(im is None for im in batch.images):
+            raise ConfigError("redteam.scorers: shapes_colour scores rendered images (a flow policy's or the "
+                              "t2i_vlm target's)")
+        objects = [prompt_objects(a) for a in batch.attacks]
+        return [shapes_colour(im, objs) if objs else None for im, objs in zip(batch.images, objects)]
+
+
 class FunctionScorer:
     """A reward function by name or ``module:function`` on (attacks, outputs) with the rows' fields."""
 
@@ -260,9 +280,38 @@ def build_scorer(cfg: Any, model_cfg: Any) -> Any:
     return FunctionScorer(cfg, model_cfg)
 
 
-def check_scorer_name(name: str) -> None:
-    """A scorer, a reward function or ``module:function``; else the one-line error with the closest name."""
+def check_scorer_name(name: str, key: str = "redteam.scorers") -> None:
+    """A scorer, a reward function or ``module:function``; else the one-line error naming ``key`` and the choices."""
+    if not name:
+        raise ConfigError(f"{key}: each entry needs a name")
     if ":" in name or name in SCORERS or name in REWARD_FUNCTIONS:
         return
     choices = sorted([*SCORERS.names(), *REWARD_FUNCTIONS.names()])
-    raise ConfigError(f"redteam.scorers: unknown scorer {name!r}; choose one of {choices} or 'module:function'")
+    raise ConfigError(f"{key}: unknown scorer {name!r}; choose one of {choices} or 'module:function'")
+
+
+def judge_placed(scorers: list[tuple[str, Any, Any]], batch: Judged, device: torch.device,
+                 placement: str) -> dict[str, list[float]]:
+    """Every scorer's values of this rank's samples (``key`` -> list, NaN = unscorable) for ``(key, config,
+    scorer)`` entries: computed here (``local``) or on rank 0 over every rank's samples, each rank receiving
+    its own (``main``: ``rollout.score.on_main``)."""
+    from alignkit.rollout.score import on_main
+
+    def compute(items: list[Judged]) -> dict[str, list[float]]:
+        whole = Judged.join(items)
+        return {key: [float("nan") if v is None else float(v) for v in scorer(whole, device)]
+                for key, _, scorer in scorers}
+
+    items = [Judged([a], [o], [s], [fl], [im]) for a, o, s, fl, im in
+             zip(batch.attacks, batch.outputs, batch.seeds, batch.fields, batch.images)]
+    return on_main(compute, items) if placement == "main" else compute(items)
+
+
+def weighted_term(scorers: list[tuple[str, Any, Any]], scores: dict[str, torch.Tensor], use: str) -> torch.Tensor | None:
+    """``(N,)`` the weighted sum of the gathered values of the scorers whose config says ``use`` (NaN where none
+    scored); None when no scorer has that use."""
+    parts = {key: scores[key].tolist() for key, s, _ in scorers if s.use == use}
+    if not parts:
+        return None
+    weights = {key: s.weight for key, s, _ in scorers}
+    return torch.tensor(combine(parts, weights), dtype=torch.float64)

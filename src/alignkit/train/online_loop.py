@@ -37,7 +37,7 @@ from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.engine import SamplingParams, build_engine
-from alignkit.rollout.experience import Sample, micro_batches, tokens_in
+from alignkit.rollout.experience import Sample, micro_batches
 from alignkit.train.offline_loop import TrainResult
 from alignkit.train.optim import build_scheduler
 from alignkit.train.run_plan import RunPlan
@@ -130,7 +130,7 @@ class OnlineTrainer:
     def _step(self, samples: list[Sample]) -> StepResult:
         group = [self.algo.collate(mb) for mb in micro_batches(samples, self.plan.batch.per_device)]
         strategy, models = self.strategy, self.models
-        losses, sums, tokens = accumulate(strategy, models, group, self.algo.loss, self.algo.units, tokens_in)
+        losses, sums, tokens = accumulate(strategy, models, group, self.algo.loss, self.algo.units, self.algo.tokens_in)
         norms, dropped = optimizer_step(strategy, models, self.cfg.training.max_grad_norm, losses)
         return reduce_step(strategy, models, losses, sums, tokens, norms, dropped)
 
@@ -183,7 +183,7 @@ class OnlineTrainer:
                       f"prompts x {self.G} generations per iteration")
         self.log.info(f"Training: {len(self.prompts)} prompts, {steps.per_epoch} optimizer steps per epoch, {steps.total} "
                       f"steps in all ({r.update_epochs} per iteration), lr={self.plan.lr:.3g}, "
-                      f"max_new_tokens={r.max_new_tokens}, temperature={r.temperature}, engine={r.engine}")
+                      f"{self.algo.sampling_summary()}")
 
     def _epoch(self, state: TrainState) -> float:
         return state.epoch + state.consumed / max(1, self.order.usable())

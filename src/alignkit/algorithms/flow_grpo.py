@@ -1,0 +1,282 @@
+"""Flow-GRPO (``algorithm: flow_grpo``; ALGORITHMS 2.4, Liu et al., arXiv 2505.05470, yifan123/flow_grpo): a
+flow-matching text-to-image policy (``model.kind: diffusion``, LoRA on its transformer) trained by online RL.
+
+Per iteration of the online loop (``num_generations`` images per prompt, groups contiguous in global order):
+
+1. rollout: this rank's images drawn by the SDE sampler (``rollout/flow_sample.py``: sigma_t = a sqrt(t / (1 - t)),
+   ``num_inference_steps`` steps, classifier-free guidance) with the log-prob of every transition; each image's
+   noise from a generator seeded by (``training.seed``, the optimizer step, its global index), so images are
+   the same over any split into ranks and after a resume;
+2. rewards: the scorers of ``flow_grpo.scorers`` (the red-team registry: ``shapes_colour``, ``clip_quality``,
+   reward functions, ``module:function``) on the decoded images and their prompts, on each rank or on rank 0
+   with every rank receiving ITS OWN images' values (``placement``), gathered in global order; R = main +
+   w_cvar max(0, main - VaR_tau) + w_quality quality over the GATHERED batch (``rollout/redteam_reward.py``);
+3. advantages (identical on every rank): per prompt ((r - mean_prompt) / (std + 1e-4); ``global_std``: the std
+   of the whole batch) or global, clamped to +-``adv_clip_max``; one per image, shared by its timesteps;
+4. update: each (image, denoising step) pair of the first ``timestep_fraction`` of the steps is a loss unit
+   (flow_grpo's per-timestep accumulation); its log-prob is recomputed under the current policy at the stored
+   latents and the loss (``losses/flow.py`` ``flow_grpo_loss``: clipped ratio, + beta KL of the step's mean to
+   the LoRA-off base) is summed over the step's pairs / (global pairs / dp_size) by the shared step code.
+
+Evaluation renders every eval prompt once with the deterministic ODE sampler (``eval_num_inference_steps``) and
+reports the mean of the ``main`` reward (eval/reward_mean).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from alignkit.algorithms.base import Batch, Context, Example, MetricSums, policy_specs, resolve_reference
+from alignkit.algorithms.flow_sft import StepSeeded, seeded, unwrap_flow
+from alignkit.algorithms.grpo import group_stats
+from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
+from alignkit.algorithms.redteam import RedTeamScorerConfig, scorer_keys
+from alignkit.config.schema import RunConfig, f
+from alignkit.config.sections import register_section
+from alignkit.data.captions import ImagePromptData
+from alignkit.errors import ConfigError
+from alignkit.losses.flow import flow_grpo_loss
+from alignkit.models.roles import Models, ModelSpec
+from alignkit.ops.flow_sde import sde_step
+from alignkit.rollout.context import Experience, RolloutContext
+from alignkit.rollout.experience import Sample
+from alignkit.rollout.flow_sample import Conditioning, decode, latent_shape, sample, schedule, velocity
+from alignkit.rollout.redteam_reward import redteam_advantages, redteam_reward
+from alignkit.rollout.redteam_scorers import Judged, build_scorer, check_scorer_name, judge_placed, weighted_term
+from alignkit.rollout.score import gather_scores
+
+
+@dataclass
+class FlowScorerConfig(RedTeamScorerConfig):
+    use: Literal["main", "quality"] = f(  # type: ignore[assignment]
+        "main", "Which term of the reward it adds to: main (the reward the CVaR bonus reads) or quality (times "
+        "w_quality).")
+
+    def __post_init__(self) -> None:
+        check_scorer_name(self.name, "flow_grpo.scorers")
+
+
+@register_section("flow_grpo")
+@dataclass
+class FlowGRPOConfig:
+    """``algorithm: flow_grpo``: sampler, loss and reward of Flow-GRPO (module docstring)."""
+
+    resolution: int = f(512, "Side of the square images in pixels (a multiple of the VAE's downsampling).", gt=0)
+    num_inference_steps: int = f(10, "Denoising steps of the training rollouts (flow_grpo: 10).", gt=0)
+    eval_num_inference_steps: int = f(40, "Denoising steps of evaluation and the ODE sampler (flow_grpo: 40).", gt=0)
+    guidance_scale: float = f(4.5, "Classifier-free guidance scale of sampling and of the loss's forward; <= 1 = off.", ge=0)
+    negative_prompt: str = f("", "The unconditional prompt of classifier-free guidance.")
+    noise_level: float = f(0.7, "a of the SDE's noise scale sigma_t = a sqrt(t / (1 - t)).", gt=0)
+    timestep_fraction: float = f(0.99, "Train on the first int(num_inference_steps x this) denoising steps.", gt=0, le=1)
+    clip_range: float = f(1e-4, "Ratio clip: rho in [1 - clip_range, 1 + clip_range] (flow_grpo: 1e-4).", gt=0)
+    beta: float = f(0.04, "KL coefficient of the mean-difference term to the reference (0 = no reference).", ge=0)
+    reference: Literal["auto", "model", "lora_base"] = f(
+        "auto", "KL reference: the LoRA base with adapters off (auto with model.lora) or a frozen copy (model).")
+    adv_clip_max: float = f(5.0, "Advantages clamped to +-adv_clip_max; 0 = off.", ge=0)
+    statistics: Literal["prompt", "global"] = f(
+        "prompt", "Advantage mean/std per prompt (flow_grpo's per_prompt_stat_tracking) or over the whole gathered batch.")
+    global_std: bool = f(False, "statistics=prompt: divide by the std of every gathered reward, not the prompt's.")
+    scorers: list[FlowScorerConfig] = f([], "The image rewards, e.g. [{name: shapes_colour}, {name: clip_quality, "
+                                        "model: PATH, use: quality}] (the red-team scorer registry).")
+    placement: Literal["local", "main"] = f(
+        "main", "Where scorers run: main = rank 0 over the gathered images, each rank receiving ITS OWN values; "
+        "local = every rank scores its own.")
+    tau: float = f(0.1, "CVaR tail level in (0, 1) of the bonus w_cvar max(0, main - VaR_tau).", gt=0)
+    w_cvar: float = f(0.0, "Weight of the CVaR tail bonus over the gathered main rewards (Flow-RTPO: 0.1).", ge=0)
+    w_quality: float = f(1.0, "Weight of the quality term (the quality scorers; unused without any).")
+    max_sequence_length: int = f(77, "T5 prompt tokens (SD3's max_sequence_length).", gt=0)
+
+    def __post_init__(self) -> None:
+        if not self.tau < 1:
+            raise ConfigError(f"flow_grpo.tau: expected a value in (0, 1), got {self.tau}")
+
+    @property
+    def train_steps(self) -> int:
+        """Denoising steps trained per image."""
+        return max(1, int(self.num_inference_steps * self.timestep_fraction))
+
+
+def flow_reference(cfg: RunConfig) -> str:
+    o = cfg.section(FlowGRPOConfig)
+    return resolve_reference(cfg, o.reference, needed=o.beta > 0, key="flow_grpo.reference")
+
+
+class FlowGRPO(StepSeeded, OnlineAlgorithm):
+    name = "flow_grpo"
+
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
+        super().__init__(cfg, tokenizer)
+        o = self.opts = cfg.section(FlowGRPOConfig)
+        if not any(s.use == "main" for s in o.scorers):
+            raise ConfigError("flow_grpo.scorers: name at least one main reward, e.g. [{name: shapes_colour}]")
+        self.data = ImagePromptData(cfg.data)
+        self.reference = flow_reference(cfg)
+        self.scorer_list = [(key, s, build_scorer(s, cfg.model)) for key, s in scorer_keys(o.scorers)]
+        self.step = 0  # optimizer steps done: seeds the next rollout's noise
+        self.negative: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
+        return policy_specs(cfg, flow_reference(cfg), kind="diffusion")
+
+    def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
+        super().before_training(ctx, train_set, eval_set)
+        unwrap_flow(ctx.models["policy"])  # a one-line error for a policy of another kind
+
+    # ------------------------------------------------------------------ sampling
+    def sampling_summary(self) -> str:
+        o = self.opts
+        return (f"{o.num_inference_steps} SDE steps ({o.train_steps} trained, noise_level={o.noise_level}), "
+                f"guidance={o.guidance_scale}, {o.resolution} px; evaluation: {o.eval_num_inference_steps} ODE steps")
+
+    def conditioning(self, flow: Any, prompts: list[str]) -> Conditioning:
+        embeds, pooled = flow.encode_text(prompts, self.opts.max_sequence_length)
+        if self.opts.guidance_scale <= 1.0:
+            return Conditioning(embeds, pooled)
+        neg, neg_pooled = self.negatives(flow)
+        n = len(prompts)
+        return Conditioning(embeds, pooled, neg.expand(n, *neg.shape[1:]), neg_pooled.expand(n, *neg_pooled.shape[1:]))
+
+    def negatives(self, flow: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The negative prompt's ``(1, L, D)`` and ``(1, P)`` embeddings (the frozen encoders': computed once)."""
+        if self.negative is None:
+            self.negative = flow.encode_text([self.opts.negative_prompt], self.opts.max_sequence_length)
+        return self.negative
+
+    def render(self, ctx: RolloutContext, prompts: list[str], keys: list[str], *, steps: int, noise_level: float,
+               step: int) -> tuple[Any, list[Any], Conditioning]:
+        """The trajectories and decoded images of ``prompts``, image i's noise seeded by (seed, ``step``, ``keys[i]``)."""
+        module = ctx.models["policy"]
+        flow = unwrap_flow(module)
+        cond = self.conditioning(flow, prompts)
+        gens = [seeded(self.cfg.training.seed, step, key) for key in keys]
+        scale = float(flow.pipe.scheduler.config.num_train_timesteps)
+        with ctx.strategy.full_params(module) as plain:
+            traj = sample(plain, cond, gens, shape=latent_shape(flow, self.opts.resolution),
+                          sigmas=schedule(flow.pipe.scheduler, steps), guidance=self.opts.guidance_scale,
+                          noise_level=noise_level, scale=scale)
+        return traj, decode(flow, traj.latents[:, -1]), cond
+
+    def scores(self, ctx: RolloutContext, prompts: list[str], images: list[Any], placement: str) -> dict[str, torch.Tensor]:
+        """Every scorer's values of this rank's images (``use/name`` -> ``(n,)``), placed, not gathered."""
+        batch = Judged(prompts, [""] * len(prompts), prompts, [row["fields"] for row in ctx.rows], images)
+        return {k: torch.tensor(v, dtype=torch.float64) for k, v in judge_placed(self.scorer_list, batch, ctx.strategy.device, placement).items()}
+
+    # ------------------------------------------------------------------ rollout
+    def rollout(self, ctx: RolloutContext) -> Experience:
+        o = self.opts
+        prompts = [row["prompt"] for row in ctx.rows]
+        start = time.perf_counter()
+        traj, images, cond = self.render(ctx, prompts, [f"sample:{i}" for i in range(ctx.mine.start, ctx.mine.stop)],
+                                         steps=o.num_inference_steps, noise_level=o.noise_level, step=self.step)
+        sample_s = time.perf_counter() - start
+        local = self.scores(ctx, prompts, images, o.placement)
+        scores = gather_scores({k: v.tolist() for k, v in local.items()})
+        main, quality = weighted_term(self.scorer_list, scores, "main"), weighted_term(self.scorer_list, scores, "quality")
+        assert main is not None
+        terms = redteam_reward(main, quality, tau=o.tau, w_cvar=o.w_cvar, w_quality=o.w_quality if quality is not None else 0.0)
+        gathered = {"reward": terms["reward"], "reward/main": main, "cvar_bonus": terms["cvar_bonus"]}
+        if quality is not None:
+            gathered["reward/quality"] = quality
+        gathered.update({f"reward/{k}": v for k, v in scores.items()})
+        samples = self.units_of(traj, cond, prompts)
+        stats = self.make_experience(ctx, samples, [], gathered)
+        for name, values in gathered.items():
+            ok = values[~torch.isnan(values)]
+            stats.add(f"{name}_mean" if "/" not in name else name, float(ok.mean()) if ok.numel() else math.nan, 1)
+        stats.add("var", terms["var"], 1)
+        stats.add("sample_s", sample_s, 1)
+        return Experience(samples, gathered, stats)
+
+    def units_of(self, traj: Any, cond: Conditioning, prompts: list[str]) -> list[Sample]:
+        """One loss unit per (image, trained denoising step), step-major (a micro-batch holds one step of
+        several images, as flow_grpo's); ``image``: the image's index on this rank. Tensors stay on the device."""
+        units = []
+        for j in range(self.opts.train_steps):
+            for i, prompt in enumerate(prompts):
+                units.append({"latents": traj.latents[i, j], "next_latents": traj.latents[i, j + 1],
+                              "sigma": traj.sigmas[j], "sigma_next": traj.sigmas[j + 1], "old_logp": traj.logps[i, j],
+                              "embeds": cond.embeds[i], "pooled": cond.pooled[i], "prompt": prompt, "image": i})
+        self.sigma_cap = traj.sigma_cap
+        return units
+
+    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
+                        scores: dict[str, torch.Tensor]) -> MetricSums:
+        """Advantages from the gathered ``scores["reward"]`` (per prompt or global statistics, clamped), the
+        same on every rank; each unit gets its image's (this rank's slice)."""
+        o, G = self.opts, self.cfg.section(RolloutConfig).num_generations
+        reward = scores["reward"]
+        adv = redteam_advantages(reward, G, statistics=o.statistics, scale_rewards="batch" if o.global_std else "group",
+                                 clip=o.adv_clip_max)
+        mine, rewards = adv[ctx.mine].tolist(), reward[ctx.mine].tolist()
+        for s in samples:
+            s["advantage"] = torch.tensor(mine[s["image"]])
+            s["log"] = {"reward": rewards[s["image"]], "advantage": mine[s["image"]]}
+        return group_stats(reward, adv, G)
+
+    # ------------------------------------------------------------------ update
+    def collate(self, samples: list[Sample]) -> Batch:
+        keys = ("latents", "next_latents", "sigma", "sigma_next", "old_logp", "advantage", "embeds", "pooled")
+        return Batch({}, {k: torch.stack([s[k] for s in samples]) for k in keys})
+
+    def units(self, batch: Batch) -> int:
+        return int(batch["advantage"].numel())
+
+    def tokens_in(self, batch: Batch) -> int:
+        return 0
+
+    def transition(self, module: torch.nn.Module, flow: Any, batch: Batch) -> Any:
+        """The SDE step of the batch's stored transitions under ``module`` (the policy or its LoRA-off base)."""
+        cond = self.conditioning_of(flow, batch)
+        v = velocity(module, batch["latents"], batch["sigma"], cond, guidance=self.opts.guidance_scale,
+                     scale=float(flow.pipe.scheduler.config.num_train_timesteps), detach_uncond=True)
+        return sde_step(v, batch["latents"], batch["sigma"], batch["sigma_next"], noise_level=self.opts.noise_level,
+                        sigma_cap=self.sigma_cap, next_sample=batch["next_latents"])
+
+    def conditioning_of(self, flow: Any, batch: Batch) -> Conditioning:
+        embeds, pooled = batch["embeds"], batch["pooled"]
+        if self.opts.guidance_scale <= 1.0:
+            return Conditioning(embeds, pooled)
+        neg, neg_pooled = self.negatives(flow)
+        n = embeds.shape[0]
+        return Conditioning(embeds, pooled, neg.expand(n, *neg.shape[1:]), neg_pooled.expand(n, *neg_pooled.shape[1:]))
+
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        o = self.opts
+        module = models["policy"]
+        flow = unwrap_flow(module)
+        ref_mean = None
+        if self.reference != "none":
+            with torch.no_grad(), models.running("reference") as ref:
+                ref_mean = self.transition(ref, flow, batch).mean
+        new = self.transition(module, flow, batch)
+        loss, parts = flow_grpo_loss(new.logp, batch["old_logp"], batch["advantage"], clip_range=o.clip_range,
+                                     normalizer=normalizer, mean=new.mean, ref_mean=ref_mean, std_t=new.std_t,
+                                     beta=o.beta if ref_mean is not None else 0.0)
+        m = MetricSums()
+        m.add_mean("policy_loss", parts["policy"])
+        m.add_mean("clip_fraction", parts["clipped"])
+        m.add_mean("ratio", parts["ratio"])
+        m.add_mean("approx_kl", 0.5 * (new.logp.detach() - batch["old_logp"]).pow(2))
+        if ref_mean is not None:
+            m.add_mean("kl", parts["kl"])
+        return loss, m
+
+    # ------------------------------------------------------------------ evaluation and state
+    @torch.no_grad()
+    def evaluate(self, ctx: RolloutContext) -> tuple[float, float, float]:
+        """The eval prompts rendered by the ODE sampler (noise seeded by each prompt's index in the eval set) and
+        scored on this rank: (sum of the main rewards, how many were scored, 0)."""
+        rank, world = ctx.strategy.dp_rank, ctx.strategy.dp_size
+        prompts = [row["prompt"] for row in ctx.rows]
+        keys = [f"eval:{rank + world * i}" for i in range(len(prompts))]
+        _, images, _ = self.render(ctx, prompts, keys, steps=self.opts.eval_num_inference_steps, noise_level=0.0, step=-1)
+        main = weighted_term(self.scorer_list, self.scores(ctx, prompts, images, "local"), "main")
+        assert main is not None
+        ok = ~torch.isnan(main)
+        return float(main[ok].sum()), float(ok.sum()), 0.0

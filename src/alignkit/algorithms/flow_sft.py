@@ -1,0 +1,124 @@
+"""Flow-matching fine-tuning of a text-to-image pipeline (``algorithm: flow_sft``) on image/caption rows.
+
+The rectified-flow loss SD3 trains with (``losses/flow.py``): each image's latents x0 (the pipeline's VAE) are
+mixed with noise at a sampled noise level sigma and the transformer, conditioned on the caption (the
+pipeline's text encoders), regresses the velocity noise - x0. The policy is a ``diffusion`` model
+(``models/diffusion.py``: the transformer trains, in full or through LoRA with ``model.lora``). So the tiny
+pipeline (``alignkit tiny-model OUT --arch sd3``) first learns to draw the shipped synthetic scenes
+(``alignkit data synth --kind vlm --stage pretrain``), and a user fine-tunes a real one.
+
+Noise and sigma of an image are drawn from a generator seeded by (``training.seed``, the optimizer step, the
+row's file and line): the same however the step is split over micro-batches and ranks, and again after a
+resume (the step is the algorithm's state). Evaluation draws with step -1: every evaluation of a run sees the
+same noise, so its losses compare.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from alignkit.algorithms.base import Context, MetricSums, OfflineAlgorithm, policy_specs
+from alignkit.config.schema import RunConfig, f
+from alignkit.config.sections import register_section
+from alignkit.data.batch import Batch
+from alignkit.data.captions import CaptionData
+from alignkit.losses.flow import flow_matching_loss, noisy_latents, sample_sigmas
+from alignkit.models.roles import Models, ModelSpec
+
+
+@register_section("flow_sft")
+@dataclass
+class FlowSFTConfig:
+    resolution: int = f(32, "Side of the square training images in pixels (each image is resized to it); a "
+                        "multiple of the VAE's downsampling x the transformer's patch size.", gt=0)
+    timestep_sampling: Literal["logit_normal", "uniform"] = f(
+        "logit_normal", "How the noise level sigma of each image is drawn: logit_normal (SD3's: sigmoid of "
+        "N(logit_mean, logit_std)) or uniform in (0, 1).")
+    logit_mean: float = f(0.0, "logit_normal: mean of the normal before the sigmoid.")
+    logit_std: float = f(1.0, "logit_normal: std of the normal before the sigmoid.", gt=0)
+    max_sequence_length: int = f(77, "Prompt tokens of the T5 encoder (SD3's max_sequence_length; a pipeline "
+                                 "without T5 gets this many zero embeddings in its place).", gt=0)
+
+
+def seeded(seed: int, step: int, key: str) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(f"{seed}:{step}:{key}".encode()))
+
+
+def unwrap_flow(module: torch.nn.Module) -> Any:
+    """The :class:`~alignkit.models.diffusion.FlowPolicy` inside an engine's wrapper (DDP / DeepSpeed ``.module``):
+    its frozen encoders run outside the wrapper (they hold none of the trained parameters)."""
+    from alignkit.models.diffusion import FlowPolicy
+
+    while not isinstance(module, FlowPolicy):
+        inner = getattr(module, "module", None)
+        if inner is None:
+            raise TypeError(f"flow_sft trains a diffusion model (model.kind: diffusion), got {type(module).__name__}")
+        module = inner
+    return module
+
+
+class StepSeeded:
+    """State of an algorithm whose noise is seeded by the optimizer step (``seeded``): ``step``, the optimizer
+    steps done, kept by the hook and carried by checkpoints, so a resumed run draws the same noise."""
+
+    step: int = 0
+
+    def on_step_end(self, ctx: Context) -> dict[str, float]:
+        self.step = ctx.step
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state.get("step", 0))
+
+
+class FlowSFT(StepSeeded, OfflineAlgorithm):
+    name = "flow_sft"
+
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
+        self.opts = cfg.section(FlowSFTConfig)
+        super().__init__(cfg, tokenizer, CaptionData(cfg.data, self.opts.resolution))
+        self.step = 0  # optimizer steps done: seeds the noise of the next one
+
+    @classmethod
+    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
+        return policy_specs(cfg, "none", kind="diffusion")
+
+    def draws(self, keys: list[str], shape: torch.Size, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, *shape)`` noise and ``(B,)`` sigmas, one seeded generator per image (module docstring)."""
+        o, noise, sigmas = self.opts, [], []
+        for key in keys:
+            gen = seeded(self.cfg.training.seed, step, key)
+            sigmas.append(sample_sigmas(1, gen, scheme=o.timestep_sampling, mean=o.logit_mean, std=o.logit_std))
+            noise.append(torch.randn(shape, generator=gen))
+        return torch.stack(noise), torch.cat(sigmas)
+
+    def losses(self, models: Models, batch: Batch, step: int, normalizer: float) -> tuple[torch.Tensor, torch.Tensor]:
+        module = models["policy"]
+        flow = unwrap_flow(module)
+        x0 = flow.encode_images(batch["pixels"])
+        embeds, pooled = flow.encode_text(batch["captions"], self.opts.max_sequence_length)
+        noise, sigmas = self.draws(batch["keys"], x0.shape[1:], step)
+        noise, sigmas = noise.to(x0), sigmas.to(x0)
+        scale = flow.pipe.scheduler.config.num_train_timesteps  # the transformer's timestep = sigma x 1000
+        velocity = module(noisy_latents(x0, noise, sigmas), sigmas * scale, embeds, pooled)
+        return flow_matching_loss(velocity, x0, noise, normalizer=normalizer)
+
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        loss, per_image = self.losses(models, batch, self.step, normalizer)
+        m = MetricSums()
+        m.add_mean("flow_loss", per_image)
+        return loss, m
+
+    @torch.no_grad()
+    def eval_step(self, models: Models, batch: Batch) -> MetricSums:
+        _, per_image = self.losses(models, batch, -1, 1.0)
+        m = MetricSums()
+        m.add_mean("loss", per_image)
+        return m
