@@ -8,7 +8,8 @@ skipped where vllm is not installed. Every test shares ONE engine: the process-w
   from the updated weights, and differ from the ones before the step (the weights really moved in);
 * sampled completions: one request with n samples per prompt group, and the engine's log-probs of the
   sampled tokens equal the trainer's forward at the sampling temperature (importance ratio ~1);
-* GRPO with ``engine: vllm`` learns the digit task (the online learning test's threshold).
+* GRPO with ``engine: vllm`` learns the digit task (the online learning test's threshold), in one process and
+  under 2-process DDP.
 """
 
 from __future__ import annotations
@@ -157,3 +158,17 @@ def test_grpo_with_vllm_learns_the_digit_task(policy: Path, engine: VLLMEngine, 
     assert rise >= MIN_RISE, reward
     ratio = [r["sampler_is_ratio"] for r in logged if "sampler_is_ratio" in r]
     assert ratio and all(math.isfinite(x) and abs(x - 1) < 0.05 for x in ratio), ratio  # the correction is logged
+
+
+@pytest.mark.distributed
+def test_grpo_with_vllm_learns_under_two_process_ddp(policy: Path, tmp_path: Path) -> None:
+    """The same run under torchrun on 2 gloo ranks (32 completions each): every rank builds its own engine, its
+    seeds drawn from its own generator (the loop seeds torch per rank)."""
+    out = tmp_path / "grpo_ddp"
+    assert_ok(run_cli(["train", str(CONFIGS / "grpo.yaml"), f"model.name_or_path={policy}", f"output_dir={out}",
+                       "training.max_steps=60", "training.per_device_batch_size=32", "data.eval=[]",
+                       "logging.plot=false", "rollout.engine=vllm"], nproc=2, timeout=600))
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    reward = [r["reward_mean"] for r in logged if "reward_mean" in r]
+    assert len(reward) == 6
+    assert (reward[-1] + reward[-2]) / 2 - reward[0] >= MIN_RISE, reward

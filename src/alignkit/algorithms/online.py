@@ -77,6 +77,14 @@ class OnlineAlgorithm(Algorithm):
         self.data = PromptData(tokenizer, cfg.data, max_new_tokens=cfg.section(RolloutConfig).max_new_tokens)
         self.reference = "none"
 
+    @classmethod
+    def reserved_memory_fraction(cls, cfg: RunConfig) -> float:
+        """``engine: vllm``: the engine's ``vllm.gpu_memory_utilization`` (none with sleep mode, which hands
+        the memory back during the update)."""
+        v = cfg.section(VLLMConfig)
+        uses = cfg.section(RolloutConfig).engine == "vllm" and not v.sleep_mode
+        return v.gpu_memory_utilization if uses else 0.0
+
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         """Once before the first rollout (``train_set``: the prompt rows): with ``rollout.disable_dropout``
         (default) every dropout of the trainable models is zeroed (``Models.disable_dropout``). The loop

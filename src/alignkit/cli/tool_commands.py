@@ -84,7 +84,7 @@ def register(sub: Any) -> None:
     sp.add_argument("out_dir")
     sp.add_argument("--arch", default="llama", choices=["llama", "llava"],
                     help="llava: a vision-language model (small CLIP vision tower + projector + the tiny Llama)")
-    sp.add_argument("--size", default="tiny", choices=["micro", "tiny", "small"])
+    sp.add_argument("--size", default="tiny", choices=["micro", "micro64", "tiny", "small"])
     sp.add_argument("--vocab-size", type=int, default=None)
     sp.add_argument("--seed", type=int, default=0)
     sp.set_defaults(func=cmd_tiny_model)
