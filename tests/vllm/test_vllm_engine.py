@@ -1,15 +1,17 @@
 """``rollout.engine: vllm`` against Hugging Face generate, on the shipped digit task's SFT policy (a micro Llama
 with 64-wide heads: vLLM's CPU attention refuses head_dim 16). Run in the vLLM virtualenv (.ci/vllm_env);
-skipped where vllm is not installed. Every test shares ONE engine: the process-wide engine of
-``rollout/vllm_engine.py`` (built in about 20-40 s on 2 cores), which the in-process GRPO run reuses too.
+skipped where vllm is not installed. The in-process tests share ONE engine: the process-wide engine of
+``rollout/vllm_engine.py`` (built in about 20-40 s on 2 cores), which the in-process GRPO run reuses too; the
+DDP, ``alignkit generate`` and server tests start processes of their own (an engine each).
 
 * greedy completions equal HF generate's for the same weights and prompts;
 * after an optimizer step (full fine-tuning, and LoRA with its adapters merged on the way) they equal HF's
   from the updated weights, and differ from the ones before the step (the weights really moved in);
 * sampled completions: one request with n samples per prompt group, and the engine's log-probs of the
   sampled tokens equal the trainer's forward at the sampling temperature (importance ratio ~1);
-* GRPO with ``engine: vllm`` learns the digit task (the online learning test's threshold), in one process and
-  under 2-process DDP.
+* GRPO with ``engine: vllm`` learns the digit task (the online learning test's threshold), in one process,
+  under 2-process DDP and against an ``alignkit vllm-serve`` process (server mode);
+* ``alignkit generate --engine vllm`` writes HF's greedy completions.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def both(engine: VLLMEngine, hf: HFEngine, model: Any, prompts: list[list[int]])
 
 def test_greedy_equals_hf_generate(setup: tuple[Any, Any, list[list[int]]], engine: VLLMEngine) -> None:
     tok, model, prompts = setup
+    prompts = prompts + [prompts[0], prompts[0]]  # repeated prompts: greedy requests are not grouped (vLLM: n = 1)
     v, h = both(engine, HFEngine(tok), model, prompts)
     assert v.completion_ids == h.completion_ids
     assert v.finish_reasons == h.finish_reasons and v.texts == h.texts
@@ -172,3 +175,47 @@ def test_grpo_with_vllm_learns_under_two_process_ddp(policy: Path, tmp_path: Pat
     reward = [r["reward_mean"] for r in logged if "reward_mean" in r]
     assert len(reward) == 6
     assert (reward[-1] + reward[-2]) / 2 - reward[0] >= MIN_RISE, reward
+
+
+def test_alignkit_generate_with_engine_vllm(policy: Path, tmp_path: Path) -> None:
+    """``alignkit generate --engine vllm`` (its own process, its own engine) writes HF's greedy completions."""
+    from alignkit.resources import resource_path
+
+    outs = {}
+    for engine in ("hf", "vllm"):
+        outs[engine] = tmp_path / f"{engine}.jsonl"
+        assert_ok(run_cli(["generate", str(policy), str(resource_path("digits_prompts_eval.jsonl")), "--engine", engine,
+                           "--max-new-tokens", "8", "--out", str(outs[engine])], timeout=300))
+    hf, vllm = ([json.loads(x)["completion"] for x in outs[e].read_text().splitlines()] for e in ("hf", "vllm"))
+    assert len(hf) == len(vllm) > 10 and vllm == hf
+
+
+def test_grpo_against_a_vllm_server_learns(policy: Path, tmp_path: Path) -> None:
+    """Server mode: ``alignkit vllm-serve`` in its own process on a loopback port; a GRPO run with
+    ``vllm.server_url`` pushes its weights there after every step and learns like the colocated run."""
+    import subprocess
+    import sys
+    import time
+
+    from alignkit.rollout.vllm_server import Client
+    from tests.conftest import child_env, free_port
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "alignkit", "vllm-serve", str(policy), "--port", str(port),
+                               "--max-model-len", str(MAX_LEN)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=child_env())
+    try:
+        client, deadline = Client(f"http://127.0.0.1:{port}"), time.monotonic() + 240
+        while not client.health():
+            assert server.poll() is None and time.monotonic() < deadline, server.stdout.read() if server.poll() else "timeout"
+            time.sleep(1)
+        out = tmp_path / "grpo_server"
+        assert_ok(run_cli(["train", str(CONFIGS / "grpo.yaml"), f"model.name_or_path={policy}", f"output_dir={out}",
+                           "training.max_steps=60", "data.eval=[]", "logging.plot=false", "rollout.engine=vllm",
+                           f"vllm.server_url=http://127.0.0.1:{port}"], timeout=600))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    reward = [r["reward_mean"] for r in logged if "reward_mean" in r]
+    assert len(reward) == 6 and (reward[-1] + reward[-2]) / 2 - reward[0] >= MIN_RISE, reward

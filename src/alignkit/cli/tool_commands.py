@@ -1,4 +1,4 @@
-"""Commands around runs: score, merge-lora, demo, tiny-model, data synth."""
+"""Commands around runs: score, merge-lora, vllm-serve, demo, tiny-model, data synth."""
 
 from __future__ import annotations
 
@@ -55,6 +55,15 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_vllm_serve(args: argparse.Namespace) -> int:
+    from alignkit.rollout.vllm_engine import VLLMConfig
+    from alignkit.rollout.vllm_server import serve
+
+    serve(args.model, host=args.host, port=args.port, dtype=args.dtype, max_model_len=args.max_model_len,
+          settings=VLLMConfig(gpu_memory_utilization=args.gpu_memory_utilization))
+    return 0
+
+
 def register(sub: Any) -> None:
     sp = sub.add_parser("score", help="score every response of a .jsonl/.parquet file with a reward or cost model")
     sp.add_argument("model_dir", help="a trained reward/cost model (full or LoRA adapter directory)")
@@ -72,6 +81,15 @@ def register(sub: Any) -> None:
     sp.add_argument("out_dir")
     sp.add_argument("--base", default=None, help="base model (default: the one recorded in adapter_config.json)")
     sp.set_defaults(func=cmd_merge_lora)
+
+    sp = sub.add_parser("vllm-serve", help="serve a model with vLLM for training runs' rollouts (vllm.server_url)")
+    sp.add_argument("model", help="a Hugging Face model dir (the policy's start)")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8000)
+    sp.add_argument("--dtype", default="auto", help="auto = bfloat16 on a GPU, float32 on CPU")
+    sp.add_argument("--max-model-len", type=int, default=2048, help="longest prompt + completion served")
+    sp.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    sp.set_defaults(func=cmd_vllm_serve)
 
     sp = sub.add_parser("demo", help="build a tiny model, run SFT on the shipped data, print before/after")
     sp.add_argument("--output-dir", default="runs/demo")

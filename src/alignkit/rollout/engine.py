@@ -211,5 +211,7 @@ def build_engine(name: str, tokenizer: Any, cfg: Any = None) -> RolloutEngine:
     """The engine registered as ``name`` (``hf``, ``vllm``), decoding and padding with ``tokenizer`` (a VLM's:
     its processor's tokenizer); an engine with settings of its own reads them from the run config ``cfg``
     (its ``from_run``). Built once per run; ``generate`` is called per rollout / evaluation."""
+    import alignkit.rollout.vllm_engine  # noqa: F401  (registers "vllm"; vllm itself is imported when built)
+
     cls = ENGINES.get(name)
     return cls.from_run(tokenizer, cfg) if cfg is not None and hasattr(cls, "from_run") else cls(tokenizer)

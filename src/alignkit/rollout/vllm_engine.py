@@ -58,10 +58,13 @@ class VLLMConfig:
     importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = f(
         "token_truncate", "Per token or per sequence ratio; truncated at the cap or zeroed above it.")
     importance_sampling_cap: float = f(3.0, "Cap C of the importance weights (TRL's clip_max).", gt=0)
+    server_url: str = f("", "Server mode: the URL of an `alignkit vllm-serve` process (http://127.0.0.1:8000) that "
+                        "generates on its own devices; the trainer pushes its weights there after each step. "
+                        "Empty = colocated (an engine inside each training process).")
 
 
 def require_vllm() -> Any:
-    """The vllm package, or an ImportError that says what to install (one line)."""
+    """The vllm package, or a ConfigError that says what to install (one line)."""
     try:
         import vllm
     except ImportError as e:
@@ -101,40 +104,104 @@ def _fingerprint(model: nn.Module) -> tuple[tuple[int, int], ...]:
 _LLMS: dict[str, Any] = {}  # process-wide engines by their build arguments
 
 
-def _llm(model: nn.Module, tokenizer: Any, settings: VLLMConfig, max_model_len: int) -> Any:
-    """The process's vLLM engine for ``model``'s architecture (built once: config + tokenizer written to a
-    temp dir, random weights that the first sync replaces)."""
+def build_llm(folder: str, dtype: str, device_type: str, settings: VLLMConfig, max_model_len: int,
+              load_format: str = "auto") -> Any:
+    """A vLLM ``LLM`` in this process for the model (or config + tokenizer, ``load_format="dummy"``) in ``folder``;
+    on CPU its KV cache is ``kv_cache_mb``, on a GPU it takes ``gpu_memory_utilization``."""
     require_vllm()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
+    kwargs: dict[str, Any] = dict(model=folder, dtype=dtype, load_format=load_format, max_model_len=max_model_len,
+                                  logprobs_mode="processed_logprobs", seed=0)
+    if device_type == "cpu":
+        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=settings.kv_cache_mb << 20)
+    else:
+        kwargs.update(gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=settings.sleep_mode)
+    return LLM(**kwargs)
+
+
+def _llm(model: nn.Module, tokenizer: Any, settings: VLLMConfig, max_model_len: int) -> Any:
+    """The process's vLLM engine for ``model``'s architecture (built once: config + tokenizer written to a
+    temp dir, random weights that the first sync replaces)."""
     config = model.get_base_model().config if hasattr(model, "peft_config") else model.config
     dtype = settings.dtype if settings.dtype != "auto" else str(next(model.parameters()).dtype).removeprefix("torch.")
     device = next(model.parameters()).device
     key = json.dumps([config.to_json_string(), asdict(settings), max_model_len, dtype, str(device)], sort_keys=True)
-    if key in _LLMS:
-        return _LLMS[key]
-    folder = tempfile.mkdtemp(prefix="alignkit-vllm-")
-    config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    kwargs: dict[str, Any] = dict(model=folder, dtype=dtype, load_format="dummy", max_model_len=max_model_len,
-                                  logprobs_mode="processed_logprobs", seed=0)
-    if device.type == "cpu":
-        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=settings.kv_cache_mb << 20)
-    else:
-        kwargs.update(gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=settings.sleep_mode)
-    _LLMS[key] = LLM(**kwargs)
+    if key not in _LLMS:
+        folder = tempfile.mkdtemp(prefix="alignkit-vllm-")
+        config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        _LLMS[key] = build_llm(folder, dtype, device.type, settings, max_model_len, load_format="dummy")
     return _LLMS[key]
+
+
+def load_weights(llm: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """``weights`` (Hugging Face names) into the engine in place (vLLM's ``reload_weights``: it re-runs the
+    backend's post-load processing, e.g. CPU weight repacking), and the prefix cache dropped (its KV came from
+    the old weights)."""
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+    llm.reset_prefix_cache()
+
+
+@dataclass(frozen=True)
+class Request:
+    """One vLLM request: a prompt's ids, ``n`` samples, its seed."""
+
+    ids: list[int]
+    n: int
+    seed: int
+
+
+def requests_of(rows: list[list[int]], *, group: bool = True) -> list[Request]:
+    """Runs of identical consecutive prompts (a GRPO group) as one request with ``n`` samples each (with
+    ``group``; vLLM refuses n > 1 for greedy decoding); seeds drawn from torch's generator (seeded per rank by
+    the online loop), one per request."""
+    groups: list[tuple[list[int], int]] = []
+    for r in rows:
+        if group and groups and groups[-1][0] == r:
+            groups[-1] = (r, groups[-1][1] + 1)
+        else:
+            groups.append((r, 1))
+    base = int(torch.randint(0, 2**31 - 1, ()).item())
+    return [Request(ids, n, base + i) for i, (ids, n) in enumerate(groups)]
+
+
+#: one sample: (completion ids, finish reason "stop" | "length", the sampler's log-prob of each id)
+Sample = tuple[list[int], str, list[float]]
+
+
+def run_requests(llm: Any, requests: list[Request], params: dict[str, Any], progress: bool = False) -> list[Sample]:
+    """The samples of ``requests`` in order (a request's ``n`` in a row). ``params``: ``max_new_tokens``,
+    ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``stop_token_ids`` (EOS stops and is kept)."""
+    from vllm import SamplingParams as VSampling
+    from vllm.inputs import TokensPrompt
+
+    greedy = params["temperature"] <= 0
+    sampling = [VSampling(n=r.n, max_tokens=params["max_new_tokens"], seed=r.seed, logprobs=0, detokenize=False,
+                          temperature=0.0 if greedy else params["temperature"], top_p=1.0 if greedy else params["top_p"],
+                          top_k=0 if greedy else params["top_k"], stop_token_ids=params["stop_token_ids"] or None)
+                for r in requests]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=r.ids) for r in requests], sampling, use_tqdm=progress)
+    return [(list(c.token_ids), "length" if c.finish_reason == "length" else "stop",
+             [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs or [])]) for out in outs for c in out.outputs]
 
 
 @ENGINES.register("vllm")
 class VLLMEngine:
-    """Colocated vLLM (module docstring); ``settings``: the ``vllm:`` section; ``max_model_len``: the longest
-    prompt + completion (0: the section's value, else the model's own limit)."""
+    """vLLM behind the engine interface (module docstring): colocated, or the client of an ``alignkit vllm-serve``
+    process (``settings.server_url``). ``settings``: the ``vllm:`` section; ``max_model_len``: the longest prompt +
+    completion (0: the section's value, else the model's own limit)."""
 
     def __init__(self, tokenizer: Any, settings: VLLMConfig | None = None, max_model_len: int = 0) -> None:
-        require_vllm()
         self.tokenizer, self.settings = tokenizer, settings or VLLMConfig()
+        self.server = None
+        if self.settings.server_url:
+            from alignkit.rollout.vllm_server import Client
+
+            self.server = Client(self.settings.server_url)
+        else:
+            require_vllm()
         self.max_model_len = self.settings.max_model_len or max_model_len
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos = sorted(set(eos if isinstance(eos, list) else [eos]) - {None})
@@ -145,24 +212,37 @@ class VLLMEngine:
     def from_run(cls, tokenizer: Any, cfg: Any) -> VLLMEngine:
         """The engine of a run config (its ``vllm:`` section; prompt + completion length from data / rollout)."""
         from alignkit.algorithms.online import RolloutConfig
+        from alignkit.distributed.env import read_env
 
+        if cfg.section(VLLMConfig).server_url and read_env().world_size > 1:
+            raise ConfigError("vllm.server_url: one training process talks to a vLLM server here; with several "
+                              "processes leave it empty (a colocated engine per rank)")
         return cls(tokenizer, cfg.section(VLLMConfig),
                    cfg.data.max_length + cfg.section(RolloutConfig).max_new_tokens)
 
+    def _wake(self, model: nn.Module, tags: list[str] | None) -> bool:
+        """GPU sleep mode: wake the engine's ``tags`` memory (None: all); whether sleep mode is on."""
+        if self.server is None and self.settings.sleep_mode and next(model.parameters()).device.type != "cpu":
+            self.llm.wake_up(tags=tags)
+            return True
+        return False
+
     def sync(self, model: nn.Module) -> bool:
-        """Push ``model``'s (merged) weights into the engine unless unchanged since the last push; whether it
-        pushed. The first call builds the engine."""
-        if self.llm is None:
+        """Push ``model``'s (merged) weights into the engine (or the server) unless unchanged since the last
+        push; whether it pushed. The first colocated call builds the engine."""
+        if self.llm is None and self.server is None:
             limit = self.max_model_len or getattr(getattr(model, "config", None), "max_position_embeddings", 2048)
             self.llm = _llm(model, self.tokenizer, self.settings, limit)
         mark = (id(self.llm), id(model), _fingerprint(model))
         if mark == self._synced:
             return False
-        if self.settings.sleep_mode and next(model.parameters()).device.type != "cpu":
-            self.llm.wake_up(tags=["weights"])
-        weights = [(n, t.contiguous()) for n, t in merged_weights(model)]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        self._wake(model, ["weights"])
+        with torch.no_grad():  # the LoRA deltas: no graph
+            weights = [(n, t.contiguous()) for n, t in merged_weights(model)]
+        if self.server is not None:
+            self.server.load_weights(weights)
+        else:
+            load_weights(self.llm, weights)
         self._synced = mark
         return True
 
@@ -174,38 +254,16 @@ class VLLMEngine:
         if any(p.inputs for p in requests):
             raise ValueError("rollout.engine: vllm serves text prompts only here; use engine: hf for image prompts")
         self.sync(model)
-        from vllm import SamplingParams as VSampling
-        from vllm.inputs import TokensPrompt
-
-        if self.settings.sleep_mode and next(model.parameters()).device.type != "cpu":
-            self.llm.wake_up(tags=["kv_cache"])
-        groups = _groups([p.ids for p in requests])
-        base = int(torch.randint(0, 2**31 - 1, ()).item())  # torch's generator: seeded per rank by the loop
-        greedy = params.temperature <= 0
-        sampling = [VSampling(n=n, max_tokens=params.max_new_tokens, temperature=0.0 if greedy else params.temperature,
-                              top_p=1.0 if greedy else params.top_p, top_k=0 if greedy else params.top_k,
-                              stop_token_ids=self.eos or None, seed=base + i, logprobs=0, detokenize=False)
-                    for i, (_, n) in enumerate(groups)]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, _ in groups], sampling,
-                                 use_tqdm=bool(progress))
-        if self.settings.sleep_mode and next(model.parameters()).device.type != "cpu":
-            self.llm.sleep(level=1)
-        ids, reasons, logps = [], [], []
-        for out in outs:
-            for c in out.outputs:
-                ids.append(list(c.token_ids))
-                reasons.append("length" if c.finish_reason == "length" else "stop")
-                logps.append([lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs or [])])
-        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True) if ids else []
-        return Generations(ids, reasons, texts, logps)
-
-
-def _groups(rows: list[list[int]]) -> list[tuple[list[int], int]]:
-    """Runs of identical consecutive prompts as (ids, count): one vLLM request with ``n`` samples each."""
-    out: list[tuple[list[int], int]] = []
-    for r in rows:
-        if out and out[-1][0] == r:
-            out[-1] = (r, out[-1][1] + 1)
+        todo = requests_of([p.ids for p in requests], group=params.temperature > 0)
+        sampling = dict(max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                        top_k=params.top_k, stop_token_ids=self.eos)
+        if self.server is not None:
+            samples = self.server.generate(todo, sampling)
         else:
-            out.append((r, 1))
-    return out
+            slept = self._wake(model, None)
+            samples = run_requests(self.llm, todo, sampling, progress=bool(progress))
+            if slept:
+                self.llm.sleep(level=1)  # weights to host memory, KV cache dropped: the update gets the GPU
+        ids = [s[0] for s in samples]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True) if ids else []
+        return Generations(ids, [s[1] for s in samples], texts, [s[2] for s in samples])
