@@ -27,10 +27,10 @@ import torch
 
 pytest.importorskip("vllm")
 
-from alignkit.models.tiny import build_tiny_model  # noqa: E402
-from alignkit.rollout.engine import HFEngine, SamplingParams  # noqa: E402
-from alignkit.rollout.vllm_engine import VLLMConfig, VLLMEngine  # noqa: E402
-from tests.conftest import assert_ok, run_cli  # noqa: E402
+from alignkit.models.tiny import build_tiny_model
+from alignkit.rollout.engine import HFEngine, SamplingParams
+from alignkit.rollout.vllm_engine import VLLMConfig, VLLMEngine
+from tests.conftest import assert_ok, run_cli
 
 pytestmark = pytest.mark.vllm
 
@@ -219,3 +219,18 @@ def test_grpo_against_a_vllm_server_learns(policy: Path, tmp_path: Path) -> None
     logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     reward = [r["reward_mean"] for r in logged if "reward_mean" in r]
     assert len(reward) == 6 and (reward[-1] + reward[-2]) / 2 - reward[0] >= MIN_RISE, reward
+
+
+@pytest.mark.distributed
+def test_fsdp2_pushes_the_gathered_weights(policy: Path, tmp_path: Path) -> None:
+    """FSDP2 on 2 ranks: each rollout's engine gets the weights gathered once by ``Strategy.full_params``. The
+    logged sampler / trainer probability ratio is ~1 at every step only if the engine holds the updated weights
+    (a stale or sharded copy puts it far from 1 after the first step)."""
+    out = tmp_path / "grpo_fsdp"
+    assert_ok(run_cli(["train", str(CONFIGS / "grpo.yaml"), f"model.name_or_path={policy}", f"output_dir={out}",
+                       "training.max_steps=4", "training.per_device_batch_size=32", "data.eval=[]",
+                       "logging.plot=false", "logging.logging_steps=1", "rollout.engine=vllm",
+                       "distributed.strategy=fsdp", "training.learning_rate=3e-3"], nproc=2, timeout=600))
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    ratio = [r["sampler_is_ratio"] for r in logged if "sampler_is_ratio" in r]
+    assert len(ratio) == 4 and all(abs(x - 1) < 1e-3 for x in ratio), ratio

@@ -29,9 +29,9 @@ from alignkit.algorithms.reward import RewardConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.prompts import PromptData
+from alignkit.losses.rl import sampler_is_weights
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
 from alignkit.rollout.engine import ENGINES, Generations
-from alignkit.losses.rl import sampler_is_weights
 from alignkit.rollout.experience import Sample, collate_samples, flat, per_sequence, token_seq
 from alignkit.rollout.score import Scorer
 from alignkit.rollout.vllm_engine import VLLMConfig

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import nn

@@ -71,11 +71,11 @@ def make_server(llm: Any, host: str, port: int) -> HTTPServer:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             self._reply({"ok": True} if self.path == "/health" else {"error": f"no such path {self.path}"},
                         200 if self.path == "/health" else 404)
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             try:
                 if self.path == "/weights":
@@ -89,10 +89,10 @@ def make_server(llm: Any, host: str, port: int) -> HTTPServer:
                     self._reply({"samples": run_requests(llm, todo, msg["params"])})
                 else:
                     self._reply({"error": f"no such path {self.path}"}, 404)
-            except Exception as e:  # the trainer gets the reason, the server goes on
+            except Exception as e:  # noqa: BLE001  (the trainer gets the reason, the server goes on)
                 self._reply({"error": f"{type(e).__name__}: {e}"}, 500)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (quiet: one line per request is noise)
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     return HTTPServer((host, port), Handler)
