@@ -234,3 +234,17 @@ def test_fsdp2_pushes_the_gathered_weights(policy: Path, tmp_path: Path) -> None
     logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     ratio = [r["sampler_is_ratio"] for r in logged if "sampler_is_ratio" in r]
     assert len(ratio) == 4 and all(abs(x - 1) < 1e-3 for x in ratio), ratio
+
+
+def test_a_head_size_the_cpu_kernels_refuse_is_one_line(tmp_path: Path) -> None:
+    """The micro model (head_dim 16): one error line naming the sizes vLLM's CPU attention supports, before any
+    engine is built, from the colocated engine and from the server alike."""
+    from alignkit.resources import resource_path
+
+    micro = build_tiny_model(tmp_path / "micro", size="micro", seed=0)
+    for cmd in (["generate", str(micro), str(resource_path("digits_prompts_eval.jsonl")), "--engine", "vllm"],
+                ["vllm-serve", str(micro), "--port", "1"]):
+        proc = run_cli(cmd, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        lines = [x for x in proc.stderr.splitlines() if x.startswith("alignkit: error:")]
+        assert len(lines) == 1 and "this model has 16" in lines[0] and "micro64" in lines[0], proc.stderr[-3000:]

@@ -122,6 +122,21 @@ def build_llm(folder: str, dtype: str, device_type: str, settings: VLLMConfig, m
     return LLM(**kwargs)
 
 
+def check_cpu_head_size(config: Any) -> None:
+    """One ConfigError line, before the engine is built, for a model whose attention head size vLLM's CPU kernels
+    refuse (they would fail at the first generation, deep in a traceback)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+    except (ImportError, AttributeError):  # another vLLM version: its own error will say
+        return
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head not in sizes:
+        raise ConfigError(f"vLLM's CPU attention supports head sizes {sizes}, this model has {head}: use rollout.engine: "
+                          "hf, or a model with 64-wide heads (alignkit tiny-model --size micro64)")
+
+
 def _llm(model: nn.Module, tokenizer: Any, settings: VLLMConfig, max_model_len: int) -> Any:
     """The process's vLLM engine for ``model``'s architecture (built once: config + tokenizer written to a
     temp dir, random weights that the first sync replaces)."""
@@ -130,6 +145,8 @@ def _llm(model: nn.Module, tokenizer: Any, settings: VLLMConfig, max_model_len: 
     device = next(model.parameters()).device
     key = json.dumps([config.to_json_string(), asdict(settings), max_model_len, dtype, str(device)], sort_keys=True)
     if key not in _LLMS:
+        if device.type == "cpu":
+            check_cpu_head_size(config)
         folder = tempfile.mkdtemp(prefix="alignkit-vllm-")
         config.save_pretrained(folder)
         tokenizer.save_pretrained(folder)

@@ -25,7 +25,15 @@ from typing import Any
 
 import torch
 
-from alignkit.rollout.vllm_engine import Request, Sample, VLLMConfig, build_llm, load_weights, run_requests
+from alignkit.rollout.vllm_engine import (
+    Request,
+    Sample,
+    VLLMConfig,
+    build_llm,
+    check_cpu_head_size,
+    load_weights,
+    run_requests,
+)
 
 
 class Client:
@@ -105,6 +113,10 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, dtype: str =
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" else "float32"
+    if device == "cpu":
+        from transformers import AutoConfig
+
+        check_cpu_head_size(AutoConfig.from_pretrained(model))
     llm = build_llm(model, dtype, device, settings or VLLMConfig(gpu_memory_utilization=0.9), max_model_len)
     server = make_server(llm, host, port)
     print(f"alignkit vllm-serve: {model} on http://{host}:{server.server_port} (vllm.server_url)", flush=True)
