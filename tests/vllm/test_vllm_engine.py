@@ -12,6 +12,11 @@ DDP, ``alignkit generate`` and server tests start processes of their own (an eng
 * GRPO with ``engine: vllm`` learns the digit task (the online learning test's threshold), in one process,
   under 2-process DDP and against an ``alignkit vllm-serve`` process (server mode);
 * ``alignkit generate --engine vllm`` writes HF's greedy completions.
+
+Measured (2 CPU cores shared with other jobs, seed 0, 60 iterations of 64 completions, reward_mean of the
+10-iteration windows): engine hf 0.078 -> 0.222; vllm in one process 0.114 -> 0.261 (rise 0.115); 2-process
+DDP 0.094 -> 0.231; against a vllm-serve process 0.111 -> 0.314. The threshold is the online learning test's.
+The whole file: 2.3-4 minutes (the SFT policy about 30 s, the shared engine about 15-40 s).
 """
 
 from __future__ import annotations
