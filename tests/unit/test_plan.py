@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -209,6 +210,28 @@ def test_choose_strategy() -> None:
     # replicated reference + RMs leave zero3 0.5 GB short: only offload fits
     assert choose_strategy(_seed(master_weights_fp32=True), parse_memory("64GB"))[0] == "zero3_offload"
     print("\n" + why)
+
+
+def test_a_colocated_rollout_engine_share_is_left_out() -> None:
+    """rollout.engine: vllm holds vllm.gpu_memory_utilization of each GPU: the training state gets the rest."""
+    small = MemoryInputs(policy=PRESETS["qwen2-0.5b"], param_dtype="bf16", master_weights_fp32=True,
+                         per_device_batch=4, seq_len=1024, n_gpus=8)
+    need = estimate(small, "ddp").total
+    memory = int(need / 0.8)  # ddp fits in 0.9 of it, not in 0.9 - 0.3
+    assert choose_strategy(small, memory)[0] == "ddp"
+    name, why = choose_strategy(MemoryInputs(**{**small.__dict__, "reserved_fraction": 0.3}), memory)
+    assert name != "ddp" and f"{0.6 * memory / 1e9:.1f} GB usable" in why, why
+
+
+def test_vllm_engine_reserves_its_share_unless_it_sleeps() -> None:
+    from alignkit.algorithms import workload_of
+    from alignkit.config import load_config
+
+    grpo = Path(__file__).resolve().parents[2] / "configs" / "grpo.yaml"
+    assert workload_of(load_config(str(grpo))).reserved_fraction == 0.0  # engine: hf
+    on = load_config(str(grpo), ["rollout.engine=vllm", "vllm.gpu_memory_utilization=0.4"])
+    assert workload_of(on).reserved_fraction == 0.4
+    assert workload_of(load_config(str(grpo), ["rollout.engine=vllm", "vllm.sleep_mode=true"])).reserved_fraction == 0.0
 
 
 def _frozen_pair(inp: MemoryInputs, strategy: str):

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss
+from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss, sampler_is_weights
 from alignkit.rollout.advantages import ADVANTAGES, gae, whiten
 from alignkit.rollout.rewards import REWARD_FUNCTIONS, RewardFunctionError, WeightedFunction, call, combine
 
@@ -103,6 +103,23 @@ def test_clipped_surrogate_sequence_level_and_gradient():
     assert close(loss, [-math.exp(0.3), -math.exp(0.3), -math.exp(-0.1)])
     loss.sum().backward()
     assert close(logps.grad, [-math.exp(0.3), -math.exp(0.3), -math.exp(-0.1)])
+
+
+def test_sampler_is_weights_truncate_and_mask():
+    old = torch.log(torch.tensor([0.5, 0.9, 0.2, 0.6]))
+    sampler = torch.log(torch.tensor([0.5, 0.3, 0.4, 0.1]))  # ratios 1, 3, 0.5, 6
+    assert close(sampler_is_weights(old, sampler, cap=2.0), [1.0, 2.0, 0.5, 2.0])  # TIS: min(ratio, cap)
+    assert close(sampler_is_weights(old, sampler, cap=2.0, mode="token_mask"), [1.0, 0.0, 0.5, 0.0])
+    seq = torch.tensor([0, 0, 1, 1])  # sequence ratios 1 x 3 = 3 and 0.5 x 6 = 3
+    assert close(sampler_is_weights(old, sampler, cap=4.0, mode="sequence_truncate", seq=seq, num_seqs=2), [3.0] * 4)
+    assert close(sampler_is_weights(old, sampler, cap=2.5, mode="sequence_truncate", seq=seq, num_seqs=2), [2.5] * 4)
+    assert close(sampler_is_weights(old, sampler, cap=2.5, mode="sequence_mask", seq=seq, num_seqs=2), [0.0] * 4)
+    same = sampler_is_weights(old.requires_grad_(), old.detach(), cap=2.0)
+    assert close(same, [1.0] * 4) and not same.requires_grad  # equal samplers: weight 1, and no gradient
+    with pytest.raises(ValueError, match="sequence-level"):
+        sampler_is_weights(old, sampler, cap=2.0, mode="sequence_mask")
+    with pytest.raises(ValueError, match="token_truncate"):
+        sampler_is_weights(old, sampler, cap=2.0, mode="tokens")
 
 
 def test_clipped_value_loss():

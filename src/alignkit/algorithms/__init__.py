@@ -29,7 +29,7 @@ for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam, FlowGRPO):  # the onli
 def workload_of(cfg: RunConfig) -> Workload:
     """The models ``cfg``'s algorithm declares, as the memory planner reads them."""
     algo = ALGORITHMS.get(cfg.algorithm)
-    return Workload(tuple(algo.model_specs(cfg)), algo.sequences_per_example)
+    return Workload(tuple(algo.model_specs(cfg)), algo.sequences_per_example, algo.reserved_memory_fraction(cfg))
 
 
 __all__ = ["ALGORITHMS", "MetricSums", "OfflineAlgorithm", "OnlineAlgorithm", "register_algorithm", "workload_of"]

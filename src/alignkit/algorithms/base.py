@@ -116,6 +116,12 @@ class Algorithm(ABC):
         self.tokenizer = tokenizer
 
     @classmethod
+    def reserved_memory_fraction(cls, cfg: RunConfig) -> float:
+        """Share of each accelerator's memory the run holds outside its models (a colocated rollout engine);
+        the memory planner leaves it out of what the training state may use."""
+        return 0.0
+
+    @classmethod
     @abstractmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
         """The models this run needs, trainable ones first (the first is the run's ``final/``)."""

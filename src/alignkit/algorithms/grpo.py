@@ -108,6 +108,7 @@ class GroupRelative(OnlineAlgorithm):
         m = MetricSums()
         # rollout.mask_truncated_completions: cut completions carry no loss and are out of the metrics (as TRL)
         keep = flat(batch, "loss_mask") if "loss_mask" in batch else torch.ones_like(logps)
+        per_token = per_token * self.sampler_weights(batch, old, keep, m)  # vLLM rollouts: pi_old / pi_vllm
         if "ref_logps" in batch:
             kl = kl_estimate(logps, flat(batch, "ref_logps"), g.kl_estimator)
             per_token = per_token + g.beta * kl

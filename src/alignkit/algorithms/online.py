@@ -29,10 +29,12 @@ from alignkit.algorithms.reward import RewardConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.prompts import PromptData
+from alignkit.losses.rl import sampler_is_weights
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
-from alignkit.rollout.engine import ENGINES
-from alignkit.rollout.experience import Sample, collate_samples, per_sequence, tokens_in
+from alignkit.rollout.engine import ENGINES, Generations
+from alignkit.rollout.experience import Sample, collate_samples, flat, per_sequence, token_seq, tokens_in
 from alignkit.rollout.score import Scorer
+from alignkit.rollout.vllm_engine import VLLMConfig
 
 
 @register_section("rollout")
@@ -44,7 +46,8 @@ class RolloutConfig:
     top_p: float = f(1.0, "Nucleus sampling.", gt=0, le=1)
     top_k: int = f(0, "Top-k sampling; 0 = off.", ge=0)
     update_epochs: int = f(1, "Optimizer steps over each iteration's samples (PPO epochs; TRL num_iterations).", gt=0)
-    engine: str = f("hf", "Rollout engine by name: hf = Hugging Face generate with the KV cache.")
+    engine: str = f("hf", "Rollout engine by name: hf = Hugging Face generate with the KV cache; vllm = a colocated "
+                    "vLLM engine (the vllm: section; needs the vllm extra).")
     gather_full_params: bool = f(
         True, "FSDP2 / ZeRO-3: gather the full policy ONCE per rollout for generation; false = generate on the "
         "sharded model (parameters gathered per forward: slow, for models too big to gather).")
@@ -73,6 +76,14 @@ class OnlineAlgorithm(Algorithm):
         super().__init__(cfg, tokenizer)
         self.data = PromptData(tokenizer, cfg.data, max_new_tokens=cfg.section(RolloutConfig).max_new_tokens)
         self.reference = "none"
+
+    @classmethod
+    def reserved_memory_fraction(cls, cfg: RunConfig) -> float:
+        """``engine: vllm``: the engine's ``vllm.gpu_memory_utilization`` (none with sleep mode, which hands
+        the memory back during the update)."""
+        v = cfg.section(VLLMConfig)
+        uses = cfg.section(RolloutConfig).engine == "vllm" and not v.sleep_mode
+        return v.gpu_memory_utilization if uses else 0.0
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         """Once before the first rollout (``train_set``: the prompt rows): with ``rollout.disable_dropout``
@@ -118,6 +129,7 @@ class OnlineAlgorithm(Algorithm):
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
         samples, texts = ctx.samples(gens.completion_ids), gens.texts
         self.mask_truncated(samples, gens.truncated)
+        self.keep_sampler_logps(samples, gens)
         inputs = ctx.score_inputs(samples, texts)
         scores = ctx.score(self.scorers(), inputs)
         stats = self.make_experience(ctx, samples, inputs.batches, scores)
@@ -132,6 +144,31 @@ class OnlineAlgorithm(Algorithm):
         if self.cfg.section(RolloutConfig).mask_truncated_completions:
             for s, cut in zip(samples, truncated):
                 s["loss_mask"] = [0.0 if cut else 1.0] * len(s["completion_ids"])
+
+    def keep_sampler_logps(self, samples: list[Sample], gens: Generations) -> None:
+        """``vllm.importance_sampling``: each sample keeps the sampler's log-probs of its tokens
+        (``sampler_logps``) when the engine reports them, for the loss's importance weights."""
+        if gens.logps is not None and self.cfg.section(VLLMConfig).importance_sampling:
+            for s, logps in zip(samples, gens.logps):
+                s["sampler_logps"] = logps
+
+    def sampler_weights(self, batch: Batch, old_logps: torch.Tensor, keep: torch.Tensor, m: MetricSums) -> torch.Tensor:
+        """``(N,)`` the importance weights of the tokens a rollout engine sampled (``sampler_logps`` in the batch:
+        pi_old / pi_sampler, truncated or masked per ``vllm.importance_sampling_*``), their mean / max and the
+        share changed by the cap logged over the ``keep`` tokens; all ones without ``sampler_logps``."""
+        if "sampler_logps" not in batch:
+            return torch.ones_like(old_logps)
+        v = self.cfg.section(VLLMConfig)
+        ratio = sampler_is_weights(old_logps, flat(batch, "sampler_logps"), cap=float("inf"),
+                                   mode=v.importance_sampling_mode, seq=token_seq(batch),
+                                   num_seqs=int(batch["response_lengths"].shape[0]))
+        w = sampler_is_weights(old_logps, flat(batch, "sampler_logps"), cap=v.importance_sampling_cap,
+                               mode=v.importance_sampling_mode, seq=token_seq(batch),
+                               num_seqs=int(batch["response_lengths"].shape[0]))
+        m.add_masked_mean("sampler_is_ratio", ratio, keep)  # before the cap: how far the two samplers differ
+        m.add_masked_mean("sampler_is_weight", w, keep)
+        m.add_masked_mean("sampler_is_capped", (w != ratio).double(), keep)
+        return w
 
     @abstractmethod
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],

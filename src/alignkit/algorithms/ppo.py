@@ -194,8 +194,9 @@ class PPO(OnlineAlgorithm):
         per_token, clipped = clipped_surrogate(logps, flat(batch, "old_logps"), flat(batch, "advantages"),
                                                eps_low=p.epsilon, eps_high=p.epsilon_high or p.epsilon)
         keep = flat(batch, "loss_mask")  # (N,) 0 on unscorable samples' tokens: no gradient, not in units()
-        losses = {"policy": aggregate(per_token * keep, seq, S, mode="token_mean", normalizer=normalizer)}
         m = MetricSums()
+        per_token = per_token * self.sampler_weights(batch, flat(batch, "old_logps"), keep, m)  # vLLM: pi_old / pi_vllm
+        losses = {"policy": aggregate(per_token * keep, seq, S, mode="token_mean", normalizer=normalizer)}
         # over the trained tokens: an unscorable sample's tokens are out of the metrics as of the loss
         m.add_masked_mean("clip_fraction", clipped, keep)
         m.add_masked_mean("entropy", entropy, keep)  # exact entropy of the sampling distribution, token mean

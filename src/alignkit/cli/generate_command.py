@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _model_and_defaults(target: str) -> tuple[str, int, float]:
+def _model_and_defaults(target: str) -> tuple[str, int, float, str]:
     if target.endswith((".yaml", ".yml")):
         import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
         from alignkit.algorithms.online import RolloutConfig
@@ -29,8 +29,9 @@ def _model_and_defaults(target: str) -> tuple[str, int, float]:
         final = Path(cfg.output_dir) / "final"
         model = str(final) if (final / "config.json").is_file() or (final / "adapter_config.json").is_file() \
             else cfg.model.name_or_path
-        return model, cfg.section(RolloutConfig).max_new_tokens, cfg.section(RolloutConfig).temperature
-    return target, 32, 0.0
+        r = cfg.section(RolloutConfig)
+        return model, r.max_new_tokens, r.temperature, r.engine
+    return target, 32, 0.0, "hf"
 
 
 def _load(model_dir: str) -> tuple[Any, Any]:
@@ -64,7 +65,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from alignkit.rollout.generate import generate
     from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, call, resolve
 
-    model_dir, max_new, temperature = _model_and_defaults(args.target)
+    model_dir, max_new, temperature, engine = _model_and_defaults(args.target)
     max_new = args.max_new_tokens or max_new
     temperature = temperature if args.temperature is None else args.temperature
     rows = read_rows(args.file)
@@ -83,7 +84,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model, tok = _load(model_dir)
         flat = [p for p in prompts for _ in range(n)]
         texts = generate(model, tok, flat, max_new_tokens=max_new, batch_size=args.batch_size,
-                         do_sample=temperature > 0, temperature=temperature or 1.0)
+                         do_sample=temperature > 0, temperature=temperature or 1.0, engine=args.engine or engine)
     scores: list[float] | None = None
     if args.reward:
         fn = WeightedFunction(args.reward, 1.0, resolve(args.reward) if args.reward not in REWARD_FUNCTIONS
@@ -119,6 +120,8 @@ def register(sub: Any) -> None:
     sp.add_argument("--max-new-tokens", type=int, default=None, help="default: the config's rollout.max_new_tokens, else 32")
     sp.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the config's, else 0)")
     sp.add_argument("--num-generations", type=int, default=1, help="completions per prompt")
+    sp.add_argument("--engine", default=None, help="rollout engine of text prompts: hf | vllm (default: the config's "
+                    "rollout.engine, else hf)")
     sp.add_argument("--batch-size", type=int, default=32)
     sp.add_argument("--image-root", default=None,
                     help="vision-language models: folder of the rows' image paths (default: the file's folder)")

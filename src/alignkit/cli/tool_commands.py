@@ -1,4 +1,4 @@
-"""Commands around runs: score, merge-lora, demo, tiny-model, data synth."""
+"""Commands around runs: score, merge-lora, vllm-serve, demo, tiny-model, data synth."""
 
 from __future__ import annotations
 
@@ -66,6 +66,15 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_vllm_serve(args: argparse.Namespace) -> int:
+    from alignkit.rollout.vllm_engine import VLLMConfig
+    from alignkit.rollout.vllm_server import serve
+
+    serve(args.model, host=args.host, port=args.port, dtype=args.dtype, max_model_len=args.max_model_len,
+          settings=VLLMConfig(gpu_memory_utilization=args.gpu_memory_utilization))
+    return 0
+
+
 def register(sub: Any) -> None:
     sp = sub.add_parser("score", help="score every response of a .jsonl/.parquet file with a reward or cost model")
     sp.add_argument("model_dir", help="a trained reward/cost model (full or LoRA adapter directory)")
@@ -84,6 +93,15 @@ def register(sub: Any) -> None:
     sp.add_argument("--base", default=None, help="base model (default: the one recorded in adapter_config.json)")
     sp.set_defaults(func=cmd_merge_lora)
 
+    sp = sub.add_parser("vllm-serve", help="serve a model with vLLM for training runs' rollouts (vllm.server_url)")
+    sp.add_argument("model", help="a Hugging Face model dir (the policy's start)")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8000)
+    sp.add_argument("--dtype", default="auto", help="auto = bfloat16 on a GPU, float32 on CPU")
+    sp.add_argument("--max-model-len", type=int, default=2048, help="longest prompt + completion served")
+    sp.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    sp.set_defaults(func=cmd_vllm_serve)
+
     sp = sub.add_parser("demo", help="build a tiny model, run SFT on the shipped data, print before/after")
     sp.add_argument("--output-dir", default="runs/demo")
     sp.add_argument("--max-steps", type=int, default=None)
@@ -96,7 +114,7 @@ def register(sub: Any) -> None:
     sp.add_argument("--arch", default="llama", choices=["llama", "llava", "sd3"],
                     help="llava: a vision-language model (small CLIP vision tower + projector + the tiny Llama); sd3: "
                          "a flow-matching text-to-image pipeline in diffusers' format (needs diffusers)")
-    sp.add_argument("--size", default="tiny", choices=["micro", "tiny", "small"])
+    sp.add_argument("--size", default="tiny", choices=["micro", "micro64", "tiny", "small"])
     sp.add_argument("--vocab-size", type=int, default=None)
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--vae-steps", type=int, default=VAE_STEPS,

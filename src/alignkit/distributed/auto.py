@@ -180,6 +180,7 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
         n_gpus=n_gpus,
         device=device,
         process_baseline_bytes=process_baseline_bytes if device == "cpu" else 0,
+        reserved_fraction=workload.reserved_fraction if device == "cuda" else 0.0,
     )
 
 

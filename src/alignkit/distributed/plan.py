@@ -105,6 +105,7 @@ class MemoryInputs:
     device: str = "cuda"  # "cuda" | "cpu" (no CUDA overhead; adds process_baseline_bytes)
     overhead_bytes: int | None = None  # None -> CUDA_OVERHEAD_BYTES on cuda, 0 on cpu
     process_baseline_bytes: int = 0  # cpu: RSS of python + torch + transformers before model build
+    reserved_fraction: float = 0.0  # share of the device memory held outside the models (colocated vLLM engine)
 
     def __post_init__(self) -> None:
         _check(self.param_dtype, list(DTYPE_BYTES), "param_dtype")
@@ -250,6 +251,7 @@ def choose_strategy(inputs: MemoryInputs, device_memory_bytes: int | None,
         pick = next((s for s in order if COMM_ORDER.index(s) >= COMM_ORDER.index(want)), order[-1])
         return pick, (f"device memory unknown: parameter-count rule, {n / 1e9:.2f}B params is {cls} "
                       f"-> {want}" + ("" if pick == want else f" (not available; using {pick})"))
+    headroom -= inputs.reserved_fraction  # a colocated rollout engine's share is not the training state's
     usable = headroom * device_memory_bytes
     misses = []
     for s in order:

@@ -9,6 +9,9 @@ ranks of the step (never discovered here).
 * clipped surrogate (PPO / GRPO):  -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A), rho =
   exp(logp - logp_old) per token, or per sequence (GSPO: rho_i = exp(mean_t (logp - logp_old)),
   shared by the sequence's tokens); ``eps_high > eps_low`` is DAPO's clip-higher.
+* sampler correction (vLLM rollouts): w = exp(logp_old - logp_sampler) per token (or the product over a
+  sequence), truncated at ``cap`` (TIS, Yao et al. 2025; TRL's ``vllm_importance_sampling_correction``) or
+  zeroed above it (masked IS); multiplies the per-token loss, correcting for the sampler's numerics.
 * clipped value loss (PPO): 0.5 max((V - R)^2, (V_old + clip(V - V_old, +-eps_v) - R)^2).
 * aggregation: ``token_mean`` = sum over tokens / global tokens; ``sequence_mean`` = sum over
   sequences of the sequence's token mean / global sequences (GRPO's 1/|o_i|); ``constant`` = sum over
@@ -46,6 +49,30 @@ def clipped_surrogate(logps: Tensor, old_logps: Tensor, advantages: Tensor, *, e
     loss = -torch.minimum(unclipped, clipped)
     was_clipped = (clipped < unclipped).float().detach()
     return loss, was_clipped
+
+
+SAMPLER_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def sampler_is_weights(old_logps: Tensor, sampler_logps: Tensor, *, cap: float, mode: str = "token_truncate",
+                       seq: Tensor | None = None, num_seqs: int = 0) -> Tensor:
+    """``(N,)`` importance weights (no gradient) of tokens sampled by another engine: ``pi_old / pi_sampler``
+    with ``old_logps`` the trainer's log-probs of the sampled tokens and ``sampler_logps`` the sampler's
+    (vLLM's), both ``(N,)``. ``mode`` = granularity x constraint: ``token_*`` one ratio per token,
+    ``sequence_*`` exp of the sequence's summed log-ratio shared by its tokens (needs ``seq``, ``num_seqs``);
+    ``*_truncate`` min(ratio, cap), ``*_mask`` 0 where the ratio exceeds ``cap``."""
+    level, _, how = mode.partition("_")
+    if mode not in SAMPLER_CORRECTIONS:
+        raise ValueError(f"sampler correction mode must be one of {SAMPLER_CORRECTIONS}, got {mode!r}")
+    log_ratio = (old_logps - sampler_logps).detach().float()
+    if level == "sequence":
+        if seq is None:
+            raise ValueError("sequence-level weights need the token -> sequence map")
+        log_ratio = segment_sum(log_ratio, seq, num_seqs)[seq]
+    ratio = torch.exp(log_ratio.clamp(max=20.0))  # exp(20) is far past any cap: no overflow
+    if how == "truncate":
+        return ratio.clamp(max=cap)
+    return ratio.masked_fill(ratio > cap, 0.0)
 
 
 def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, *, clip: float) -> Tensor:

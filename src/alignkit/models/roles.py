@@ -85,6 +85,8 @@ class Workload:
 
     specs: tuple[ModelSpec, ...]
     sequences_per_example: int = 1
+    #: share of each accelerator's memory held outside the models (a colocated vLLM engine's)
+    reserved_fraction: float = 0.0
 
     @property
     def trainable(self) -> list[ModelSpec]:

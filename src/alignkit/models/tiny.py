@@ -39,6 +39,10 @@ SIZES: dict[str, dict[str, int]] = {
     # ~0.2M parameters: for fast unit tests.
     "micro": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 1024},
+    # ~0.5M parameters: micro with 64-wide attention heads, for engines whose kernels refuse head_dim 16
+    # (vLLM's CPU attention: "Unsupported CPU attention configuration: head_dim=16").
+    "micro64": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 2, "intermediate_size": 352, "vocab_size": 1024},
     # ~7M parameters: learns the synthetic tasks in minutes on a CPU.
     "tiny": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
              "num_key_value_heads": 4, "intermediate_size": 688, "vocab_size": 8192},

@@ -51,11 +51,13 @@ class Prompt:
 class Generations:
     """One completion per prompt, in order: ``completion_ids[i]`` (ending with EOS when the model stopped),
     ``finish_reasons[i]`` ("stop": EOS; "length": max_new_tokens reached first) and ``texts[i]`` (decoded,
-    special tokens skipped)."""
+    special tokens skipped); ``logps[i]``: the sampler's log-prob of each completion token where the engine
+reports it (vLLM; for the importance-sampling correction), else None."""
 
     completion_ids: list[list[int]]
     finish_reasons: list[str]
     texts: list[str]
+    logps: list[list[float]] | None = None
 
     @property
     def truncated(self) -> list[bool]:
@@ -205,7 +207,11 @@ class HFEngine:
         return row, False  # unfinished rows hold max_new_tokens real tokens (HF pads only finished rows)
 
 
-def build_engine(name: str, tokenizer: Any) -> RolloutEngine:
-    """The engine registered as ``name`` (``hf``), decoding and padding with ``tokenizer`` (a VLM's:
-    its processor's tokenizer). Built once per run; ``generate`` is called per rollout / evaluation."""
-    return ENGINES.get(name)(tokenizer)
+def build_engine(name: str, tokenizer: Any, cfg: Any = None) -> RolloutEngine:
+    """The engine registered as ``name`` (``hf``, ``vllm``), decoding and padding with ``tokenizer`` (a VLM's:
+    its processor's tokenizer); an engine with settings of its own reads them from the run config ``cfg``
+    (its ``from_run``). Built once per run; ``generate`` is called per rollout / evaluation."""
+    import alignkit.rollout.vllm_engine  # noqa: F401  (registers "vllm"; vllm itself is imported when built)
+
+    cls = ENGINES.get(name)
+    return cls.from_run(tokenizer, cfg) if cfg is not None and hasattr(cls, "from_run") else cls(tokenizer)

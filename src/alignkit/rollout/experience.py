@@ -2,7 +2,8 @@
 
 A sample is one completion of one prompt: ``prompt_ids``, ``completion_ids`` and per-token lists
 (one value per completion token: ``old_logps``, ``ref_logps``, ``advantages``, ``returns``,
-``values``, ``loss_mask`` (1 = trained on, 0 = a token of an unscorable completion), ...) plus
+``values``, ``loss_mask`` (1 = trained on, 0 = a token of an unscorable completion), ``sampler_logps``
+(the rollout engine's log-probs of the sampled tokens, vLLM), ...) plus
 per-sequence scalars (``reward``, ...). :func:`collate_samples` right-pads them into the layout of
 the log-prob forward: ``targets[b, p]`` is the token after position p for the completion positions
 only (the prompt never carries loss), and every per-token field is a ``(B, T)`` float tensor holding
@@ -21,7 +22,7 @@ from alignkit.data.batch import Batch
 
 #: per-token fields a sample may carry (one float per completion token)
 TOKEN_FIELDS = ("old_logps", "ref_logps", "advantages", "returns", "values", "cost_advantages", "cost_returns",
-                "cost_values", "loss_mask")
+                "cost_values", "loss_mask", "sampler_logps")
 #: per-sequence float fields
 SEQUENCE_FIELDS = ("rewards", "costs")
 

