@@ -44,7 +44,7 @@ def flow_rtpo_args(out: Path, models: dict[str, Path], parts: dict[str, Path], n
             f"redteam.w_quality={W_QUALITY_ATTACKER}", f"flow_grpo.w_cvar={W_CVAR}",
             f"flow_grpo.w_quality={W_QUALITY_IMAGE}", "flow_grpo.resolution=32", "flow_grpo.num_inference_steps=3",
             "flow_grpo.eval_num_inference_steps=3", "flow_grpo.guidance_scale=1.0", "flow_grpo.max_sequence_length=32",
-            "logging.report_to=[jsonl]", *extra]
+            "flow_rtpo.image_learning_rate=1e-3", "logging.report_to=[jsonl]", *extra]
 
 
 def _train_rows(run: Path) -> dict[int, dict]:
@@ -66,11 +66,12 @@ def models(micro_model: Path, micro_llava: Path, micro_sd3: Path) -> dict[str, P
 def test_flow_rtpo_trains_both_policies_and_resumes_exactly(models: dict[str, Path], parts: dict[str, Path],
                                                             tmp_path: Path) -> None:
     """One process: both policies' reward terms are logged, each reward is its own weighting of the same scores,
-    both adapters move and live in their own checkpoint folders; a run resumed from checkpoint-1 repeats step 2
+    both adapters move and live in their own checkpoint folders with their own optimizer and learning rate; a run resumed from checkpoint-1 repeats step 2
     of the uninterrupted run (attacks, images' rewards, both losses and gradient norms, both final adapters)."""
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    assert_ok(run_cli(flow_rtpo_args(full, models, parts, 1, "checkpoint.save_steps=1")))
-    assert_ok(run_cli(flow_rtpo_args(resumed, models, parts, 1, "checkpoint.save_steps=1",
+    lr = "flow_rtpo.image_learning_rate=5e-4"  # the attacker's: training.learning_rate=1e-3
+    assert_ok(run_cli(flow_rtpo_args(full, models, parts, 1, "checkpoint.save_steps=1", lr)))
+    assert_ok(run_cli(flow_rtpo_args(resumed, models, parts, 1, "checkpoint.save_steps=1", lr,
                                      f"checkpoint.resume_from={full / 'checkpoint-1'}")))
     rows = _train_rows(full)
     assert sorted(rows) == [1, 2]
@@ -90,8 +91,11 @@ def test_flow_rtpo_trains_both_policies_and_resumes_exactly(models: dict[str, Pa
         want = sum(r["image_reward"] for r in attacks if r["step"] == step) / 4
         assert rows[step]["image/reward_mean"] == pytest.approx(want)
     # each role its own folder (optimizer state included); the image policy's holds no LM tokenizer
-    for role in ("policy", "image_policy"):
-        assert (full / "checkpoint-2" / role / "optimizer.pt").is_file()
+    import torch
+
+    for role, want in (("policy", 1e-3), ("image_policy", 5e-4)):  # each its own optimizer and learning rate
+        groups = torch.load(full / "checkpoint-2" / role / "optimizer.pt", weights_only=False)["optimizer"]["param_groups"]
+        assert [g["lr"] for g in groups] == pytest.approx([want] * len(groups)), role
     assert not (full / "checkpoint-2" / "image_policy" / "tokenizer.json").exists()
     a, b = _adapters(full), _adapters(resumed)
     lora_b = [v for k, v in a["image_policy"].items() if "lora_B" in k or "lora.up" in k]

@@ -65,6 +65,8 @@ class FlowRTPOConfig:
                          "class), trained alongside the attacker.")
     image_lora: Optional[LoraConfig] = f(None, "LoRA on the image policy's transformer (its KL reference is then the "
                                          "LoRA base); null = the whole transformer trains.")
+    image_learning_rate: Optional[float] = f(None, "Peak learning rate of the image policy's optimizer (scaled with the "
+                                             "global batch as training.learning_rate is); null = training.learning_rate.", gt=0)
 
 
 class ImagePolicy(FlowGRPO):
@@ -102,8 +104,9 @@ class FlowRTPO(RedTeam):
         check_config(cfg)
         fr = cfg.section(FlowRTPOConfig)
         attacker = policy_specs(cfg, grpo_reference(cfg))
+        scale = fr.image_learning_rate / cfg.training.learning_rate if fr.image_learning_rate else 1.0
         image = [ModelSpec("image_policy", fr.image_model, "diffusion", trainable=True, lora=fr.image_lora is not None,
-                           lora_config=fr.image_lora)]
+                           lora_config=fr.image_lora, lr_scale=scale)]
         ref = image_reference(cfg)
         if ref == "lora_base":
             image.append(ModelSpec("image_reference", fr.image_model, "diffusion", shares="image_policy"))
