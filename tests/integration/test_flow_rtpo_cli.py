@@ -2,7 +2,8 @@
 seed prompts, the micro SD3 pipeline (LoRA, the ``image_policy`` role) renders every attack with the SDE sampler,
 the micro LLaVA continues the template on the image, a tiny random multi-label classifier scores the toxicity of
 its text and a tiny random CLIP the quality of image and attack; both policies train from one reward in one run.
-One process with an exact resume; under ``accelerate launch`` with 2 processes and the 2-node loopback form."""
+One process with an exact resume; under ``accelerate launch`` with 2 processes and the 2-node loopback form, both
+equal to one process."""
 
 from __future__ import annotations
 
@@ -114,30 +115,47 @@ def test_flow_rtpo_trains_both_policies_and_resumes_exactly(models: dict[str, Pa
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_flow_rtpo_under_accelerate_one_node_and_two_node_loopback(models: dict[str, Path], parts: dict[str, Path],
-                                                                  tmp_path: Path) -> None:
+def test_flow_rtpo_under_accelerate_one_node_and_two_node_loopback_equal_one_process(
+        models: dict[str, Path], parts: dict[str, Path], tmp_path: Path) -> None:
     """The guide's launch forms through ``alignkit launch --launcher accelerate``: 2 processes on one node, and two
-    "machines" of one process on this one (``--num_machines 2 --machine_rank R --main_process_ip 127.0.0.1``): the
-    same 2-rank run (placement main: rank 0 scores every rank's images and texts), so the same attacks, the same
-    rewards of both policies and the same two trained adapters."""
+    "machines" of one process on this one (``--num_machines 2 --machine_rank R --main_process_ip 127.0.0.1``).
+    With greedy attacks (the images' noise is seeded by their global index) both equal ONE process: the same
+    attacks, VLM answers and rewards of both policies (placement main: rank 0 scores every rank's samples, each
+    rank trains on its own), the same losses and gradient norms of both policies (each role normalised by its own
+    global unit count) and the same two trained adapters."""
     import subprocess
 
     from tests.conftest import child_env, free_port, run_nodes
 
+    # greedy: a seed's attacks are one text, so per-seed statistics would leave the attacker a zero gradient (its
+    # advantages cancel) that Adam turns into noise-sized steps; global statistics keep a real one
+    greedy, stats = "rollout.temperature=0", "redteam.statistics=global"
     launch = [sys.executable, "-m", "alignkit", "launch", "--launcher", "accelerate"]
-    one, two, port = tmp_path / "one_node", tmp_path / "two_nodes", str(free_port())
+    single, one, two, port = tmp_path / "single", tmp_path / "one_node", tmp_path / "two_nodes", str(free_port())
+    assert_ok(run_cli(flow_rtpo_args(single, models, parts, 1, greedy, stats)))
     assert_ok(subprocess.run([*launch, "--nproc-per-node", "2", "--master-port", str(free_port()),
-                              *flow_rtpo_args(one, models, parts, 2)[1:]],
+                              *flow_rtpo_args(one, models, parts, 2, greedy, stats)[1:]],
                              capture_output=True, text=True, timeout=400, cwd=REPO, env=child_env()))
     run_nodes([[*launch, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(r), "--master-addr", "127.0.0.1",
-                "--master-port", port, *flow_rtpo_args(two, models, parts, 2)[1:]] for r in (0, 1)],
+                "--master-port", port, *flow_rtpo_args(two, models, parts, 2, greedy, stats)[1:]] for r in (0, 1)],
               timeout=400, cwd=REPO)
-    rows = [[json.loads(x) for x in (run / "attacks.jsonl").read_text().splitlines()] for run in (one, two)]
-    assert len(rows[0]) == 8
-    for key in ("attack", "output", "reward", "image_reward"):
-        assert [r[key] for r in rows[0]] == [r[key] for r in rows[1]], key
-    logged = _train_rows(one)
-    assert sorted(logged) == [1, 2] and "image/reward_mean" in logged[2] and "grad_norm/image_policy" in logged[2]
-    a, b = _adapters(one), _adapters(two)
-    for role in a:
-        assert max((a[role][k] - b[role][k]).abs().max().item() for k in a[role]) <= 1e-6, role
+    rows = {run.name: [json.loads(x) for x in (run / "attacks.jsonl").read_text().splitlines()] for run in (single, one, two)}
+    assert len(rows["single"]) == 8
+    for name in ("one_node", "two_nodes"):
+        for key in ("attack", "output"):
+            assert [r[key] for r in rows[name]] == [r[key] for r in rows["single"]], (name, key)
+        for key in ("reward", "image_reward", "advantage", "image_advantage"):
+            assert [r[key] for r in rows[name]] == pytest.approx([r[key] for r in rows["single"]], abs=1e-5), (name, key)
+    logged = {run.name: _train_rows(run) for run in (single, one, two)}
+    for name in ("one_node", "two_nodes"):
+        assert sorted(logged[name]) == [1, 2]
+        for step in (1, 2):
+            for key in ("reward_mean", "image/reward_mean", "loss", "loss/image_policy", "grad_norm",
+                        "grad_norm/image_policy", "kl", "image/kl"):
+                a, b = logged["single"][step][key], logged[name][step][key]
+                assert b == pytest.approx(a, rel=1e-3, abs=1e-7), (name, step, key, a, b)
+    base = _adapters(single)
+    for run in (one, two):
+        got = _adapters(run)
+        for role in base:
+            assert max((base[role][k] - got[role][k]).abs().max().item() for k in base[role]) <= 1e-5, (run.name, role)
