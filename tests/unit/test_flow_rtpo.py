@@ -68,3 +68,23 @@ def test_launch_script_runs_the_guides_accelerate_forms(tmp_path: Path) -> None:
     two = launched("8", NNODES="2", NODE_RANK="1", MASTER_ADDR="10.0.0.1", MASTER_PORT="29500")
     assert ("--num_processes=16 --num_machines=2 --machine_rank=1 --main_process_ip=10.0.0.1 "
             "--main_process_port=29500") in two
+
+
+def test_generate_with_the_recipe_renders_the_trained_image_policy(tmp_path: Path) -> None:
+    """``alignkit generate configs/flow_rtpo.yaml``-style targets: the image policy's pipeline with the run's
+    final_image_policy/ LoRA (not the attacker of model.name_or_path, not final/)."""
+    import yaml
+
+    from alignkit.cli.generate_images import is_diffusion_target, resolve_target
+    from alignkit.models.diffusion import LORA_WEIGHTS
+
+    raw = yaml.safe_load(CONFIG.read_text())
+    raw["output_dir"] = str(tmp_path / "run")
+    config = tmp_path / "flow_rtpo.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    (tmp_path / "run" / "final_image_policy").mkdir(parents=True)
+    (tmp_path / "run" / "final_image_policy" / LORA_WEIGHTS).write_bytes(b"")
+    assert is_diffusion_target(str(config), None)
+    got = resolve_target(str(config), None)
+    assert got.base == raw["flow_rtpo"]["image_model"] and got.lora == str(tmp_path / "run" / "final_image_policy")
+    assert (got.resolution, got.steps, got.guidance) == (512, 40, 4.5)
