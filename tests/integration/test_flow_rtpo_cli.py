@@ -129,15 +129,15 @@ def test_flow_rtpo_under_accelerate_one_node_and_two_node_loopback_equal_one_pro
 
     # greedy: a seed's attacks are one text, so per-seed statistics would leave the attacker a zero gradient (its
     # advantages cancel) that Adam turns into noise-sized steps; global statistics keep a real one
-    greedy, stats = "rollout.temperature=0", "redteam.statistics=global"
+    greedy, stats, no_eval = "rollout.temperature=0", "redteam.statistics=global", "data.eval=[]"  # eval: the other test's
     launch = [sys.executable, "-m", "alignkit", "launch", "--launcher", "accelerate"]
     single, one, two, port = tmp_path / "single", tmp_path / "one_node", tmp_path / "two_nodes", str(free_port())
-    assert_ok(run_cli(flow_rtpo_args(single, models, parts, 1, greedy, stats)))
+    assert_ok(run_cli(flow_rtpo_args(single, models, parts, 1, greedy, stats, no_eval)))
     assert_ok(subprocess.run([*launch, "--nproc-per-node", "2", "--master-port", str(free_port()),
-                              *flow_rtpo_args(one, models, parts, 2, greedy, stats)[1:]],
+                              *flow_rtpo_args(one, models, parts, 2, greedy, stats, no_eval)[1:]],
                              capture_output=True, text=True, timeout=400, cwd=REPO, env=child_env()))
     run_nodes([[*launch, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(r), "--master-addr", "127.0.0.1",
-                "--master-port", port, *flow_rtpo_args(two, models, parts, 2, greedy, stats)[1:]] for r in (0, 1)],
+                "--master-port", port, *flow_rtpo_args(two, models, parts, 2, greedy, stats, no_eval)[1:]] for r in (0, 1)],
               timeout=400, cwd=REPO)
     rows = {run.name: [json.loads(x) for x in (run / "attacks.jsonl").read_text().splitlines()] for run in (single, one, two)}
     assert len(rows["single"]) == 8
