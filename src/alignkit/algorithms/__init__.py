@@ -6,6 +6,7 @@ points that load a config (the CLI, the runner, scripts) import it first."""
 from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
 from alignkit.algorithms.dpo import DPO
 from alignkit.algorithms.flow_grpo import FlowGRPO
+from alignkit.algorithms.flow_rtpo import FlowRTPO
 from alignkit.algorithms.flow_sft import FlowSFT
 from alignkit.algorithms.grpo import GRPO, RLOO, DrGRPO
 from alignkit.algorithms.online import OnlineAlgorithm
@@ -22,7 +23,7 @@ from alignkit.models.roles import Workload
 for _name, _cls in (("sft", SFT), ("reward_model", RewardModel), ("cost_model", CostModel), ("dpo", DPO),
                     ("safe_dpo", SafeDPO), ("vlm_sft", VLMSFT), ("flow_sft", FlowSFT)):
     register_algorithm(_name)(_cls)
-for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam, FlowGRPO):  # the online loop's algorithms
+for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam, FlowGRPO, FlowRTPO):  # the online loop's algorithms
     register_algorithm(_online.name)(_online)
 
 

@@ -108,6 +108,8 @@ def flow_reference(cfg: RunConfig) -> str:
 
 class FlowGRPO(StepSeeded, OnlineAlgorithm):
     name = "flow_grpo"
+    #: the roles of the flow policy and its KL reference (flow_rtpo trains the same math on ``image_policy``)
+    role, reference_role = "policy", "reference"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
@@ -126,7 +128,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         super().before_training(ctx, train_set, eval_set)
-        unwrap_flow(ctx.models["policy"])  # a one-line error for a policy of another kind
+        unwrap_flow(ctx.models[self.role])  # a one-line error for a policy of another kind
 
     # ------------------------------------------------------------------ sampling
     def sampling_summary(self) -> str:
@@ -151,7 +153,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
     def render(self, ctx: RolloutContext, prompts: list[str], keys: list[str], *, steps: int, noise_level: float,
                step: int) -> tuple[Any, list[Any], Conditioning]:
         """The trajectories and decoded images of ``prompts``, image i's noise seeded by (seed, ``step``, ``keys[i]``)."""
-        module = ctx.models["policy"]
+        module = ctx.models[self.role]
         flow = unwrap_flow(module)
         cond = self.conditioning(flow, prompts)
         gens = [seeded(self.cfg.training.seed, step, key) for key in keys]
@@ -213,6 +215,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         reward = scores["reward"]
         adv = redteam_advantages(reward, G, statistics=o.statistics, scale_rewards="batch" if o.global_std else "group",
                                  clip=o.adv_clip_max)
+        self.advantages = adv  # (global,): flow_rtpo's attacks.jsonl
         mine, rewards = adv[ctx.mine].tolist(), reward[ctx.mine].tolist()
         for s in samples:
             s["advantage"] = torch.tensor(mine[s["image"]])
@@ -248,11 +251,11 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
         o = self.opts
-        module = models["policy"]
+        module = models[self.role]
         flow = unwrap_flow(module)
         ref_mean = None
         if self.reference != "none":
-            with torch.no_grad(), models.running("reference") as ref:
+            with torch.no_grad(), models.running(self.reference_role) as ref:
                 ref_mean = self.transition(ref, flow, batch).mean
         new = self.transition(module, flow, batch)
         loss, parts = flow_grpo_loss(new.logp, batch["old_logp"], batch["advantage"], clip_range=o.clip_range,

@@ -55,8 +55,9 @@ def resolve_target(target: str, base: str | None) -> ImageTarget:
         from alignkit.config import load_config
 
         cfg = load_config(target, [], notes=False)
-        o, final = cfg.section(FlowGRPOConfig), Path(cfg.output_dir) / "final"
-        out = ImageTarget(cfg.model.name_or_path, resolution=o.resolution, steps=o.eval_num_inference_steps,
+        base, final = image_policy_of(cfg)
+        o = cfg.section(FlowGRPOConfig)
+        out = ImageTarget(base, resolution=o.resolution, steps=o.eval_num_inference_steps,
                           guidance=o.guidance_scale, max_sequence_length=o.max_sequence_length)
         if (final / LORA_WEIGHTS).is_file():
             out.lora = str(final)
@@ -68,6 +69,19 @@ def resolve_target(target: str, base: str | None) -> ImageTarget:
             raise ConfigError(f"{target}: a LoRA adapter alone; name its pipeline with --base")
         return ImageTarget(base, lora=target)
     return ImageTarget(target)
+
+
+def image_policy_of(cfg: Any) -> tuple[str, Path]:
+    """The trained diffusion role of ``cfg``'s run: its start (pipeline or hub id) and its final folder (``final``
+    for the run's first trained role, ``final_ROLE`` for another: flow_rtpo's image policy next to its attacker)."""
+    import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
+    from alignkit.config.sections import ALGORITHMS
+
+    trained = [s for s in ALGORITHMS.get(cfg.algorithm).model_specs(cfg) if s.trainable]
+    spec = next((s for s in trained if s.kind == "diffusion"), None)
+    if spec is None:
+        return cfg.model.name_or_path, Path(cfg.output_dir) / "final"
+    return spec.source, Path(cfg.output_dir) / ("final" if spec is trained[0] else f"final_{spec.role}")
 
 
 def generate_images(args: argparse.Namespace) -> int:

@@ -173,9 +173,10 @@ class DiffusionKind(ModelKind):
 
         pipe = load_pipeline(spec.source, dtype)
         if spec.trainable and spec.lora:
-            if cfg.lora is None:
+            lora = spec.lora_config or cfg.lora
+            if lora is None:
                 raise ValueError("a LoRA diffusion policy needs model.lora (rank, alpha, target modules)")
-            add_lora(pipe.transformer, cfg.lora)
+            add_lora(pipe.transformer, lora)
         else:
             pipe.transformer.requires_grad_(spec.trainable)
             if spec.trainable:

@@ -27,7 +27,8 @@ from alignkit.models.kinds import KINDS, ModelKind
 if TYPE_CHECKING:
     from alignkit.distributed.strategy.base import Handle
 
-ROLES = ("policy", "reference", "reward", "cost", "value", "cost_value", "target")
+#: ``image_policy`` / ``image_reference``: flow_rtpo's second trained policy (a diffusion pipeline) and its LoRA base
+ROLES = ("policy", "reference", "reward", "cost", "value", "cost_value", "target", "image_policy", "image_reference")
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,9 @@ and language model), the rest frozen before the Strategy sees the model.
     ``projector_from`` (``vlm``): a directory or file whose projector weights replace the loaded ones
     (a pretrain stage's output). ``tokenizer``: where this role's tokenizer is; None = the run's for the
     roles that read the policy's token ids (policy, reference, critics), and for a frozen scorer or target
-    its own directory's when it has one (:func:`role_tokenizer`).
+    its own directory's when it has one (:func:`role_tokenizer`). ``lora_config``: LoRA settings of this role
+    (rank, alpha, targets) where they are not ``model.lora`` (a second trained model of another kind); ``lr_scale``:
+    its optimizer's learning rate as a multiple of the run's.
     """
 
     role: str
@@ -59,6 +62,10 @@ and language model), the rest frozen before the Strategy sees the model.
     train_parts: tuple[str, ...] | None = None
     projector_from: str | None = None
     tokenizer: str | None = None
+    #: the role's own LoRA settings (a ``LoraConfig``) instead of ``model.lora`` (flow_rtpo's image policy)
+    lora_config: Any = dataclasses.field(default=None, compare=False, hash=False)
+    #: this trained role's learning rate relative to the run's (``training.learning_rate`` after its batch scaling)
+    lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

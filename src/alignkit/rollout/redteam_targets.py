@@ -76,7 +76,10 @@ class T2IVLMTarget(LMTarget):
         return [ModelSpec("target", self.cfg.model, "vlm", tokenizer=self.cfg.tokenizer or self.cfg.model)]
 
     @torch.no_grad()
-    def respond(self, ctx: Any, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]]) -> list[str]:
+    def respond(self, ctx: Any, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]],
+                images: list[Any] | None = None) -> list[str]:
+        """The VLM's continuation of each attack on its image: ``images`` when given (flow_rtpo's trained image
+        policy drew them), else the renderer's."""
         from alignkit.rollout.vlm_generate import image_prompt
 
         if self.processor is None:
@@ -86,7 +89,7 @@ class T2IVLMTarget(LMTarget):
 
             with model_errors(self.cfg.model):
                 self.processor = AutoProcessor.from_pretrained(self.cfg.tokenizer or self.cfg.model)
-        self.images = self.renderer(attacks, ctx.strategy.device)
+        self.images = list(images) if images is not None else self.renderer(attacks, ctx.strategy.device)
         texts = [vlm_text(self.processor, fill(self.cfg.template, a), self.cfg.chat_template) for a in attacks]
         requests = [image_prompt(self.processor, t, [img]) for t, img in zip(texts, self.images)]
         params = SamplingParams(self.cfg.max_new_tokens, self.cfg.temperature, batch_size=ctx.params.batch_size)

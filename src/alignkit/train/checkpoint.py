@@ -200,7 +200,7 @@ def save_checkpoint(
     handles: dict[str, Handle],
     trainer_state: dict[str, Any],
     config_yaml: str,
-    tokenizer: Any = None,
+    tokenizer: Any = None,  # one for every role, or {role: tokenizer or None}
     save_total_limit: int | None = None,
 ) -> Path:
     """Write ``checkpoint-STEP`` atomically (module docstring); every rank calls."""
@@ -214,7 +214,7 @@ def save_checkpoint(
     strategy.barrier()
     try:
         for role, handle in handles.items():
-            strategy.save_model(handle, tmp / role, tokenizer)
+            strategy.save_model(handle, tmp / role, tokenizer.get(role) if isinstance(tokenizer, dict) else tokenizer)
             strategy.save_training_state(handle, tmp / role)
     except Exception as e:  # noqa: BLE001 - a full disk surfaces as OSError, RuntimeError or SafetensorError
         if not disk_full(e, output_dir):

@@ -142,8 +142,23 @@ def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy,
         if make_optimizer is None:
             models.handles[spec.role] = Handle(spec.role, strategy.prepare_frozen(module), optimizer=None)  # type: ignore[arg-type]
         else:
-            models.handles[spec.role] = strategy.prepare(module, make_optimizer, role=spec.role)
+            models.handles[spec.role] = strategy.prepare(module, scaled_lr(make_optimizer, spec.lr_scale), role=spec.role)
     return models
+
+
+def scaled_lr(make_optimizer: OptimizerFactory, scale: float) -> OptimizerFactory:
+    """``make_optimizer`` with every parameter group's learning rate times ``scale`` (a role's ``lr_scale``); the LR
+    schedule built on the optimizer then runs from that peak."""
+    if scale == 1.0:
+        return make_optimizer
+
+    def make(module: torch.nn.Module) -> torch.optim.Optimizer:
+        optimizer = make_optimizer(module)
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * scale
+        return optimizer
+
+    return make
 
 
 def _log_parameters(logger: RunLogger, spec: ModelSpec, module: torch.nn.Module) -> None:

@@ -67,19 +67,42 @@ def _role_losses(loss: torch.Tensor | dict[str, torch.Tensor], models: Models) -
     return loss if isinstance(loss, dict) else {models.primary: loss}
 
 
+def role_normalizers(units: list[dict[str, int]], roles: list[str], strategy: Strategy) -> dict[str, float]:
+    """Per role, ``global units / dp_size`` of the step (one all-reduce of every role's count): for an algorithm
+    whose micro-batches carry the losses of several roles counted in different units (flow_rtpo: attack
+    sequences and (image, denoising step) pairs)."""
+    local = torch.tensor([float(sum(u.get(r, 0) for u in units)) for r in roles], dtype=torch.float64,
+                         device=strategy.device)
+    total = comm.all_reduce_sum(local).tolist()
+    return {r: max(t, 1.0) / strategy.dp_size for r, t in zip(roles, total)}
+
+
 def accumulate(strategy: Strategy, models: Models, group: list[Batch], loss_fn: LossFn,
-               units_fn: Callable[[Batch], int], tokens_fn: Callable[[Batch], int]) -> tuple[dict[str, float], MetricSums, int]:
+               units_fn: Callable[[Batch], "int | dict[str, int]"],
+               tokens_fn: Callable[[Batch], int]) -> tuple[dict[str, float], MetricSums, int]:
     """Forward + backward of one optimizer step's micro-batches on this rank.
 
+    ``units_fn`` gives a micro-batch's loss units, or ``{role: units}`` when roles count their own (the loss then
+    gets ``{role: normalizer}``, and a role's gradients sync on the last micro-batch that holds its units, which
+    is the same one on every rank since every rank holds the same layout of samples).
     Returns (this rank's summed loss per role, metric sums, tokens processed)."""
-    normalizer = global_normalizer(sum(units_fn(b) for b in group), strategy)
+    units = [units_fn(b) for b in group]
+    last = {role: len(group) - 1 for role in models.handles}
+    normalizer: float | dict[str, float]
+    if units and isinstance(units[0], dict):
+        per_role: list[dict[str, int]] = units  # type: ignore[assignment]
+        normalizer = role_normalizers(per_role, list(models.handles), strategy)
+        last = {role: max([i for i, u in enumerate(per_role) if u.get(role, 0) > 0], default=len(group) - 1)
+                for role in models.handles}
+    else:
+        normalizer = global_normalizer(sum(units), strategy)  # type: ignore[arg-type]
     losses: dict[str, float] = {}
     sums, tokens = MetricSums(), 0
     for i, batch in enumerate(group):
         batch = batch.to(strategy.device)
         with contextlib.ExitStack() as stack:
-            if i < len(group) - 1:
-                for handle in models.handles.values():
+            for role, handle in models.handles.items():
+                if i < last[role]:
                     stack.enter_context(strategy.no_sync(handle))
             with strategy.autocast():
                 loss, m = loss_fn(models, batch, normalizer=normalizer)
@@ -220,6 +243,14 @@ class Checkpointer:
         self.out, self.strategy, self.models, self.batch = out, strategy, models, batch
         self.config_yaml, self.tokenizer, self.limit, self.log = config_yaml, tokenizer, save_total_limit, log
 
+    def tokenizer_of(self, role: str) -> Any:
+        """The run's tokenizer for a trained role of the primary role's kind; None for one of another kind (flow_rtpo's
+        image policy: a diffusers pipeline keeps its own tokenizers, the attacker's has no place in its folder)."""
+        specs, primary = self.models.specs, self.models.primary
+        if role in specs and primary in specs and specs[role].kind != specs[primary].kind:
+            return None
+        return self.tokenizer
+
     def save(self, state: TrainState) -> Path:
         bad = [role for role, h in self.models.handles.items() if not weights_finite(h.module, self.strategy)]
         if bad:  # cannot happen with the non-finite guard; a checkpoint must never carry NaN weights
@@ -232,7 +263,8 @@ class Checkpointer:
             trainer_state["stream"] = state.stream
         path = ckpt.save_checkpoint(self.out, state.step, strategy=self.strategy, handles=self.models.handles,
                                     trainer_state=trainer_state, config_yaml=self.config_yaml,
-                                    tokenizer=self.tokenizer, save_total_limit=self.limit)
+                                    tokenizer={r: self.tokenizer_of(r) for r in self.models.handles},
+                                    save_total_limit=self.limit)
         self.log.info(f"Saved checkpoint {path}")
         return path
 
@@ -309,7 +341,7 @@ class Checkpointer:
         names ``what`` was saved (the final model, or an epoch's model)."""
         for i, (role, handle) in enumerate(self.models.handles.items()):
             target = final_dir if i == 0 else final_dir.with_name(f"{final_dir.name}_{role}")
-            self.strategy.save_model(handle, target, self.tokenizer)
+            self.strategy.save_model(handle, target, self.tokenizer_of(role))
             if self.strategy.is_main:  # how it was trained (e.g. `alignkit score` reads the data format)
                 (target / "config.yaml").write_text(config_yaml, encoding="utf-8")
         self.log.info(f"Saved {what} to {final_dir}")

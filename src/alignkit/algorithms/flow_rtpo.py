@@ -1,0 +1,246 @@
+"""Flow-RTPO (``algorithm: flow_rtpo``; ALGORITHMS 2, henrymao2004/flow_rtpo): the red-team attacker AND the
+flow-matching image policy trained together from one reward, in one run of the online loop.
+
+Roles: ``policy`` is the attacker (an LM, ``model:``, full or LoRA; its KL reference ``reference``),
+``image_policy`` the flow policy (``flow_rtpo.image_model``, kind ``diffusion``, LoRA ``flow_rtpo.image_lora``;
+its KL reference ``image_reference``, the LoRA base), ``target`` the frozen VLM of ``redteam.target`` (name
+``t2i_vlm``). Each trained role has its own optimizer, LR schedule and checkpoint folder (``checkpoint-N/policy``,
+``checkpoint-N/image_policy``; ``final/`` and ``final_image_policy/``); the loop steps both after every update.
+
+Per iteration (``rollout.num_generations`` attacks per seed prompt, groups contiguous in global order):
+
+1. the attacker rewrites (``redteam.mode``) each seed prompt of this rank;
+2. the image policy renders every attack with Flow-GRPO's SDE sampler (``flow_grpo.num_inference_steps``, noise
+   seeded by (seed, step, global index): ``algorithms/flow_grpo.py``), keeping the trajectory and its log-probs;
+   this is the red-team ``t2i_vlm`` target's renderer, so the frozen VLM continues the template on THESE images;
+3. ``redteam.scorers`` read the VLM's text (toxicity) and the image with its attack (``clip_quality``), placed as
+   ``redteam.placement`` says, gathered in global order;
+4. two rewards over the GATHERED batch (``rollout/redteam_reward.py``): the attacker's R_a = tox + w_cvar
+   max(0, tox - VaR_tau) + w_quality q - w_diversity sim (``redteam:``), and the image policy's R_i = tox + w_cvar
+   max(0, tox - VaR_tau) + w_quality q (``flow_grpo.tau`` / ``w_cvar`` / ``w_quality``); each gets its advantages
+   (``redteam.statistics``, ``flow_grpo.statistics``: per seed prompt or global), identical on every rank;
+5. one update: the attacker's samples (GRPO's loss, ``grpo:``) then the (image, denoising step) units (Flow-GRPO's
+   loss); a micro-batch's loss is ``{role: loss}`` and each role is normalised by its OWN global unit count
+   (``train/step.py`` ``role_normalizers``).
+
+Logged: the attacker's terms as redteam logs them (``reward_mean``, ``toxicity_mean``, ``cvar_bonus_mean``,
+``quality_mean``, ``var``, ``attack_success_rate``, ``kl``, ...) and the image policy's under ``image/``
+(``image/reward_mean``, ``image/cvar_bonus_mean``, ``image/quality_mean``, ``image/var``, ``image/advantage_std``,
+``image/kl``, ``image/ratio``, ...), with ``loss/image_policy`` and ``grad_norm/image_policy``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from alignkit.algorithms.base import Batch, Context, Example, MetricSums, policy_specs
+from alignkit.algorithms.flow_grpo import FlowGRPO, FlowGRPOConfig
+from alignkit.algorithms.flow_sft import unwrap_flow
+from alignkit.algorithms.grpo import grpo_reference
+from alignkit.algorithms.redteam import RedTeam, RedTeamConfig
+from alignkit.config.schema import LoraConfig, RunConfig, f
+from alignkit.config.sections import register_section
+from alignkit.errors import ConfigError
+from alignkit.models.roles import Models, ModelSpec
+from alignkit.rollout.context import Experience, RolloutContext
+from alignkit.rollout.redteam_reward import redteam_reward
+from alignkit.rollout.redteam_scorers import Judged
+from alignkit.rollout.t2i_render import BUILTIN_SHAPES
+
+IMAGE = "image/"  # the prefix of the image policy's batch fields and metrics
+
+
+@register_section("flow_rtpo")
+@dataclass
+class FlowRTPOConfig:
+    """``algorithm: flow_rtpo``: the image policy trained with the attacker (module docstring). The attacker is
+    ``model:`` with ``redteam:`` and ``grpo:``; the image policy's sampler, loss and reward weights are ``flow_grpo:``."""
+
+    image_model: str = f("", "The flow-matching text-to-image policy (diffusers pipeline directory or hub id, SD3 "
+                         "class), trained alongside the attacker.")
+    image_lora: Optional[LoraConfig] = f(None, "LoRA on the image policy's transformer (its KL reference is then the "
+                                         "LoRA base); null = the whole transformer trains.")
+    image_learning_rate: Optional[float] = f(None, "Peak learning rate of the image policy's optimizer (scaled with the "
+                                             "global batch as training.learning_rate is); null = training.learning_rate.", gt=0)
+
+
+class ImagePolicy(FlowGRPO):
+    """Flow-GRPO's sampler, experience and loss on the ``image_policy`` role: no scorers or prompt data of its own
+    (flow_rtpo's rollout renders the attacks and hands it the reward)."""
+
+    role, reference_role = "image_policy", "image_reference"
+
+    def __init__(self, cfg: RunConfig, reference: str) -> None:  # FlowGRPO's prompt data and scorers are not built
+        self.cfg, self.tokenizer = cfg, None
+        self.opts, self.reference = cfg.section(FlowGRPOConfig), reference
+        self.scorer_list: list[Any] = []
+        self.step, self.negative = 0, None
+
+
+def image_reference(cfg: RunConfig) -> str:
+    """The image policy's KL reference: none at flow_grpo.beta 0, its LoRA base with image_lora, else a frozen copy."""
+    if cfg.section(FlowGRPOConfig).beta == 0:
+        return "none"
+    return "lora_base" if cfg.section(FlowRTPOConfig).image_lora is not None else "model"
+
+
+class FlowRTPO(RedTeam):
+    name = "flow_rtpo"
+
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
+        check_config(cfg)
+        super().__init__(cfg, tokenizer)
+        self.image = ImagePolicy(cfg, image_reference(cfg))
+        self.evaluating = False
+        self.drawn: tuple[Any, Any, list[str]] | None = None
+
+    @classmethod
+    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
+        check_config(cfg)
+        fr = cfg.section(FlowRTPOConfig)
+        attacker = policy_specs(cfg, grpo_reference(cfg))
+        scale = fr.image_learning_rate / cfg.training.learning_rate if fr.image_learning_rate else 1.0
+        image = [ModelSpec("image_policy", fr.image_model, "diffusion", trainable=True, lora=fr.image_lora is not None,
+                           lora_config=fr.image_lora, lr_scale=scale)]
+        ref = image_reference(cfg)
+        if ref == "lora_base":
+            image.append(ModelSpec("image_reference", fr.image_model, "diffusion", shares="image_policy"))
+        elif ref == "model":
+            image.append(ModelSpec("image_reference", fr.image_model, "diffusion"))
+        from alignkit.rollout.redteam_targets import build_target
+
+        specs = [*attacker, *image, *build_target(cfg.section(RedTeamConfig).target).specs()]
+        return [s for s in specs if s.trainable] + [s for s in specs if not s.trainable]  # trained roles first
+
+    def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
+        super().before_training(ctx, train_set, eval_set)
+        unwrap_flow(ctx.models["image_policy"])
+
+    def sampling_summary(self) -> str:
+        return f"attacker: {super().sampling_summary()}; image policy: {self.image.sampling_summary()}"
+
+    # ------------------------------------------------------------------ rollout
+    def answered(self, ctx: RolloutContext, attacks: list[str]) -> Judged:
+        """This rank's attacks rendered by the image policy (SDE with log-probs in a rollout, the ODE in
+        evaluation), answered by the VLM target on those images."""
+        o = self.image.opts
+        if self.evaluating:
+            rank, world = ctx.strategy.dp_rank, ctx.strategy.dp_size
+            keys = [f"eval:{rank + world * i}" for i in range(len(attacks))]
+            _, images, _ = self.image.render(ctx, attacks, keys, steps=o.eval_num_inference_steps, noise_level=0.0, step=-1)
+        else:
+            start = time.perf_counter()
+            keys = [f"sample:{i}" for i in range(ctx.mine.start, ctx.mine.stop)]
+            traj, images, cond = self.image.render(ctx, attacks, keys, steps=o.num_inference_steps,
+                                                   noise_level=o.noise_level, step=self.image.step)
+            self.drawn, self.sample_s = (traj, cond, attacks), time.perf_counter() - start
+        seeds, fields = [row["prompt"] for row in ctx.rows], [row["fields"] for row in ctx.rows]
+        outputs = self.target.respond(ctx, attacks, seeds, fields, images=images)
+        return Judged(attacks, outputs, seeds, fields, images)
+
+    def rollout(self, ctx: RolloutContext) -> Experience:
+        """The attacker's rollout (``RedTeam.rollout``, its images drawn by the image policy), then the image
+        policy's reward, advantages and (image, step) units from the same gathered scores."""
+        exp = super().rollout(ctx)
+        assert self.drawn is not None
+        traj, cond, attacks = self.drawn
+        o = self.image.opts
+        tox, quality = exp.scores["toxicity"], self.term(exp.scores, "quality")
+        terms = redteam_reward(tox, quality, tau=o.tau, w_cvar=o.w_cvar, w_quality=o.w_quality if quality is not None else 0.0)
+        units = self.image.units_of(traj, cond, attacks)
+        stats = self.image.make_experience(ctx, units, [], {"reward": terms["reward"]})
+        for k, v in stats.means().items():
+            exp.stats.add(IMAGE + k, v, 1)
+        for k in ("reward", "cvar_bonus", "quality"):
+            values = terms[k]
+            ok = values[~torch.isnan(values)]
+            exp.stats.add(f"{IMAGE}{k}_mean", float(ok.mean()) if ok.numel() else math.nan, 1)
+        exp.stats.add(IMAGE + "var", terms["var"], 1)
+        exp.stats.add(IMAGE + "sample_s", self.sample_s, 1)
+        exp.scores[IMAGE + "reward"] = terms["reward"]
+        for i, row in enumerate(self.pending):  # attacks.jsonl: the image policy's reward and advantage too
+            row["image_reward"], row["image_advantage"] = float(terms["reward"][i]), float(self.image.advantages[i])
+        self.drawn = None
+        return Experience(exp.samples + units, exp.scores, exp.stats)
+
+    @torch.no_grad()
+    def evaluate(self, ctx: RolloutContext) -> tuple[float, float, float]:
+        """RedTeam's evaluation (greedy attacks, the target's toxicity) with the attacks drawn by the image
+        policy's ODE sampler."""
+        self.evaluating = True
+        try:
+            return super().evaluate(ctx)
+        finally:
+            self.evaluating = False
+
+    # ------------------------------------------------------------------ update
+    def collate(self, samples: list[dict[str, Any]]) -> Batch:
+        """A micro-batch of the attacker's samples (GRPO's layout) and/or the image units (fields ``image/...``)."""
+        attacks = [s for s in samples if "completion_ids" in s]
+        units = [s for s in samples if "latents" in s]
+        batch = super().collate(attacks) if attacks else Batch()
+        if units:
+            batch.update({IMAGE + k: v for k, v in self.image.collate(units).items()})
+        return batch
+
+    @staticmethod
+    def image_part(batch: Batch) -> Batch | None:
+        part = {k[len(IMAGE):]: v for k, v in batch.items() if k.startswith(IMAGE)}
+        return Batch({}, part) if part else None
+
+    def units(self, batch: Batch) -> dict[str, int]:  # type: ignore[override]
+        image = self.image_part(batch)
+        return {"policy": super().units(batch) if "input_ids" in batch else 0,
+                "image_policy": self.image.units(image) if image is not None else 0}
+
+    def tokens_in(self, batch: Batch) -> int:
+        return super().tokens_in(batch) if "input_ids" in batch else 0
+
+    def loss(self, models: Models, batch: Batch, *, normalizer: float | dict[str, float]) -> tuple[dict[str, torch.Tensor], MetricSums]:  # type: ignore[override]
+        if not isinstance(normalizer, dict):
+            raise TypeError("flow_rtpo's loss needs a normaliser per role (units() returns one count per role)")
+        losses, m = {}, MetricSums()
+        if "input_ids" in batch:
+            losses["policy"], m = super().loss(models, batch, normalizer=normalizer["policy"])
+        image = self.image_part(batch)
+        if image is not None:
+            losses["image_policy"], parts = self.image.loss(models, image, normalizer=normalizer["image_policy"])
+            for k in parts.sums:
+                m.add(IMAGE + k, parts.sums[k], parts.counts[k])
+        return losses, m
+
+    # ------------------------------------------------------------------ state
+    def on_step_end(self, ctx: Context) -> dict[str, float]:
+        self.image.step = ctx.step  # seeds the next rollout's image noise
+        return super().on_step_end(ctx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "image_step": self.image.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.image.step = int(state.get("image_step", 0))
+
+
+def check_config(cfg: RunConfig) -> None:
+    """flow_rtpo's cross-section rules, each a one-line error naming its key."""
+    fr, rt, fg = cfg.section(FlowRTPOConfig), cfg.section(RedTeamConfig), cfg.section(FlowGRPOConfig)
+    if not fr.image_model:
+        raise ConfigError("flow_rtpo.image_model: name the image policy (a diffusers pipeline directory or hub id)")
+    if rt.target.name != "t2i_vlm":
+        raise ConfigError(f"redteam.target.name: flow_rtpo renders the attacks with its image policy for a VLM: it "
+                          f"needs t2i_vlm (have {rt.target.name!r})")
+    if rt.target.renderer != BUILTIN_SHAPES:
+        raise ConfigError(f"redteam.target.renderer: flow_rtpo's renderer is its trained image policy "
+                          f"(flow_rtpo.image_model); leave the renderer unset (have {rt.target.renderer!r})")
+    if fg.scorers:
+        raise ConfigError("flow_grpo.scorers: flow_rtpo scores with redteam.scorers (toxicity on the VLM's text, "
+                          "clip_quality on the images); leave flow_grpo.scorers empty")
+    if cfg.model.kind not in ("auto", "lm"):
+        raise ConfigError(f"model.kind: the flow_rtpo attacker is an lm (have {cfg.model.kind!r}); the image policy "
+                          f"is flow_rtpo.image_model")
