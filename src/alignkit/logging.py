@@ -19,7 +19,9 @@ from alignkit.errors import ConfigError
 
 log = logging.getLogger("alignkit")
 
-_SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password)", re.IGNORECASE)
+#: a key naming a secret: api_key, wandb_api_key, token, hf_token, secret, client_secret, password; a whole word
+#: of the key, so max_new_tokens, tokenizer or console_keys are config values, not secrets
+_SECRET_KEY = re.compile(r"(?:^|[_.-])(?:api[_-]?key|token|secret|password|passwd)(?:$|[_.-])", re.IGNORECASE)
 
 
 def quiet_transformers(is_main: bool) -> None:

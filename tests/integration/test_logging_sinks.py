@@ -36,3 +36,24 @@ def test_scrub_hides_secret_like_keys() -> None:
 
     out = scrub({"logging": {"wandb_api_key": "abc", "hf_token": "x", "run_name": "ok"}, "lr": 1})
     assert out == {"logging": {"wandb_api_key": "***", "hf_token": "***", "run_name": "ok"}, "lr": 1}
+    keep = {"rollout": {"max_new_tokens": 8, "max_prompt_tokens": 64}, "model": {"tokenizer": "tok"},
+            "logging": {"console_keys": ["loss"], "token": "t", "client_secret": "s", "password": "p", "secret_key": "k"}}
+    assert scrub(keep) == {"rollout": {"max_new_tokens": 8, "max_prompt_tokens": 64}, "model": {"tokenizer": "tok"},
+                           "logging": {"console_keys": ["loss"], "token": "***", "client_secret": "***",
+                                       "password": "***", "secret_key": "***"}}
+
+
+@pytest.mark.parametrize("name", ["grpo.yaml", "redteam.yaml", "flow_rtpo.yaml", "safe_dpo.yaml"])
+def test_the_config_a_run_writes_loads_again(name: str, tmp_path: Path) -> None:
+    """OUTPUT_DIR/config.yaml (scrubbed) is a config alignkit reads back to the same settings."""
+    import yaml
+
+    from alignkit.config import load_config
+    from alignkit.config.loader import to_dict
+    from alignkit.logging import scrub
+    from tests.conftest import REPO
+
+    cfg = to_dict(load_config(REPO / "configs" / name))
+    written = tmp_path / "config.yaml"
+    written.write_text(yaml.safe_dump(scrub(cfg), sort_keys=False), encoding="utf-8")
+    assert to_dict(load_config(written)) == cfg
