@@ -26,10 +26,14 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files with a test marked slow first: ``--dist loadfile`` hands whole files to free workers in collection
-    order, and a long file started last would run alone at the end. The order within a file is kept."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
+    """The longest files first: ``--dist loadfile`` hands whole files to free workers in collection order, and a
+    long file started last runs alone at the end. A file's weight is its tests' ``slow`` marks (``seconds=``: the
+    test's measured time on 2 idle cores; 1 without it); unmarked files follow. The order within a file is kept."""
+    weight: dict[Any, float] = {}
+    for item in items:
+        mark = item.get_closest_marker("slow")
+        weight[item.path] = max(weight.get(item.path, 0.0), 0.0 if mark is None else mark.kwargs.get("seconds", 1.0))
+    items.sort(key=lambda item: -weight[item.path])
 
 
 def free_port() -> int:

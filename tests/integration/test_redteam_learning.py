@@ -33,7 +33,7 @@ from alignkit.data.synth import generate, write_rows
 from alignkit.data.synth_redteam import has_trigger, is_toxic, make_redteam_rows
 from tests.conftest import REPO, assert_ok, run_cli, write_config
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=60)
 
 
 def train(tmp_path: Path, name: str, cfg: dict, nproc: int = 1) -> Path:

@@ -43,7 +43,7 @@ import torch
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=330)
 
 PATCH = 8
 
