@@ -191,7 +191,8 @@ def hf_model(model: nn.Module) -> nn.Module:
 def split_lm(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """(backbone returning final hidden states, LM head) of a causal LM, peft-wrapped or not."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    head = base.get_output_embeddings()
+    get_head = getattr(base, "get_output_embeddings", None)  # a diffusion transformer (FlowPolicy) has no LM head
+    head = get_head() if callable(get_head) else None
     backbone = base.base_model if getattr(base, "base_model", base) is not base else None
     if head is None or backbone is None:
         raise TypeError(f"{type(base).__name__}: cannot find the decoder backbone and LM head")
