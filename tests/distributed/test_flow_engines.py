@@ -3,6 +3,8 @@ ZeRO-2 and ZeRO-3, on 2 gloo processes, against DDP. ONE torchrun launch (tests/
 runs, per engine, 2 iterations of 2 updates each (checkpoint after the first iteration) and a run resumed from that
 checkpoint, plus the DDP run. Each engine gathers the LoRA policy for the SDE sampler (``full_params``), runs the KL
 term's LoRA-off base through the sharded module, saves the adapter in diffusers' format and resumes exactly.
+Every run keeps the EMA of the LoRA weights (``flow_grpo.ema``, updated after optimizer steps 2 and 4), which
+evaluation and the final adapter use and every rank checkpoints (its shard under FSDP2 / ZeRO-3).
 (DDP == 1 process is tests/integration/test_flow_grpo.py's.)"""
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def runs(micro_sd3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
                          training__per_device_batch_size=4, training__eval_steps=1000,
                          rollout__num_generations=4, rollout__update_epochs=2, flow_grpo__num_inference_steps=3,
                          flow_grpo__eval_num_inference_steps=2, flow_grpo__guidance_scale=2.0,
-                         checkpoint__save_steps=2, checkpoint__save_total_limit=2,
+                         checkpoint__save_steps=2, checkpoint__save_total_limit=2, flow_grpo__ema=True,
+                         flow_grpo__ema_interval=2, flow_grpo__ema_decay=0.5,
                          logging__report_to=["jsonl"], logging__plot=False)
     configs = [derive_config(base, root / "ddp", distributed={"strategy": "ddp"})]
     for name, dist in ENGINES.items():
@@ -86,6 +89,33 @@ def test_flow_grpo_engine_equals_ddp_and_resumes_exactly(runs: Path, engine: str
     for k in ("reward_mean", "advantage_std", "loss", "grad_norm", "ratio", "kl"):
         assert resumed[4][k] == pytest.approx(got[4][k], rel=1e-6, abs=1e-12), (engine, k)
     assert max_delta(final, load_file(str(runs / f"{engine}_resumed" / "final" / LORA))) <= 1e-7
+
+
+def _lora_key(name: str) -> str:
+    """A trained parameter's name (``transformer.<module>.lora_A.default.weight``) as diffusers' adapter file has it."""
+    return name.replace(".default.", ".")
+
+
+def test_flow_grpo_ema_is_updated_after_optimizer_steps_checkpointed_and_saved(runs: Path) -> None:
+    """DDP: the checkpoints carry each rank's EMA (the same on both); the EMA of step 4 is the one of step 2 moved
+    (1 - min(4 / 13, 0.5)) of the way to the trained weights of step 4 (flow_grpo's rule at optimizer step s = 3,
+    interval 2); the final adapter is that EMA, not the trained weights."""
+    ckpt2, ckpt4 = (runs / "ddp" / f"checkpoint-{s}" / "policy" for s in (2, 4))
+    e2, e4 = (load_file(str(c / "ema_rank0.safetensors")) for c in (ckpt2, ckpt4))
+    assert max_delta(e4, load_file(str(ckpt4 / "ema_rank1.safetensors"))) == 0.0
+    trained = load_file(str(ckpt4 / LORA))
+    final = load_file(str(runs / "ddp" / "final" / LORA))
+    assert {_lora_key(n) for n in e4} == set(trained) == set(final)
+    w = 1 - 4 / 13
+    moved = max((e2[n] + w * (trained[_lora_key(n)] - e2[n]) - e4[n]).abs().max().item() for n in e4)
+    assert moved <= 1e-7
+    assert max((final[_lora_key(n)] - e4[n]).abs().max().item() for n in e4) == 0.0
+    assert max((final[k] - trained[k]).abs().max().item() for k in final) > 1e-6  # the EMA lags the trained weights
+    # FSDP2 and ZeRO-3 keep each rank's shard: the two files together hold every element once
+    for engine in ("fsdp", "zero3"):
+        ranks = [load_file(str(runs / engine / "checkpoint-4" / "policy" / f"ema_rank{r}.safetensors")) for r in (0, 1)]
+        for n in e4:
+            assert ranks[0][n].numel() < e4[n].numel() <= ranks[0][n].numel() + ranks[1][n].numel(), (engine, n)
 
 
 def test_sharded_flow_adapter_loads_into_the_pipeline(runs: Path, micro_sd3: Path) -> None:

@@ -24,9 +24,11 @@ reports the mean of the ``main`` reward (eval/reward_mean).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -49,6 +51,7 @@ from alignkit.rollout.flow_sample import Conditioning, decode, latent_shape, sam
 from alignkit.rollout.redteam_reward import redteam_advantages, redteam_reward
 from alignkit.rollout.redteam_scorers import Judged, build_scorer, check_scorer_name, judge_placed, weighted_term
 from alignkit.rollout.score import gather_scores
+from alignkit.train.ema import ParamEMA
 
 
 @dataclass
@@ -90,6 +93,12 @@ class FlowGRPOConfig:
     w_cvar: float = f(0.0, "Weight of the CVaR tail bonus over the gathered main rewards (Flow-RTPO: 0.1).", ge=0)
     w_quality: float = f(1.0, "Weight of the quality term (the quality scorers; unused without any).")
     max_sequence_length: int = f(77, "T5 prompt tokens (SD3's max_sequence_length).", gt=0)
+    ema: bool = f(False, "Keep an EMA of the trained (LoRA) weights, updated after each optimizer step (flow_grpo's "
+                  "EMAModuleWrapper); evaluation and the final model use it; checkpoints carry it per rank.")
+    ema_decay: float = f(0.9, "EMA decay d (warm-up min((1 + s) / (10 + s), d) at optimizer step s; flow_grpo: 0.9).",
+                         gt=0, lt=1)
+    ema_interval: int = f(8, "Update the EMA every this many optimizer steps (flow_grpo's update_step_interval: 8).",
+                          gt=0)
 
     def __post_init__(self) -> None:
         if not self.tau < 1:
@@ -120,6 +129,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         self.reference = flow_reference(cfg)
         self.scorer_list = [(key, s, build_scorer(s, cfg.model)) for key, s in scorer_keys(o.scorers)]
         self.step = 0  # optimizer steps done: seeds the next rollout's noise
+        self.ema: ParamEMA | None = None  # flow_grpo.ema: built before training from the trained weights
         self.negative: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
@@ -129,6 +139,33 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         super().before_training(ctx, train_set, eval_set)
         unwrap_flow(ctx.models[self.role])  # a one-line error for a policy of another kind
+        if self.opts.ema:
+            self.ema = ParamEMA(self.ema_params(ctx), decay=self.opts.ema_decay, interval=self.opts.ema_interval)
+
+    # ------------------------------------------------------------------ EMA of the trained weights (train/ema.py)
+    def ema_params(self, ctx: Context) -> dict[str, torch.Tensor]:
+        return ctx.strategy.local_params(ctx.models[self.role])
+
+    def on_optimizer_step(self, ctx: Context) -> None:
+        if self.ema is not None:
+            self.ema.update(self.ema_params(ctx), ctx.step - 1)  # flow_grpo counts the step just done from 0
+
+    def output_weights(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
+        if self.ema is None:
+            return contextlib.nullcontext()
+        module = ctx.models[self.role]
+        return self.ema.swapped(self.ema_params(ctx), lambda: ctx.strategy.refresh_params(module))
+
+    def ema_file(self, folder: Path, ctx: Context) -> Path:
+        return folder / self.role / f"ema_rank{ctx.strategy.dp_rank}.safetensors"
+
+    def save_files(self, folder: Path, ctx: Context) -> None:
+        if self.ema is not None:
+            self.ema.save(self.ema_file(folder, ctx))
+
+    def load_files(self, folder: Path, ctx: Context) -> None:
+        if self.ema is not None:
+            self.ema.load(self.ema_file(folder, ctx))
 
     # ------------------------------------------------------------------ sampling
     def sampling_summary(self) -> str:

@@ -238,6 +238,8 @@ def check_config(cfg: RunConfig) -> None:
     if rt.target.renderer != BUILTIN_SHAPES:
         raise ConfigError(f"redteam.target.renderer: flow_rtpo's renderer is its trained image policy "
                           f"(flow_rtpo.image_model); leave the renderer unset (have {rt.target.renderer!r})")
+    if fg.ema:
+        raise ConfigError("flow_grpo.ema: the EMA of the LoRA weights is flow_grpo's; flow_rtpo does not keep one")
     if fg.scorers:
         raise ConfigError("flow_grpo.scorers: flow_rtpo scores with redteam.scorers (toxicity on the VLM's text, "
                           "clip_quality on the images); leave flow_grpo.scorers empty")

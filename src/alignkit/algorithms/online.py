@@ -18,8 +18,10 @@ so a prompt's group may span ranks), and each update epoch is one optimizer step
 
 from __future__ import annotations
 
+import contextlib
 from abc import abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -93,6 +95,19 @@ class OnlineAlgorithm(Algorithm):
         critics' values are not dropout noise either. Overrides must call it."""
         if self.cfg.section(RolloutConfig).disable_dropout:
             ctx.models.disable_dropout()
+
+    def on_optimizer_step(self, ctx: Context) -> None:
+        """After each optimizer step of the update (``ctx.step``: the steps done), e.g. an EMA of the weights."""
+
+    def output_weights(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
+        """The weights evaluation and the final save see, for the duration (e.g. the EMA's); the trained ones after."""
+        return contextlib.nullcontext()
+
+    def save_files(self, folder: Path, ctx: Context) -> None:
+        """Every rank writes its own state files into checkpoint ``folder`` (beside the JSON ``state_dict``)."""
+
+    def load_files(self, folder: Path, ctx: Context) -> None:
+        """Every rank reads back what :meth:`save_files` wrote into checkpoint ``folder`` (a resume)."""
 
     @property
     def sampling_temperature(self) -> float:

@@ -19,7 +19,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -202,8 +202,10 @@ def save_checkpoint(
     config_yaml: str,
     tokenizer: Any = None,  # one for every role, or {role: tokenizer or None}
     save_total_limit: int | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write ``checkpoint-STEP`` atomically (module docstring); every rank calls."""
+    """Write ``checkpoint-STEP`` atomically (module docstring); every rank calls. ``extra(folder)``: every rank
+    writes its own files (e.g. an algorithm's per-rank EMA) into the checkpoint before it is renamed."""
     final = output_dir / f"{PREFIX}{step}"
     tmp = output_dir / f"{TMP_PREFIX}{step}"
     if strategy.is_main:
@@ -216,6 +218,8 @@ def save_checkpoint(
         for role, handle in handles.items():
             strategy.save_model(handle, tmp / role, tokenizer.get(role) if isinstance(tokenizer, dict) else tokenizer)
             strategy.save_training_state(handle, tmp / role)
+        if extra is not None:
+            extra(tmp)
     except Exception as e:  # noqa: BLE001 - a full disk surfaces as OSError, RuntimeError or SafetensorError
         if not disk_full(e, output_dir):
             raise

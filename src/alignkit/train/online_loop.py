@@ -83,6 +83,8 @@ class OnlineTrainer:
         torch.manual_seed(cfg.training.seed + 1_000_003 * self.strategy.dp_rank)
         state = self.checkpointer.resume(cfg.checkpoint.resume_from, weights_only=cfg.checkpoint.resume_weights_only)
         self.algo.load_state_dict(state.algo)
+        if self.checkpointer.resumed is not None:
+            self.algo.load_files(self.checkpointer.resumed, Context(self.models, self.strategy, state.step))
         window, losses, metrics, eval_metrics = Window(), [], {}, {}
         guard = NonfiniteGuard(cfg.training.nonfinite, cfg.training.max_nonfinite_steps, log)
         if self.eval_prompts and cfg.training.eval_steps and state.step == 0:
@@ -100,6 +102,7 @@ class OnlineTrainer:
                     break
                 results.append(self._step(samples))
                 state.step += 1
+                self.algo.on_optimizer_step(Context(self.models, self.strategy, state.step))
                 guard.observe(state.step, results[-1])
                 losses.append(results[-1].loss)
             update_s = time.perf_counter() - start
@@ -122,8 +125,10 @@ class OnlineTrainer:
                 self._save(state)
         if self.eval_prompts:
             eval_metrics = self._evaluate(state.step)
-        final_dir = self.checkpointer.finish(lambda: self._save(state), save_steps=cfg.checkpoint.save_steps,
-                                             save_final=cfg.checkpoint.save_final)
+        if cfg.checkpoint.save_steps:
+            self._save(state)
+        with self.algo.output_weights(Context(self.models, self.strategy, state.step)):
+            final_dir = self.checkpointer.finish(lambda: None, save_steps=None, save_final=cfg.checkpoint.save_final)
         log.close()
         return TrainResult(final_dir, metrics, eval_metrics, losses)
 
@@ -168,7 +173,8 @@ class OnlineTrainer:
         world, rank = self.strategy.dp_size, self.strategy.dp_rank
         rows = self.eval_prompts[rank::world]
         params = SamplingParams(self.cfg.section(RolloutConfig).max_new_tokens, 0.0, batch_size=self.cfg.section(RolloutConfig).generation_batch_size)
-        local = self.algo.evaluate(self._context(rows, slice(0, len(rows)), params)) if rows else (0.0, 0.0, 0.0)
+        with self.algo.output_weights(Context(self.models, self.strategy, step)):
+            local = self.algo.evaluate(self._context(rows, slice(0, len(rows)), params)) if rows else (0.0, 0.0, 0.0)
         sums = comm.all_reduce_sum(torch.tensor(local, dtype=torch.float64))
         metrics = {"reward_mean": float(sums[0]) / max(1.0, float(sums[1])),
                    "completion_length": float(sums[2]) / max(1, len(self.eval_prompts))}
@@ -205,7 +211,7 @@ class OnlineTrainer:
 
     def _save(self, state: TrainState) -> None:
         state.algo = self.algo.state_dict()
-        self.checkpointer.save(state)
+        self.checkpointer.save(state, lambda folder: self.algo.save_files(folder, Context(self.models, self.strategy, state.step)))
 
 
 def check_groups(plan: RunPlan, cfg: RunConfig) -> None:

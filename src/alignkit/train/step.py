@@ -242,6 +242,7 @@ class Checkpointer:
                  save_total_limit: int | None, log: RunLogger, batch: BatchPlan) -> None:
         self.out, self.strategy, self.models, self.batch = out, strategy, models, batch
         self.config_yaml, self.tokenizer, self.limit, self.log = config_yaml, tokenizer, save_total_limit, log
+        self.resumed: Path | None = None
 
     def tokenizer_of(self, role: str) -> Any:
         """The run's tokenizer for a trained role of the primary role's kind; None for one of another kind (flow_rtpo's
@@ -251,7 +252,7 @@ class Checkpointer:
             return None
         return self.tokenizer
 
-    def save(self, state: TrainState) -> Path:
+    def save(self, state: TrainState, extra: Callable[[Path], None] | None = None) -> Path:
         bad = [role for role, h in self.models.handles.items() if not weights_finite(h.module, self.strategy)]
         if bad:  # cannot happen with the non-finite guard; a checkpoint must never carry NaN weights
             raise TrainingError(f"refusing to write checkpoint-{state.step}: the weights of {', '.join(bad)} are not "
@@ -264,7 +265,7 @@ class Checkpointer:
         path = ckpt.save_checkpoint(self.out, state.step, strategy=self.strategy, handles=self.models.handles,
                                     trainer_state=trainer_state, config_yaml=self.config_yaml,
                                     tokenizer={r: self.tokenizer_of(r) for r in self.models.handles},
-                                    save_total_limit=self.limit)
+                                    save_total_limit=self.limit, extra=extra)
         self.log.info(f"Saved checkpoint {path}")
         return path
 
@@ -274,6 +275,7 @@ class Checkpointer:
         if self.strategy.is_main:
             ckpt.clean_stale(self.out)
         path = ckpt.resolve_resume(self.out, resume_from)
+        self.resumed = None if weights_only else path  # the checkpoint the run continues (its algorithm files)
         if path is None or weights_only:
             if path is not None:
                 self.log.info(f"Started a new run from the weights of {path} (checkpoint.resume_weights_only)")

@@ -217,6 +217,16 @@ class Strategy(ABC):
         to call (``generate``, forward), on every rank at the same time."""
         yield self.unwrap(module)
 
+    def local_params(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """The storage this rank holds of ``module``'s trainable parameters by name (of the unwrapped module):
+        tensors that share it (an in-place write changes the parameter), whole here, this rank's shard under the
+        sharding engines. For elementwise state kept beside the weights (``train/ema.py``)."""
+        return {n: p.data for n, p in self.unwrap(module).named_parameters() if p.requires_grad}
+
+    def refresh_params(self, module: nn.Module) -> None:
+        """After in-place writes into :meth:`local_params`, make ``module``'s forward see them (an engine that keeps
+        a gathered copy beside the local storage re-gathers it); every rank calls. Nothing to do here."""
+
     # ------------------------------------------------------------------ step
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.compute_dtype == torch.float32:

@@ -158,6 +158,24 @@ class DeepSpeedStrategy(Strategy):
         else:
             yield self.unwrap(module)
 
+    def local_params(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        if self.zero_stage == 3:  # ZeRO-3 partitions each parameter: ds_tensor is this rank's flat partition
+            return {n: p.ds_tensor.data for n, p in self.unwrap(module).named_parameters() if p.requires_grad}
+        return super().local_params(module)
+
+    def refresh_params(self, module: nn.Module) -> None:
+        if self.zero_stage != 3:
+            return
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        # ZeRO-3 keeps small ("persistent") parameters gathered between steps and re-gathers them from their
+        # partitions only after a step: gather them again so the forward sees the partitions just written
+        held = [p for p in self.unwrap(module).parameters() if p.ds_status == ZeroParamStatus.AVAILABLE]
+        for p in held:
+            p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+        if held:
+            held[0].all_gather(held)
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()  # the engine holds the module in the compute dtype
 

@@ -126,6 +126,13 @@ class FSDPStrategy(Strategy):
                 u.reshard()
                 u.set_reshard_after_forward(before, recurse=False)
 
+    def local_params(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        from torch.distributed.tensor import DTensor
+
+        # outside forward FSDP2's parameters are the sharded DTensors: their local tensor is this rank's shard
+        return {n: p.to_local().data if isinstance(p, DTensor) else p.data
+                for n, p in module.named_parameters() if p.requires_grad}
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self._mp_policy().param_dtype is not None:
             return contextlib.nullcontext()  # FSDP already computes in param_dtype
