@@ -34,6 +34,16 @@ METRICS_FILE = "metrics.jsonl"
 NOT_PANELS = ("time", "step", "epoch")
 FIRST = ("loss", "lr", "grad_norm", "tokens_per_s")
 LAST = ("peak_mem_mb",)
+#: runs of the flow image policies (``algorithm`` in their config.yaml): their panels follow FLOW_ORDER
+FLOW_ALGORITHMS = ("flow_grpo", "flow_rtpo")
+#: a flow run's reading order, for the flow_grpo policy's metrics and again for flow_rtpo's image policy's
+#: (``image/`` prefix): the reward and its terms (each scorer, the CVaR bonus, VaR), the update's KL, clipping and
+#: ratio, the advantages; then the timings (FLOW_TIMES); globs as in ``--metrics``
+FLOW_ORDER = ("reward_mean", "reward/*", "cvar_bonus_mean", "var", "kl", "approx_kl", "clip_fraction", "ratio",
+              "policy_loss", "advantage_*", "reward_std", "frac_reward_zero_std", "reward_scored")
+FLOW_TIMES = ("sample_s", "rollout_s", "update_s")
+#: token throughputs, always 0 in a flow_grpo run (it trains on images): no panels there
+NO_TOKENS = ("tokens_per_s", "train_tokens_per_s")
 #: drawn on a log y-axis when all their values are positive and span more than two decades
 LOG_WHEN_WIDE = ("loss", "eval/loss", "grad_norm")
 MAX_COLUMNS = 4
@@ -143,9 +153,15 @@ def run_names(paths: Sequence[str | Path]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------- choosing
-def order_metrics(names: Sequence[str]) -> list[str]:
-    """FIRST, then eval/* (eval/loss first), then the rest as given, then LAST."""
+def order_metrics(names: Sequence[str], algorithms: Sequence[str | None] = ()) -> list[str]:
+    """FIRST, then eval/* (eval/loss first), then the rest as given, then LAST. A flow run (``algorithms``: its
+    runs' algorithms, any in FLOW_ALGORITHMS): the rest in FLOW_ORDER, unprefixed then ``image/``, then the others
+    as given, then the timings; a flow_grpo run alone has no token-throughput panels (NO_TOKENS)."""
     names = list(dict.fromkeys(names))
+    if any(a in FLOW_ALGORITHMS for a in algorithms):
+        if set(algorithms) == {"flow_grpo"}:
+            names = [m for m in names if m not in NO_TOKENS]
+        names = _flow_order(names)
     first = [m for m in FIRST if m in names]
     evals = sorted((m for m in names if m.startswith("eval/")), key=lambda m: m != "eval/loss")
     last = [m for m in LAST if m in names]
@@ -153,11 +169,22 @@ def order_metrics(names: Sequence[str]) -> list[str]:
     return first + evals + rest + last
 
 
-def select_metrics(available: Sequence[str], patterns: Sequence[str] | None) -> list[str]:
+def _flow_order(names: list[str]) -> list[str]:
+    ordered: list[str] = []
+    for prefix in ("", "image/"):
+        for pat in FLOW_ORDER:
+            ordered += [m for m in names if fnmatch.fnmatchcase(m, prefix + pat) and m not in ordered
+                        and (prefix or not m.startswith("image/"))]
+    times = [m for prefix in ("", "image/") for t in FLOW_TIMES for m in names if m == prefix + t]
+    return ordered + [m for m in names if m not in ordered and m not in times] + times
+
+
+def select_metrics(available: Sequence[str], patterns: Sequence[str] | None,
+                   algorithms: Sequence[str | None] = ()) -> list[str]:
     """The panels: every available metric in :func:`order_metrics` order, or those matching
     ``patterns`` (names or globs such as ``rewards/*``), pattern by pattern. A pattern that matches
     nothing is an error naming the closest metric."""
-    ordered = order_metrics(available)
+    ordered = order_metrics(available, algorithms)
     if not patterns:
         return ordered
     chosen: list[str] = []
@@ -192,7 +219,7 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path | None = None,
     files = [metrics_file(r) for r in runs]
     data = [read_metrics(f, nm) for f, nm in zip(files, run_names(runs))]
     available = [m for run in data for m in run.series]
-    panels = select_metrics(available, metrics)
+    panels = select_metrics(available, metrics, [run.algorithm for run in data])
     path = Path(out) if out is not None else default_out(runs)
     _draw(data, panels, path, _image_format(path))
     return Plotted(path, panels)

@@ -134,3 +134,39 @@ def test_cli_missing_metrics_is_a_one_line_error(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"alignkit: error: {tmp_path / 'run' / 'metrics.jsonl'} not found "
                                                 "(a run writes it when logging.report_to has jsonl)"]
+
+
+def test_flow_runs_plot_reward_terms_kl_clipping_and_image_panels(micro_sd3: Path, tmp_path: Path) -> None:
+    """A real flow_grpo run (1 iteration of 2 updates on the micro SD3 pipeline) ends with its summary: the reward
+    and its terms, then KL, clipping and ratio, the advantages, the timings; no token-throughput panels (images). A
+    flow_rtpo run's image policy metrics (``image/``) follow the attacker's in the same order."""
+    pytest.importorskip("diffusers")
+    from alignkit.data.synth_vlm import generate_vlm
+
+    train = generate_vlm(8, 0, tmp_path / "captions.json", stage="pretrain", split="train")
+    out = tmp_path / "flow"
+    run_train(load_config(REPO / "configs" / "flow_grpo.yaml", [
+        f"model.name_or_path={micro_sd3}", f"data.train={train}", f"output_dir={out}", "training.max_steps=2",
+        "training.global_batch_size=4", "training.per_device_batch_size=4", "rollout.num_generations=2",
+        "rollout.update_epochs=2", "flow_grpo.num_inference_steps=2", "checkpoint.save_steps=null",
+        "checkpoint.save_final=false", "logging.report_to=[jsonl]"]))
+    assert is_png(out / "plots" / "summary.png")
+    _, panels = plot_runs([out], tmp_path / "flow.png")
+    assert panels[:9] == ["loss", "lr", "grad_norm", "reward_mean", "reward/main", "reward/main/shapes_colour",
+                          "cvar_bonus_mean", "var", "kl"]
+    assert panels.index("kl") < panels.index("clip_fraction") < panels.index("ratio") < panels.index("advantage_std")
+    assert panels[-4:] == ["sample_s", "rollout_s", "update_s", "peak_mem_mb"]
+    assert not {"tokens_per_s", "train_tokens_per_s"} & set(panels)
+    # flow_rtpo: the attacker's metrics unprefixed, the image policy's under image/
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rtpo = tmp_path / "rtpo"
+    rtpo.mkdir()
+    (rtpo / "config.yaml").write_text("algorithm: flow_rtpo\n", encoding="utf-8")
+    flow = ("reward_mean", "kl", "clip_fraction", "sample_s", "reward/main/shapes_colour")
+    mixed = [{"step": r["step"], "loss": r["loss"], "tokens_per_s": 50.0, "reward_mean": r["reward_mean"],
+              "kl": 0.1, "loss/image_policy": r["loss"], **{f"image/{k}": r[k] for k in flow}} for r in rows]
+    (rtpo / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mixed), encoding="utf-8")
+    path, panels = plot_runs([rtpo], tmp_path / "rtpo.png")
+    assert is_png(path)
+    assert panels == ["loss", "tokens_per_s", "reward_mean", "kl", "image/reward_mean", "image/reward/main/shapes_colour",
+                      "image/kl", "image/clip_fraction", "loss/image_policy", "image/sample_s"]
