@@ -117,6 +117,7 @@ def flow_reference(cfg: RunConfig) -> str:
 
 class FlowGRPO(StepSeeded, OnlineAlgorithm):
     name = "flow_grpo"
+    evaluate_on_every_rank = True  # a rank without eval prompts still joins the sampler's gather of the policy
     #: the roles of the flow policy and its KL reference (flow_rtpo trains the same math on ``image_policy``)
     role, reference_role = "policy", "reference"
 
@@ -314,6 +315,11 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         scored on this rank: (sum of the main rewards, how many were scored, 0)."""
         rank, world = ctx.strategy.dp_rank, ctx.strategy.dp_size
         prompts = [row["prompt"] for row in ctx.rows]
+        if not prompts:  # fewer eval prompts than ranks: one throwaway image, so that this rank runs the same gather
+            # and forwards as the others (collectives of a sharded policy: ZeRO-3's root forward hook has one)
+            self.render(ctx, [self.opts.negative_prompt], ["eval:pad"], steps=self.opts.eval_num_inference_steps,
+                        noise_level=0.0, step=-1)
+            return 0.0, 0.0, 0.0
         keys = [f"eval:{rank + world * i}" for i in range(len(prompts))]
         _, images, _ = self.render(ctx, prompts, keys, steps=self.opts.eval_num_inference_steps, noise_level=0.0, step=-1)
         main = weighted_term(self.scorer_list, self.scores(ctx, prompts, images, "local"), "main")

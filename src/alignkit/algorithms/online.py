@@ -73,6 +73,9 @@ class OnlineAlgorithm(Algorithm):
     :meth:`rollout` (default: generate -> score -> :meth:`make_experience`) and its :meth:`evaluate`."""
 
     name: str = "online"
+    #: :meth:`evaluate` runs on every rank, also one with no eval prompt (fewer prompts than ranks): the gathers and
+    #: forwards of a sharded policy (FSDP2 / ZeRO-3) are collectives every rank must join
+    evaluate_on_every_rank: bool = False
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)

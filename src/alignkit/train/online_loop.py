@@ -174,7 +174,8 @@ class OnlineTrainer:
         rows = self.eval_prompts[rank::world]
         params = SamplingParams(self.cfg.section(RolloutConfig).max_new_tokens, 0.0, batch_size=self.cfg.section(RolloutConfig).generation_batch_size)
         with self.algo.output_weights(Context(self.models, self.strategy, step)):
-            local = self.algo.evaluate(self._context(rows, slice(0, len(rows)), params)) if rows else (0.0, 0.0, 0.0)
+            every = rows or self.algo.evaluate_on_every_rank
+            local = self.algo.evaluate(self._context(rows, slice(0, len(rows)), params)) if every else (0.0, 0.0, 0.0)
         sums = comm.all_reduce_sum(torch.tensor(local, dtype=torch.float64))
         metrics = {"reward_mean": float(sums[0]) / max(1.0, float(sums[1])),
                    "completion_length": float(sums[2]) / max(1, len(self.eval_prompts))}
