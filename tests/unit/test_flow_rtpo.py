@@ -38,6 +38,7 @@ def test_shipped_recipe_declares_two_trained_policies_each_with_its_reference() 
     (["redteam.target.name=lm", "redteam.scorers=[{name: toxicity, model: m}]"], "redteam.target.name"),
     (["redteam.target.renderer=some/pipeline"], "redteam.target.renderer"),
     (["flow_grpo.scorers=[{name: shapes_colour}]"], "flow_grpo.scorers"),
+    (["flow_grpo.ema=true"], "flow_grpo.ema"),
     (["model.kind=diffusion"], "model.kind"),
 ])
 def test_bad_recipe_keys_are_one_line_errors_naming_the_key(overrides: list[str], key: str) -> None:
