@@ -22,7 +22,7 @@ from tests.distributed.runs import derive_config, max_delta
 pytest.importorskip("diffusers")
 pytest.importorskip("deepspeed")
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow(seconds=26)]
+pytestmark = [pytest.mark.distributed, pytest.mark.slow(seconds=30)]
 
 WORKERS = Path(__file__).parent / "workers"
 ENGINES = {"fsdp": {"strategy": "fsdp"},
