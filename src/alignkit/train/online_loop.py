@@ -125,10 +125,9 @@ class OnlineTrainer:
                 self._save(state)
         if self.eval_prompts:
             eval_metrics = self._evaluate(state.step)
-        if cfg.checkpoint.save_steps:
-            self._save(state)
-        with self.algo.output_weights(Context(self.models, self.strategy, state.step)):
-            final_dir = self.checkpointer.finish(lambda: None, save_steps=None, save_final=cfg.checkpoint.save_final)
+        final_dir = self.checkpointer.finish(
+            lambda: self._save(state), save_steps=cfg.checkpoint.save_steps, save_final=cfg.checkpoint.save_final,
+            final_weights=lambda: self.algo.output_weights(Context(self.models, self.strategy, state.step)))
         log.close()
         return TrainResult(final_dir, metrics, eval_metrics, losses)
 

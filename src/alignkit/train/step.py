@@ -78,7 +78,7 @@ def role_normalizers(units: list[dict[str, int]], roles: list[str], strategy: St
 
 
 def accumulate(strategy: Strategy, models: Models, group: list[Batch], loss_fn: LossFn,
-               units_fn: Callable[[Batch], "int | dict[str, int]"],
+               units_fn: Callable[[Batch], int | dict[str, int]],
                tokens_fn: Callable[[Batch], int]) -> tuple[dict[str, float], MetricSums, int]:
     """Forward + backward of one optimizer step's micro-batches on this rank.
 
@@ -327,15 +327,19 @@ class Checkpointer:
             self.log.info(f"Resume with a changed setting, applied: {line}")
         return schedule_changed(allowed)
 
-    def finish(self, save: Callable[[], Any], *, save_steps: int | None, save_final: bool) -> Path | None:
+    def finish(self, save: Callable[[], Any], *, save_steps: int | None, save_final: bool,
+               final_weights: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> Path | None:
         """The end of a run, for both loops: a last checkpoint (``save``) when checkpoints are on, then
-        the final model in ``OUTPUT_DIR/final`` when ``save_final``; returns that folder (None without)."""
+        the final model in ``OUTPUT_DIR/final`` when ``save_final``, saved inside ``final_weights()`` (the weights
+        the final model holds: an algorithm's EMA; the checkpoint keeps the trained ones); returns that folder
+        (None without)."""
         if save_steps:
             save()
         if not save_final:
             return None
         final_dir = self.out / "final"
-        self.save_final(final_dir, self.config_yaml)
+        with final_weights():
+            self.save_final(final_dir, self.config_yaml)
         return final_dir
 
     def save_final(self, final_dir: Path, config_yaml: str, what: str = "final model") -> None:
