@@ -52,7 +52,8 @@ def _losses(run: Path) -> dict[int, float]:
 
 def test_flow_sft_noise_is_the_same_over_ranks_and_after_a_resume(micro_sd3: Path, tmp_path: Path) -> None:
     """Each image's noise and sigma are seeded by (seed, step, row): 2 DDP processes give the 1-process losses,
-    and a run resumed at step 3 gives the uninterrupted run's steps 4-6."""
+    and a run resumed at step 3 gives the uninterrupted run's steps 4-6. Those two keep the encoders' outputs
+    (``flow_sft.cache_encodings``; steps 5-6 are a second epoch, read from the cache): the same losses."""
     data = generate_vlm(16, 0, tmp_path / "captions.json", stage="pretrain", split="train")
     common = [str(REPO / "configs" / "flow_sft.yaml"), f"model.name_or_path={micro_sd3}", f"data.train={data}",
               "data.image_root=null", "training.max_steps=6", "training.global_batch_size=4", "checkpoint.save_steps=3",
@@ -60,8 +61,8 @@ def test_flow_sft_noise_is_the_same_over_ranks_and_after_a_resume(micro_sd3: Pat
               "logging.plot=false"]
     one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
     for args, nproc in (([f"output_dir={one}", "distributed.strategy=single"], 1),
-                        ([f"output_dir={two}", "distributed.strategy=ddp"], 2),
-                        ([f"output_dir={resumed}", "distributed.strategy=single",
+                        ([f"output_dir={two}", "distributed.strategy=ddp", "flow_sft.cache_encodings=true"], 2),
+                        ([f"output_dir={resumed}", "distributed.strategy=single", "flow_sft.cache_encodings=true",
                           f"checkpoint.resume_from={one / 'checkpoint-3'}"], 1)):
         proc = run_cli(["train", *common, *args], nproc=nproc)
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -23,7 +23,8 @@ FIXED = ("algorithm", "model.", "data.", "training.seed", "training.weight_decay
          "training.adam_beta2", "training.adam_epsilon")
 #: ... except these, which change how the same thing is computed, not what is trained
 HARMLESS = ("model.gradient_checkpointing", "model.attn_implementation", "data.num_workers", "data.eval",
-            "data.max_eval_examples", "data.eval_split", "data.eval_config", "data.num_proc", "data.cache_dir")
+            "data.max_eval_examples", "data.eval_split", "data.eval_config", "data.num_proc", "data.cache_dir",
+            "flow_sft.cache_encodings")
 #: a change here means the LR schedule is rebuilt from the new values at the resumed step
 SCHEDULE = ("training.learning_rate", "training.lr_scaling", "training.reference_batch_size",
             "training.lr_scheduler", "training.warmup_steps", "training.warmup_ratio", "training.min_lr_ratio",
