@@ -4,13 +4,14 @@ noise, and the red-team scorer entry (NaN for a prompt naming no object)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from alignkit.data.synth_vlm import caption, draw, make_scene
-from alignkit.rollout.image_rewards import prompt_objects, shapes_colour
+from alignkit.data.synth_vlm import caption, draw, make_rows, make_scene
+from alignkit.rollout.image_rewards import prompt_objects, shapes_colour, shapes_hit
 
 
 def test_prompt_objects_reads_colour_shape_and_position() -> None:
@@ -34,6 +35,30 @@ def test_shapes_colour_by_hand_on_a_filled_cell() -> None:
     assert shapes_colour(img, prompt_objects("A green circle in the top left.")) == pytest.approx((-0.5 - 1) / 4)
 
 
+def test_shapes_hit_by_hand() -> None:
+    from PIL import Image
+
+    img = Image.new("RGB", (32, 32), (0, 0, 0))
+    img.paste((230, 30, 30), (0, 0, 16, 8))  # half the top-left cell red
+    img.paste((40, 60, 240), (0, 8, 4, 16))  # and an eighth of it blue: red is still the cell's colour
+    img.paste((30, 200, 30), (16, 16, 18, 18))  # 4 green pixels in the bottom right: under HIT_SHARE of the cell
+    objs = prompt_objects("A red circle in the top left and a green square in the bottom right.")
+    assert shapes_hit(img, objs) == 0.5
+    assert shapes_hit(img, prompt_objects("A blue circle in the top left.")) == 0.0
+    img.paste((30, 200, 30), (16, 16, 24, 24))  # a quarter of the cell
+    assert shapes_hit(img, objs) == 1.0
+
+
+def test_one_object_scenes_and_the_objects_range() -> None:
+    from alignkit.errors import ConfigError
+
+    rng = random.Random(0)
+    assert all(len(make_scene(rng, (1, 1))) == 1 for _ in range(50))
+    assert {len(make_scene(rng)) for _ in range(50)} == {1, 2, 3}
+    with pytest.raises(ConfigError, match="within 1-3"):
+        make_rows(1, 0, "pretrain", Path("unused"), objects=(0, 2))
+
+
 def test_drawn_scenes_score_above_wrong_colours_and_noise() -> None:
     rng, swap = random.Random(0), {"red": "blue", "blue": "green", "green": "yellow", "yellow": "red"}
     noise = np.random.default_rng(0)
@@ -47,6 +72,8 @@ def test_drawn_scenes_score_above_wrong_colours_and_noise() -> None:
         wrong = shapes_colour(draw([dict(o, colour=swap[o["colour"]]) for o in scene], rng), objs)
         random_img = Image.fromarray(noise.integers(0, 255, (32, 32, 3), dtype=np.uint8))
         assert right > 0.05 and wrong < -0.05 and shapes_colour(random_img, objs) < right
+        assert shapes_hit(draw(scene, rng), objs) == 1.0 and shapes_hit(draw([dict(o, colour=swap[o["colour"]])
+                                                                           for o in scene], rng), objs) == 0.0
 
 
 def test_shapes_colour_scorer_entry() -> None:
@@ -63,6 +90,10 @@ def test_shapes_colour_scorer_entry() -> None:
     assert values[0] is not None and values[0] > 0 and values[1] is None
     with pytest.raises(ConfigError, match="rendered images"):
         scorer(Judged(texts, ["", ""], texts, [{}, {}], [None, None]), torch.device("cpu"))
+    hit = build_scorer(RedTeamScorerConfig(name="shapes_hit"), None)
+    assert hit(Judged(texts, ["", ""], texts, [{}, {}], images), torch.device("cpu")) == [1.0, None]
+    with pytest.raises(ConfigError, match="shapes_hit scores rendered images"):
+        hit(Judged(texts, ["", ""], texts, [{}, {}], [None, None]), torch.device("cpu"))
 
 
 def test_flow_grpo_scorer_and_prompt_errors_name_their_key(tmp_path) -> None:

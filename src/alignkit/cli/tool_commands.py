@@ -50,12 +50,24 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def objects_range(text: str) -> tuple[int, int]:
+    """``--objects``: ``N`` or ``LO-HI`` -> (lo, hi); the range itself is checked by the generator."""
+    from alignkit.errors import ConfigError
+
+    try:
+        lo, _, hi = text.partition("-")
+        return int(lo), int(hi or lo)
+    except ValueError:
+        raise ConfigError(f"--objects: expected N or LO-HI (e.g. 1 or 1-3), got {text!r}") from None
+
+
 def cmd_data_synth(args: argparse.Namespace) -> int:
     where = f" ({args.split} split)" if args.split else ""
     if args.kind == "vlm":  # images too: written to images/ beside the rows
         from alignkit.data.synth_vlm import generate_vlm
 
-        out = generate_vlm(args.n, args.seed, Path(args.out), stage=args.stage, split=args.split)
+        out = generate_vlm(args.n, args.seed, Path(args.out), stage=args.stage, split=args.split,
+                           objects=objects_range(args.objects))
         print(f"wrote {args.n} vlm {args.stage} rows{where} to {out} and their images to {out.parent / 'images'}")
         return 0
     from alignkit.data.synth import generate
@@ -138,4 +150,7 @@ def register(sub: Any) -> None:
                          "pairs in BeaverTails-V's fields")
     ss.add_argument("--split", choices=["train", "eval"], default=None,
                     help="only task instances of this split (train and eval rows never share a question); default both")
+    ss.add_argument("--objects", default="1-3",
+                    help="vlm only: objects a scene holds, N or LO-HI within 1-3 (e.g. 1: one coloured shape a scene, "
+                         "the easiest scenes for a tiny text-to-image model to learn)")
     ss.set_defaults(func=cmd_data_synth)

@@ -51,9 +51,13 @@ SIZES: tuple[int, int] = (11, 13)
 Scene = list[dict[str, str]]
 
 
-def make_scene(rng: random.Random) -> Scene:
-    """1-3 objects with distinct shapes and cells, sorted by cell (reading order)."""
-    k = rng.randint(1, 3)
+#: how many objects a scene holds: between these two, inclusive (``objects`` of :func:`make_rows`)
+OBJECTS: tuple[int, int] = (1, 3)
+
+
+def make_scene(rng: random.Random, objects: tuple[int, int] = OBJECTS) -> Scene:
+    """``objects`` (1-3 by default) objects with distinct shapes and cells, sorted by cell (reading order)."""
+    k = rng.randint(*objects)
     shapes = rng.sample(SHAPES, k)
     cells = rng.sample(list(POSITIONS), k)
     objs = [{"shape": s, "colour": rng.choice(list(COLOURS)), "position": c} for s, c in zip(shapes, cells)]
@@ -165,17 +169,26 @@ def preference_row(rng: random.Random, scene: Scene, image: str, rid: str, fmt: 
             "is_response_1_safe": safe[1], "scene": scene}
 
 
+def check_objects(objects: tuple[int, int]) -> tuple[int, int]:
+    lo, hi = objects
+    if not 1 <= lo <= hi <= len(SHAPES):
+        raise ConfigError(f"objects per scene must be a range within 1-{len(SHAPES)} (one shape of each kind at most), "
+                          f"got {lo}-{hi}")
+    return lo, hi
+
+
 def make_rows(n: int, seed: int, stage: str, image_dir: Path, *, split: str | None = None,
-              prefix: str = "shapes") -> list[dict[str, Any]]:
-    """``n`` LLaVA rows of ``stage``; their images are written to ``image_dir`` (``image``: path relative
-    to ``image_dir``'s parent, the default ``data.image_root`` when the rows sit beside it)."""
+              prefix: str = "shapes", objects: tuple[int, int] = OBJECTS) -> list[dict[str, Any]]:
+    """``n`` LLaVA rows of ``stage``, ``objects`` objects a scene; their images are written to ``image_dir``
+    (``image``: path relative to ``image_dir``'s parent, the default ``data.image_root`` when the rows sit beside it)."""
     if stage not in STAGES:
         raise ConfigError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
+    objects = check_objects(objects)
     rng = random.Random(seed)
     image_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     while len(rows) < n:
-        scene = make_scene(rng)
+        scene = make_scene(rng, objects)
         if not in_split(scene, split):
             continue
         rid = f"{prefix}-{stage}-{split or 'all'}-{seed}-{len(rows)}"
@@ -198,13 +211,14 @@ def make_rows(n: int, seed: int, stage: str, image_dir: Path, *, split: str | No
     return rows
 
 
-def generate_vlm(n: int, seed: int, out: str | Path, *, stage: str = "sft", split: str | None = None) -> Path:
+def generate_vlm(n: int, seed: int, out: str | Path, *, stage: str = "sft", split: str | None = None,
+                 objects: tuple[int, int] = OBJECTS) -> Path:
     """Write ``n`` rows to ``out`` (``.json``: a LLaVA list; ``.jsonl``: one a line) and their images to
-    ``images/`` beside it."""
+    ``images/`` beside it; ``objects``: the range of objects a scene holds."""
     out = Path(out)
     if out.suffix not in (".json", ".jsonl"):
         raise ConfigError(f"unsupported suffix {out.suffix!r} for {out}; the vlm kind writes .json or .jsonl")
-    rows = make_rows(n, seed, stage, out.parent / "images", split=split, prefix=out.stem)
+    rows = make_rows(n, seed, stage, out.parent / "images", split=split, prefix=out.stem, objects=objects)
     if out.suffix == ".json":
         out.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     else:

@@ -9,6 +9,10 @@ other colours) / pixels of the cell; a cell that should be empty scores -(pixels
 the cell. The reward is the mean over the four cells, in [-1, 1]: the drawn scenes themselves score about
 0.3-0.6 (a shape fills part of its cell), noise about 0, and the wrong colour in the right place below 0.
 Dense, so a policy that draws the colours but not yet the layout still gets a slope to climb.
+
+``shapes_hit``: the share of the prompt's objects whose cell shows the asked colour: the most frequent colour of
+the cell (background aside) and at least ``HIT_SHARE`` of its pixels. The yes/no reading of the same maps, to
+see what a rise of ``shapes_colour`` means (a drawn scene scores 1, an empty or wrongly coloured cell 0).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ _OBJECT = re.compile(r"\b(" + "|".join(COLOURS) + r")\s+(" + "|".join(SHAPES) + 
 _PALETTE = np.array([(0, 0, 0), *COLOURS.values()], dtype=np.float32)  # index 0: the background
 _NAMES = ["black", *COLOURS]
 CELL = CANVAS // 2
+#: ``shapes_hit``: the least share of a cell the asked colour must cover (a drawn shape covers 0.3-0.6 of its cell)
+HIT_SHARE = 0.1
 
 
 def prompt_objects(text: str) -> list[dict[str, str]]:
@@ -57,3 +63,16 @@ def shapes_colour(image: Any, objects: list[dict[str, str]]) -> float:
         else:
             total -= coloured
     return total / len(POSITIONS)
+
+
+def shapes_hit(image: Any, objects: list[dict[str, str]]) -> float:
+    """The ``shapes_hit`` score of one image for the prompt's ``objects`` (module docstring), in [0, 1]."""
+    idx = palette_map(image)
+    hits = 0
+    for o in objects:
+        x0, y0 = POSITIONS[o["position"]]
+        counts = np.bincount(idx[y0 : y0 + CELL, x0 : x0 + CELL].ravel(), minlength=len(_NAMES))
+        counts[0] = 0  # the background
+        want = _NAMES.index(o["colour"])
+        hits += int(counts.argmax() == want and counts[want] >= HIT_SHARE * CELL * CELL)
+    return hits / len(objects)

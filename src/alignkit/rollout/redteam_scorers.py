@@ -22,6 +22,7 @@ score: with ``redteam.placement: main`` a big classifier lives on rank 0 alone. 
 * ``shapes_colour``: a programmatic reward of the image rendered from the attack (a flow policy's image, or the
   ``t2i_vlm`` target's) for the shipped shapes task: the asked colour at the named cell
   (:mod:`alignkit.rollout.image_rewards`); NaN for a prompt that names no ``<colour> <shape> in the <position>``;
+* ``shapes_hit``: the same images' yes/no reading, the share of the named objects whose cell shows the asked colour;
 * anything else: a reward function of ``rollout/rewards.py`` (``unsafe``: the toy world's program judge) or
   ``module:function``, called as ``fn(attacks, outputs, seed_prompt=[...], **row_fields)``.
 """
@@ -250,17 +251,27 @@ class SeedSimilarityScorer:
 class ShapesColourScorer:
     """The shapes task's colour-at-position reward of each image for its text (module docstring), model-free."""
 
+    function = "shapes_colour"  # of alignkit.rollout.image_rewards
+
     def __init__(self, cfg: Any, model_cfg: Any) -> None:
         pass
 
     def __call__(self, batch: Judged, device: torch.device) -> list[float | None]:
-        from alignkit.rollout.image_rewards import prompt_objects, shapes_colour
+        from alignkit.rollout import image_rewards
 
         if len(batch.images) != len(batch.attacks) or any(im is None for im in batch.images):
-            raise ConfigError("redteam.scorers: shapes_colour scores rendered images (a flow policy's or the "
+            raise ConfigError(f"redteam.scorers: {self.function} scores rendered images (a flow policy's or the "
                               "t2i_vlm target's)")
-        objects = [prompt_objects(a) for a in batch.attacks]
-        return [shapes_colour(im, objs) if objs else None for im, objs in zip(batch.images, objects)]
+        score = getattr(image_rewards, self.function)
+        objects = [image_rewards.prompt_objects(a) for a in batch.attacks]
+        return [score(im, objs) if objs else None for im, objs in zip(batch.images, objects)]
+
+
+@SCORERS.register("shapes_hit")
+class ShapesHitScorer(ShapesColourScorer):
+    """The share of each image's named objects whose cell shows the asked colour (module docstring)."""
+
+    function = "shapes_hit"
 
 
 class FunctionScorer:
