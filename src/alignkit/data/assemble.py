@@ -107,10 +107,10 @@ def load_examples(specs: Sequence[str], job: Job, *, root: Path, skip_invalid: b
         p, keep = parts[0]
         index = None if len(keep) == len(p.table) else keep
         return ExampleTable(p.table, index, columns=fields), counts
-    import datasets
+    import pyarrow as pa
 
     offsets = np.cumsum([0] + [len(p.table) for p, _ in parts])
-    rows = datasets.concatenate_datasets([p.table for p, _ in parts])
+    rows = pa.concat_tables([p.table.select(fields) for p, _ in parts])
     keeps = [np.asarray(k, dtype=np.int64) + off for (_, k), off in zip(parts, offsets)]
     if weights:
         names = [p.manifest["source"] for p, _ in parts]

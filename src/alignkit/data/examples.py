@@ -21,12 +21,12 @@ import numpy as np
 
 
 class ExampleTable:
-    """``len`` examples: ``rows`` (a ``datasets.Dataset``, memory-mapped) at base positions ``index``
+    """``len`` examples: ``rows`` (a ``pyarrow.Table``, memory-mapped) at base positions ``index``
     (all rows in order when None), with fields of ``columns`` only, plus side-table fields."""
 
     def __init__(self, rows: Any, index: np.ndarray | None = None, *, columns: Sequence[str] | None = None,
                  extras: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
-        self.rows = rows if columns is None else rows.select_columns(list(columns))
+        self.rows = rows if columns is None else rows.select(list(columns))
         self.index = index
         #: field -> (values, present) over base rows; shared with subsets
         self.extras = {} if extras is None else extras
@@ -50,7 +50,7 @@ class ExampleTable:
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         base = [self.base(int(i)) for i in indices]
-        cols = self.rows[base]  # one Arrow take for the whole micro-batch
+        cols = self.rows.take(base).to_pydict()  # one Arrow take for the whole micro-batch
         names = list(cols)
         out = [{k: cols[k][j] for k in names} for j in range(len(base))]
         for name, (values, present) in self.extras.items():
