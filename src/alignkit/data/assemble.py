@@ -106,7 +106,7 @@ def load_examples(specs: Sequence[str], job: Job, *, root: Path, skip_invalid: b
     if len(parts) == 1 and not weights:
         p, keep = parts[0]
         index = None if len(keep) == len(p.table) else keep
-        return ExampleTable(p.table, index, columns=fields), counts
+        return ExampleTable(p.table, index, columns=fields, files=p.files), counts
     import pyarrow as pa
 
     offsets = np.cumsum([0] + [len(p.table) for p, _ in parts])
@@ -117,7 +117,7 @@ def load_examples(specs: Sequence[str], job: Job, *, root: Path, skip_invalid: b
         index = mixture_index(keeps, list(weights)[: len(keeps)], seed=seed, names=names)
     else:
         index = np.concatenate(keeps)
-    return ExampleTable(rows, index, columns=fields), counts
+    return ExampleTable(rows, index, columns=fields, files=[f for p, _ in parts for f in p.files]), counts
 
 
 def mixture_index(keeps: list[np.ndarray], weights: list[float], *, seed: int, names: list[str]) -> np.ndarray:

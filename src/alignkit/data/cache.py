@@ -335,6 +335,11 @@ class Prepared:
     manifest: dict[str, Any]
     folder: Path
 
+    @property
+    def files(self) -> list[str]:
+        """The Arrow files of the rows."""
+        return [str(self.folder / f) for f in self.manifest["files"]]
+
 
 def read_arrow(path: Path) -> Any:
     """The ``pyarrow.Table`` of one Arrow file ``datasets`` wrote (the IPC stream format), memory-mapped:

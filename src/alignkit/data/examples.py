@@ -22,11 +22,13 @@ import numpy as np
 
 class ExampleTable:
     """``len`` examples: ``rows`` (a ``pyarrow.Table``, memory-mapped) at base positions ``index``
-    (all rows in order when None), with fields of ``columns`` only, plus side-table fields."""
+    (all rows in order when None), with fields of ``columns`` only, plus side-table fields; ``files``: the
+    Arrow files the rows are mapped from (for messages and tests)."""
 
     def __init__(self, rows: Any, index: np.ndarray | None = None, *, columns: Sequence[str] | None = None,
-                 extras: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+                 extras: dict[str, tuple[np.ndarray, np.ndarray]] | None = None, files: Sequence[str] = ()) -> None:
         self.rows = rows if columns is None else rows.select(list(columns))
+        self.files = list(files)
         self.index = index
         #: field -> (values, present) over base rows; shared with subsets
         self.extras = {} if extras is None else extras
@@ -67,7 +69,7 @@ class ExampleTable:
         """Examples ``positions`` of this table (same rows, same side table)."""
         pos = np.asarray(positions, dtype=np.int64)
         index = pos if self.index is None else np.asarray(self.index)[pos]
-        return ExampleTable(self.rows, index, extras=self.extras)
+        return ExampleTable(self.rows, index, extras=self.extras, files=self.files)
 
     def set_fields(self, i: int, **values: Any) -> None:
         """Attach ``values`` to example ``i`` (seen by every table sharing this side table)."""

@@ -8,8 +8,9 @@ through a frozen ``target`` role first).
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
@@ -53,6 +54,18 @@ class RolloutContext:
     gather_full_params: bool = True
     #: seconds spent generating (summed over :meth:`generate` calls), for tokens/s
     generate_s: float = field(default=0.0)
+    #: seconds by phase of this rollout (``generate``, ``score_inputs``, ``score``, ``experience``), summed over
+    #: calls; the loop logs them as ``time/<phase>_s`` (this rank's, a cheap clock: no synchronisation)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the block's wall time to ``seconds[phase]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
     def generate(self, role: str, prompts: list[Any], params: SamplingParams | None = None) -> Generations:
         """One output per prompt from ``role`` (trainable or frozen) through its kind's adapter, with the
@@ -67,7 +80,9 @@ class RolloutContext:
                     return kind.generate(plain, engine, prompts, params)
             return kind.generate(self.strategy.unwrap(module), engine, prompts, params, synced=True)
         finally:
-            self.generate_s += time.perf_counter() - start
+            took = time.perf_counter() - start
+            self.generate_s += took
+            self.seconds["generate"] = self.seconds.get("generate", 0.0) + took
 
     def engine_for(self, role: str) -> RolloutEngine:
         """The run's engine, or for a role with a tokenizer of its own (a red-team target of another family)
@@ -88,18 +103,21 @@ class RolloutContext:
     def score_inputs(self, samples: list[Sample], completions: list[str], prompts: list[Any] | None = None) -> ScoreInputs:
         """What scorers read: the prompts as written (or ``prompts``), completion texts and token counts, row
         fields, and ``samples`` collated for a scalar model."""
-        return ScoreInputs(prompts if prompts is not None else [row["prompt"] for row in self.rows], completions,
-                           [len(s["completion_ids"]) for s in samples], [row["fields"] for row in self.rows],
-                           self.batches(samples))
+        with self.timed("score_inputs"):
+            return ScoreInputs(prompts if prompts is not None else [row["prompt"] for row in self.rows], completions,
+                               [len(s["completion_ids"]) for s in samples], [row["fields"] for row in self.rows],
+                               self.batches(samples))
 
     def score(self, scorers: dict[str, Scorer], inputs: ScoreInputs, *, placement: str | None = None) -> dict[str, torch.Tensor]:
         """Every signal's scores of every rank, gathered in global order (``signal`` -> ``(global,)``; a
         signal's parts as ``signal/part``). ``placement`` overrides where the functions run."""
         scores: dict[str, torch.Tensor] = {}
         for name, scorer in scorers.items():
-            local = scorer.score(self.models, inputs, self.strategy, placement=placement)
-            for part, values in gather_scores(local).items():
-                scores[name if part == "total" else f"{name}/{part}"] = values
+            with self.timed("score"):
+                local = scorer.score(self.models, inputs, self.strategy, placement=placement)
+            with self.timed("gather"):
+                for part, values in gather_scores(local).items():
+                    scores[name if part == "total" else f"{name}/{part}"] = values
         return scores
 
 
