@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -24,6 +24,25 @@ if TYPE_CHECKING:
     from alignkit.algorithms.base import MetricSums
     from alignkit.distributed.strategy.base import Strategy
     from alignkit.models.roles import Models
+
+
+class LazyBatches(Sequence[Batch]):
+    """Micro-batches made by ``make()`` on first use: a rollout scored by functions alone that needs no
+    log-probs before the update (GRPO at beta 0, one update epoch) never collates them."""
+
+    def __init__(self, make: Callable[[], list[Batch]]) -> None:
+        self._make, self._batches = make, None
+
+    def _all(self) -> list[Batch]:
+        if self._batches is None:
+            self._batches = self._make()
+        return self._batches
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 @dataclass
@@ -106,7 +125,7 @@ class RolloutContext:
         with self.timed("score_inputs"):
             return ScoreInputs(prompts if prompts is not None else [row["prompt"] for row in self.rows], completions,
                                [len(s["completion_ids"]) for s in samples], [row["fields"] for row in self.rows],
-                               self.batches(samples))
+                               LazyBatches(lambda: self.batches(samples)))
 
     def score(self, scorers: dict[str, Scorer], inputs: ScoreInputs, *, placement: str | None = None) -> dict[str, torch.Tensor]:
         """Every signal's scores of every rank, gathered in global order (``signal`` -> ``(global,)``; a
