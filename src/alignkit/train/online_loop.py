@@ -69,6 +69,7 @@ class OnlineTrainer:
         self.out = Path(cfg.output_dir)
         #: seconds of the last iteration's logging and evaluation + checkpointing (logged with the next one)
         self._tail_s: dict[str, float] = {}
+        self._phases_s: dict[str, float] = {}  # of the last rollout
         self.checkpointer = Checkpointer(self.out, strategy, models, config_yaml=dump_yaml(cfg), tokenizer=algo.tokenizer,
                                          save_total_limit=cfg.checkpoint.save_total_limit, log=logger, batch=b)
 
@@ -95,7 +96,7 @@ class OnlineTrainer:
         self.models.train()
         while state.step < total:
             lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
-            experience, rollout_s, phases = self._rollout(state)
+            experience, rollout_s = self._rollout(state)
             samples, stats = experience.samples, experience.stats
             start = time.perf_counter()
             results = []
@@ -112,7 +113,7 @@ class OnlineTrainer:
             stats.add("rollout_s", rollout_s, 1)
             stats.add("update_s", update_s, 1)
             stats.add("train_tokens_per_s", sum(r.tokens for r in results) / max(update_s, 1e-9), 1)
-            self._add_times(stats, rollout_s, phases, update_s)
+            self._add_times(stats, rollout_s, self._phases_s, update_s)
             tail = time.perf_counter()
             for r in results:
                 window.add(r)
@@ -159,9 +160,9 @@ class OnlineTrainer:
         return RolloutContext(self.models, self.strategy, self.engine, rows, mine, params, self.plan.batch.per_device,
                               self.algo.collate, gather_full_params=self.cfg.section(RolloutConfig).gather_full_params)
 
-    def _rollout(self, state: TrainState) -> tuple[Experience, float, dict[str, float]]:
-        """The algorithm's rollout of this rank's share of the iteration's prompts, its seconds, and those
-        of its phases (:attr:`RolloutContext.seconds`)."""
+    def _rollout(self, state: TrainState) -> tuple[Experience, float]:
+        """The algorithm's rollout of this rank's share of the iteration's prompts and its seconds (those of
+        its phases, :attr:`RolloutContext.seconds`, are kept in ``_phases_s``)."""
         start = time.perf_counter()
         completions = [i for i in self._next_prompts(state) for _ in range(self.G)]
         rank = self.strategy.dp_rank
@@ -169,8 +170,9 @@ class OnlineTrainer:
         r = self.cfg.section(RolloutConfig)
         params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
         ctx = self._context([self.prompts[i] for i in completions[mine]], mine, params)
+        self._phases_s = ctx.seconds
         experience = self.algo.rollout(ctx)
-        return experience, time.perf_counter() - start, ctx.seconds
+        return experience, time.perf_counter() - start
 
     def _add_times(self, stats: Any, rollout_s: float, phases: dict[str, float], update_s: float) -> None:
         """``time/<phase>_s``: where an iteration goes on this rank (rollout phases, the rest of the rollout,
