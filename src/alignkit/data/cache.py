@@ -8,6 +8,8 @@ its options). A prepared source is a folder ``<cache>/<name>-<key>/``:
 * ``data*.arrow``: one row per source row, the example's fields (null where the row was dropped) and
   the bookkeeping columns ``_line``, ``_drop`` (cause), ``_error`` (the row's DataError), ``_notes``;
 * ``keep.npy``: positions of the kept rows (memory-mapped at load);
+* ``columns/``: the example fields again as numpy arrays (:mod:`alignkit.data.columns`), which is what a
+  run reads (memory-mapped): no ``pyarrow`` in the training process;
 * ``manifest.json``: files, counts, the first malformed row, the key's fields. Written last: a folder
   is complete when it has one. Preparation writes into a temporary folder renamed into place, so two
   processes preparing the same key at once never see half a folder.
@@ -18,8 +20,9 @@ is loaded without ``data.skip_invalid``, so the cache serves both settings.
 
 Only preparation uses ``datasets``, and it runs in a forked child process where the platform can fork:
 ``datasets`` (~66 MiB resident once imported) and the map's buffers leave with the child, so a
-training process never holds them. Reading a prepared folder needs ``pyarrow`` alone (the Arrow IPC
-files memory-mapped), so a run whose cache is warm does not import ``datasets`` at all.
+training process never holds them. Reading a prepared folder needs numpy alone (``columns/``; the Arrow
+files, memory-mapped through ``pyarrow``, only for row counts cut at ``max_*_examples`` and for fields
+of other types), so a run whose cache is warm imports neither ``datasets`` nor ``pyarrow``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from alignkit.data.columns import Columns, write_columns
 from alignkit.data.io import Row, RowCounts
 from alignkit.data.sources import Source, fingerprint, open_typed, parse_raw, write_raw_rows
 from alignkit.errors import DataError
@@ -268,6 +272,7 @@ def _build_here(src: Source, job: Job, typed: Any, build: Path, key_fields: dict
         "counts": _counts_json(counts), "first_error": None if first is None else
         {"position": first, "message": errors[first].as_py(), "cause": drop[first].as_py()},
         "seconds": round(time.perf_counter() - start, 2), "key": key_fields,
+        "columns": write_columns(out.data.table, fields, build),
     }
     del out, rows
     (build / "raw.arrow").unlink(missing_ok=True)
@@ -327,18 +332,35 @@ def counts_from_json(d: dict[str, Any]) -> RowCounts:
 
 @dataclass
 class Prepared:
-    """A prepared source opened for reading: ``table`` (a memory-mapped ``pyarrow.Table``), kept
-    positions, manifest."""
+    """A prepared source opened for reading: kept positions, manifest; ``rows`` (the example fields:
+    numpy columns where preparation wrote them, else the Arrow table) and ``table`` (every column, the
+    bookkeeping ones too, as a memory-mapped ``pyarrow.Table``; opened on first use)."""
 
-    table: Any
     keep: np.ndarray
     manifest: dict[str, Any]
     folder: Path
+    _table: Any = None
 
     @property
     def files(self) -> list[str]:
         """The Arrow files of the rows."""
         return [str(self.folder / f) for f in self.manifest["files"]]
+
+    @property
+    def table(self) -> Any:
+        if self._table is None:
+            import pyarrow as pa
+
+            parts = [read_arrow(Path(f)) for f in self.files]
+            self._table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        return self._table
+
+    @property
+    def rows(self) -> Any:
+        kinds = self.manifest.get("columns")
+        if kinds and set(self.manifest["fields"]) <= set(kinds):
+            return Columns.open(self.folder, kinds, self.manifest["rows"])
+        return self.table
 
 
 def read_arrow(path: Path) -> Any:
@@ -351,10 +373,5 @@ def read_arrow(path: Path) -> Any:
 
 
 def open_prepared(folder: Path) -> Prepared:
-    import pyarrow as pa
-
     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    parts = [read_arrow(folder / f) for f in manifest["files"]]
-    table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-    keep = np.load(folder / "keep.npy", mmap_mode="r")
-    return Prepared(table, keep, manifest, folder)
+    return Prepared(np.load(folder / "keep.npy", mmap_mode="r"), manifest, folder)

@@ -21,7 +21,8 @@ import numpy as np
 
 
 class ExampleTable:
-    """``len`` examples: ``rows`` (a ``pyarrow.Table``, memory-mapped) at base positions ``index``
+    """``len`` examples: ``rows`` (:class:`~alignkit.data.columns.Columns` or a ``pyarrow.Table``, both
+    memory-mapped) at base positions ``index``
     (all rows in order when None), with fields of ``columns`` only, plus side-table fields; ``files``: the
     Arrow files the rows are mapped from (for messages and tests)."""
 
@@ -52,7 +53,10 @@ class ExampleTable:
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         base = [self.base(int(i)) for i in indices]
-        cols = self.rows.take(base).to_pydict()  # one Arrow take for the whole micro-batch
+        if hasattr(self.rows, "take_dict"):  # numpy columns (alignkit.data.columns)
+            cols = self.rows.take_dict(base)
+        else:
+            cols = self.rows.take(base).to_pydict()  # one Arrow take for the whole micro-batch
         names = list(cols)
         out = [{k: cols[k][j] for k in names} for j in range(len(base))]
         for name, (values, present) in self.extras.items():
