@@ -56,6 +56,9 @@ LORA = {"r": 16, "alpha": 32, "dropout": 0.0,
 PEAK_SPREAD_WARN = 0.10
 TRL_VERSION = "1.16.0"
 TRL_PINS = ["transformers==5.23.0", "peft==0.21.2", "datasets", "accelerate"]
+#: large libraries a training process should import only when a run uses them (recorded per alignkit child)
+HEAVY_MODULES = ("datasets", "pyarrow", "pandas", "matplotlib", "tensorboard", "torch.utils.tensorboard", "deepspeed",
+                 "diffusers", "accelerate", "peft", "scipy", "sklearn", "wandb", "PIL", "torchvision")
 
 
 # ====================================================================== variants
@@ -240,6 +243,7 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
     runner.OfflineTrainer = TimedTrainer
     runner.run_train(cfg)
     rec["peak_rss_mib"] = _peak_rss_mib()
+    rec["heavy_modules"] = sorted(m for m in HEAVY_MODULES if m in sys.modules)
     # alignkit's own view (tokens_per_s of each logged step), as a cross-check of the stamps above
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     logged = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r.get("step", 0) > warm]
@@ -658,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"    {row['tok_s']:.0f} tok/s{extra}, {row['s_step']:.2f} s/step, peak RSS {row['peak_rss_mib']:.0f} MiB, "
                 f"MFU {100 * row['mfu']:.1f}%{'' if a.peak_gflops else ' of the start peak'}  "
                 f"(child {res['wall_s']:.0f}s, load {res['loadavg_before']:.1f})")
+            if res.get("heavy_modules") is not None:
+                log(f"    large modules imported: {', '.join(res['heavy_modules']) or 'none'}")
         else:
             log(f"    FAILED: {row['error'].strip().splitlines()[-1] if row['error'].strip() else '?'} (log: {res.get('log')})")
 

@@ -55,7 +55,8 @@ def test_online_algorithms_run_and_log(micro_model: Path, prompts: Path, tmp_pat
     assert [r["step"] for r in logged] == ([2] if algorithm == "dr_grpo" else [1, 2])
     assert all(r["loss"] == r["loss"] for r in logged)  # finite
     for key in ("loss", "reward_mean", "reward/exact_match", "reward/length", "completion_length", "clip_fraction",
-                "entropy", "gen_tokens_per_s", "train_tokens_per_s", "rollout_s", "update_s"):
+                "entropy", "gen_tokens_per_s", "train_tokens_per_s", "rollout_s", "update_s", "time/generate_s",
+                "time/score_s", "time/gather_s", "time/experience_s", "time/update_s"):
         assert key in logged[-1], (key, sorted(logged[-1]))
     if algorithm.startswith("ppo"):
         assert "kl" in logged[-1] and "value_loss" in logged[-1] and "grad_norm/value" in logged[-1]

@@ -150,7 +150,8 @@ class OnlineAlgorithm(Algorithm):
         self.keep_sampler_logps(samples, gens)
         inputs = ctx.score_inputs(samples, texts)
         scores = ctx.score(self.scorers(), inputs)
-        stats = self.make_experience(ctx, samples, inputs.batches, scores)
+        with ctx.timed("experience"):
+            stats = self.make_experience(ctx, samples, inputs.batches, scores)
         for s, row, text in zip(samples, ctx.rows, texts):
             s["prompt"], s["completion"] = row["prompt"], text
         rollout_stats(stats, scores, gens, ctx.generate_s)

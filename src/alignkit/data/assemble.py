@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from alignkit.data.cache import Job, Prepared, counts_from_json, default_cache_root, open_prepared, prepare, row_counts
+from alignkit.data.columns import Columns
 from alignkit.data.examples import ExampleTable
 from alignkit.data.io import RowCounts
 from alignkit.data.sources import Source, resolve_source
@@ -105,19 +106,28 @@ def load_examples(specs: Sequence[str], job: Job, *, root: Path, skip_invalid: b
     fields = parts[0][0].manifest["fields"]
     if len(parts) == 1 and not weights:
         p, keep = parts[0]
-        index = None if len(keep) == len(p.table) else keep
-        return ExampleTable(p.table, index, columns=fields), counts
-    import datasets
-
-    offsets = np.cumsum([0] + [len(p.table) for p, _ in parts])
-    rows = datasets.concatenate_datasets([p.table for p, _ in parts])
+        index = None if len(keep) == p.manifest["rows"] else keep
+        return ExampleTable(p.rows, index, columns=fields, files=p.files), counts
+    offsets = np.cumsum([0] + [p.manifest["rows"] for p, _ in parts])
+    rows = concat_rows([p for p, _ in parts], fields)
     keeps = [np.asarray(k, dtype=np.int64) + off for (_, k), off in zip(parts, offsets)]
     if weights:
         names = [p.manifest["source"] for p, _ in parts]
         index = mixture_index(keeps, list(weights)[: len(keeps)], seed=seed, names=names)
     else:
         index = np.concatenate(keeps)
-    return ExampleTable(rows, index, columns=fields), counts
+    return ExampleTable(rows, index, columns=fields, files=[f for p, _ in parts for f in p.files]), counts
+
+
+def concat_rows(parts: list[Prepared], fields: list[str]) -> Any:
+    """The ``fields`` of several prepared sources' rows in order: numpy columns when every source has them,
+    else their Arrow tables (memory-mapped, not copied)."""
+    rows = [p.rows for p in parts]
+    if all(isinstance(r, Columns) for r in rows):
+        return Columns.concat([r.select(fields) for r in rows])
+    import pyarrow as pa
+
+    return pa.concat_tables([p.table.select(fields) for p in parts])
 
 
 def mixture_index(keeps: list[np.ndarray], weights: list[float], *, seed: int, names: list[str]) -> np.ndarray:

@@ -8,6 +8,8 @@ its options). A prepared source is a folder ``<cache>/<name>-<key>/``:
 * ``data*.arrow``: one row per source row, the example's fields (null where the row was dropped) and
   the bookkeeping columns ``_line``, ``_drop`` (cause), ``_error`` (the row's DataError), ``_notes``;
 * ``keep.npy``: positions of the kept rows (memory-mapped at load);
+* ``columns/``: the example fields again as numpy arrays (:mod:`alignkit.data.columns`), which is what a
+  run reads (memory-mapped): no ``pyarrow`` in the training process;
 * ``manifest.json``: files, counts, the first malformed row, the key's fields. Written last: a folder
   is complete when it has one. Preparation writes into a temporary folder renamed into place, so two
   processes preparing the same key at once never see half a folder.
@@ -15,6 +17,12 @@ its options). A prepared source is a folder ``<cache>/<name>-<key>/``:
 The per-row checks (and their ``file:line`` errors) run inside ``datasets.map`` (``data.num_proc``
 processes); every DataError is recorded on its row, and raised (the first in row order) when the set
 is loaded without ``data.skip_invalid``, so the cache serves both settings.
+
+Only preparation uses ``datasets``, and it runs in a forked child process where the platform can fork:
+``datasets`` (~66 MiB resident once imported) and the map's buffers leave with the child, so a
+training process never holds them. Reading a prepared folder needs numpy alone (``columns/``; the Arrow
+files, memory-mapped through ``pyarrow``, only for row counts cut at ``max_*_examples`` and for fields
+of other types), so a run whose cache is warm imports neither ``datasets`` nor ``pyarrow``.
 """
 
 from __future__ import annotations
@@ -22,9 +30,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import time
+import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from alignkit.data.columns import Columns, write_columns
 from alignkit.data.io import Row, RowCounts
 from alignkit.data.sources import Source, fingerprint, open_typed, parse_raw, write_raw_rows
 from alignkit.errors import DataError
@@ -54,8 +65,9 @@ def default_cache_root() -> Path:
 @dataclass(frozen=True)
 class Job:
     """How a pipeline turns rows into examples: ``convert(row)`` (None = dropped, DataError =
-    malformed), the example ``features`` (a ``datasets.Features``; None = inferred), and ``fmt``,
-    a string naming the conversion and its options (part of the key)."""
+    malformed), the example ``features`` (``{field: type}`` with types such as ``"int32[]"`` (a list),
+    ``"float64"``, ``"bool"``, or a ``datasets.Features``; None = inferred), and ``fmt``, a string naming
+    the conversion and its options (part of the key)."""
 
     convert: Callable[[Row], dict[str, Any] | None]
     fmt: str
@@ -124,6 +136,17 @@ def _convert_batch(batch: dict[str, list[Any]], indices: list[int] | None = None
     return out
 
 
+def _feature(spec: Any) -> Any:
+    """A ``datasets`` feature from a type string (``"int32[]"``: a list of int32) or a feature itself."""
+    import datasets
+
+    if not isinstance(spec, str):
+        return spec
+    if spec.endswith("[]"):
+        return datasets.Sequence(datasets.Value(spec[:-2]))
+    return datasets.Value(spec)
+
+
 def _out_features(job: Job, sample: dict[str, Any] | None) -> tuple[Any, list[str]]:
     import datasets
 
@@ -132,7 +155,7 @@ def _out_features(job: Job, sample: dict[str, Any] | None) -> tuple[Any, list[st
         if sample is None:
             raise DataError("no row could be converted to infer the example fields")
         features = datasets.Dataset.from_list([sample]).features
-    feats = datasets.Features(dict(features))
+    feats = datasets.Features({k: _feature(v) for k, v in dict(features).items()})
     fields = list(feats)
     feats["_line"] = datasets.Value("int64")
     feats["_drop"] = feats["_error"] = datasets.Value("string")
@@ -142,7 +165,8 @@ def _out_features(job: Job, sample: dict[str, Any] | None) -> tuple[Any, list[st
 
 def prepare(src: Source, job: Job, root: Path) -> Path:
     """The prepared folder of ``src`` (module docstring), made now unless the cache has it."""
-    typed = open_typed(src) if src.typed else None
+    # the key of a folder or Hub set names its Arrow files, so those are opened here; a file's is its stat
+    typed = open_typed(src) if src.kind in ("folder", "hub") else None
     key, fields = cache_key(src, job, typed)
     final = cache_dir_for(root, src, key)
     if (final / "manifest.json").is_file():
@@ -164,9 +188,56 @@ def prepare(src: Source, job: Job, root: Path) -> Path:
 
 
 def _build(src: Source, job: Job, typed: Any, build: Path, key_fields: dict[str, Any]) -> None:
+    """Fill ``build`` (module docstring): in a forked child process where the platform can fork, so
+    what preparation imports and allocates is not kept by this (training) process; here otherwise."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        _build_here(src, job, typed, build, key_fields)
+    else:
+        run_forked(_build_here, src, job, typed, build, key_fields)
+
+
+def run_forked(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)`` in a forked child; its exception is raised here (a UserError as the same type and
+    message, anything else as a RuntimeError carrying the child's traceback)."""
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_forked_main, args=(send, fn, args), daemon=False)
+    proc.start()
+    send.close()
+    try:
+        status = recv.recv()
+    except EOFError:
+        status = ("crash", "")
+    proc.join()
+    recv.close()
+    if status[0] == "ok":
+        return
+    if status[0] == "user":
+        cls, message, cause = status[1:]
+        raise cls(message, cause=cause) if issubclass(cls, DataError) else cls(message)
+    raise RuntimeError(f"data preparation failed in its child process (exit code {proc.exitcode}):\n{status[1]}")
+
+
+def _forked_main(send: Any, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    from alignkit.errors import UserError
+
+    try:
+        fn(*args)
+        status: tuple[Any, ...] = ("ok",)
+    except UserError as e:
+        status = ("user", type(e), str(e), getattr(e, "cause", "malformed"))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        status = ("crash", traceback.format_exc())
+    send.send(status)
+    send.close()
+
+
+def _build_here(src: Source, job: Job, typed: Any, build: Path, key_fields: dict[str, Any]) -> None:
     import datasets
 
     start = time.perf_counter()
+    if typed is None and src.typed:
+        typed = open_typed(src)
     if typed is None:
         n_raw = write_raw_rows(src, build / "raw.arrow")
         rows = datasets.Dataset.from_file(str(build / "raw.arrow"))
@@ -193,7 +264,7 @@ def _build(src: Source, job: Job, typed: Any, build: Path, key_fields: dict[str,
     drop = out.data.column("_drop")
     keep = np.flatnonzero(drop.is_null().to_numpy(zero_copy_only=False)).astype(np.int64)
     np.save(build / "keep.npy", keep)
-    counts = row_counts(out, src.name, len(out))
+    counts = row_counts(out.data.table, src.name, len(out))
     errors = out.data.column("_error")
     first = int(np.argmax(errors.is_valid().to_numpy(zero_copy_only=False))) if errors.null_count < len(out) else None
     manifest = {
@@ -201,6 +272,7 @@ def _build(src: Source, job: Job, typed: Any, build: Path, key_fields: dict[str,
         "counts": _counts_json(counts), "first_error": None if first is None else
         {"position": first, "message": errors[first].as_py(), "cause": drop[first].as_py()},
         "seconds": round(time.perf_counter() - start, 2), "key": key_fields,
+        "columns": write_columns(out.data.table, fields, build),
     }
     del out, rows
     (build / "raw.arrow").unlink(missing_ok=True)
@@ -225,9 +297,10 @@ def _first_example(src: Source, job: Job, rows: Any) -> dict[str, Any] | None:
 
 
 def row_counts(table: Any, name: str, upto: int) -> RowCounts:
-    """What happened to the first ``upto`` rows (dropped or noted), by cause."""
+    """What happened to the first ``upto`` rows of ``table`` (a ``pyarrow.Table`` of a prepared folder),
+    dropped or noted, by cause."""
     counts = RowCounts()
-    part = table.data.slice(0, upto) if upto < len(table) else table.data
+    part = table.slice(0, upto) if upto < table.num_rows else table
     drops = part.column("_drop")
     for pos in np.flatnonzero(drops.is_valid().to_numpy(zero_copy_only=False)):
         cause, error = drops[int(pos)].as_py(), part.column("_error")[int(pos)].as_py()
@@ -259,19 +332,46 @@ def counts_from_json(d: dict[str, Any]) -> RowCounts:
 
 @dataclass
 class Prepared:
-    """A prepared source opened for reading: ``table`` (memory-mapped), kept positions, manifest."""
+    """A prepared source opened for reading: kept positions, manifest; ``rows`` (the example fields:
+    numpy columns where preparation wrote them, else the Arrow table) and ``table`` (every column, the
+    bookkeeping ones too, as a memory-mapped ``pyarrow.Table``; opened on first use)."""
 
-    table: Any
     keep: np.ndarray
     manifest: dict[str, Any]
     folder: Path
+    _table: Any = None
+
+    @property
+    def files(self) -> list[str]:
+        """The Arrow files of the rows."""
+        return [str(self.folder / f) for f in self.manifest["files"]]
+
+    @property
+    def table(self) -> Any:
+        if self._table is None:
+            import pyarrow as pa
+
+            parts = [read_arrow(Path(f)) for f in self.files]
+            self._table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        return self._table
+
+    @property
+    def rows(self) -> Any:
+        kinds = self.manifest.get("columns")
+        if kinds and set(self.manifest["fields"]) <= set(kinds):
+            return Columns.open(self.folder, kinds, self.manifest["rows"])
+        return self.table
+
+
+def read_arrow(path: Path) -> Any:
+    """The ``pyarrow.Table`` of one Arrow file ``datasets`` wrote (the IPC stream format), memory-mapped:
+    its buffers point into the mapped file, so the rows are paged in by the OS, not copied."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:  # the table keeps its own reference to the mapping
+        return pa.ipc.open_stream(source).read_all()
 
 
 def open_prepared(folder: Path) -> Prepared:
-    import datasets
-
     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    parts = [datasets.Dataset.from_file(str(folder / f)) for f in manifest["files"]]
-    table = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    keep = np.load(folder / "keep.npy", mmap_mode="r")
-    return Prepared(table, keep, manifest, folder)
+    return Prepared(np.load(folder / "keep.npy", mmap_mode="r"), manifest, folder)

@@ -21,12 +21,15 @@ import numpy as np
 
 
 class ExampleTable:
-    """``len`` examples: ``rows`` (a ``datasets.Dataset``, memory-mapped) at base positions ``index``
-    (all rows in order when None), with fields of ``columns`` only, plus side-table fields."""
+    """``len`` examples: ``rows`` (:class:`~alignkit.data.columns.Columns` or a ``pyarrow.Table``, both
+    memory-mapped) at base positions ``index``
+    (all rows in order when None), with fields of ``columns`` only, plus side-table fields; ``files``: the
+    Arrow files the rows are mapped from (for messages and tests)."""
 
     def __init__(self, rows: Any, index: np.ndarray | None = None, *, columns: Sequence[str] | None = None,
-                 extras: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
-        self.rows = rows if columns is None else rows.select_columns(list(columns))
+                 extras: dict[str, tuple[np.ndarray, np.ndarray]] | None = None, files: Sequence[str] = ()) -> None:
+        self.rows = rows if columns is None else rows.select(list(columns))
+        self.files = list(files)
         self.index = index
         #: field -> (values, present) over base rows; shared with subsets
         self.extras = {} if extras is None else extras
@@ -50,7 +53,10 @@ class ExampleTable:
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         base = [self.base(int(i)) for i in indices]
-        cols = self.rows[base]  # one Arrow take for the whole micro-batch
+        if hasattr(self.rows, "take_dict"):  # numpy columns (alignkit.data.columns)
+            cols = self.rows.take_dict(base)
+        else:
+            cols = self.rows.take(base).to_pydict()  # one Arrow take for the whole micro-batch
         names = list(cols)
         out = [{k: cols[k][j] for k in names} for j in range(len(base))]
         for name, (values, present) in self.extras.items():
@@ -67,7 +73,7 @@ class ExampleTable:
         """Examples ``positions`` of this table (same rows, same side table)."""
         pos = np.asarray(positions, dtype=np.int64)
         index = pos if self.index is None else np.asarray(self.index)[pos]
-        return ExampleTable(self.rows, index, extras=self.extras)
+        return ExampleTable(self.rows, index, extras=self.extras, files=self.files)
 
     def set_fields(self, i: int, **values: Any) -> None:
         """Attach ``values`` to example ``i`` (seen by every table sharing this side table)."""

@@ -31,20 +31,15 @@ def _limit(cfg: DataConfig, split: str) -> int | None:
     return cfg.max_train_examples if split == "train" else cfg.max_eval_examples
 
 
-def token_features() -> Any:
-    import datasets
+def token_features() -> dict[str, str]:
+    """The fields of a token example, as type strings (:class:`~alignkit.data.cache.Job`): plain data, so
+    building a pipeline does not import ``datasets`` (only preparing a cache does)."""
+    return {"input_ids": "int32[]", "labels": "int32[]"}
 
-    ids = datasets.Sequence(datasets.Value("int32"))
-    return datasets.Features({"input_ids": ids, "labels": ids})
 
-
-def pair_features() -> Any:
-    import datasets
-
-    ids = datasets.Sequence(datasets.Value("int32"))
-    return datasets.Features({"chosen_ids": ids, "chosen_labels": ids, "rejected_ids": ids, "rejected_labels": ids,
-                              "margin": datasets.Value("float64"), "chosen_unsafe": datasets.Value("bool"),
-                              "rejected_unsafe": datasets.Value("bool")})
+def pair_features() -> dict[str, str]:
+    return {"chosen_ids": "int32[]", "chosen_labels": "int32[]", "rejected_ids": "int32[]",
+            "rejected_labels": "int32[]", "margin": "float64", "chosen_unsafe": "bool", "rejected_unsafe": "bool"}
 
 
 def cached_examples(tokenizer: Any, cfg: DataConfig, specs: list[str], split: str, convert: Callable[[Row], Any],

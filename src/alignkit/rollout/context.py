@@ -8,8 +8,9 @@ through a frozen ``target`` role first).
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -23,6 +24,25 @@ if TYPE_CHECKING:
     from alignkit.algorithms.base import MetricSums
     from alignkit.distributed.strategy.base import Strategy
     from alignkit.models.roles import Models
+
+
+class LazyBatches(Sequence[Batch]):
+    """Micro-batches made by ``make()`` on first use: a rollout scored by functions alone that needs no
+    log-probs before the update (GRPO at beta 0, one update epoch) never collates them."""
+
+    def __init__(self, make: Callable[[], list[Batch]]) -> None:
+        self._make, self._batches = make, None
+
+    def _all(self) -> list[Batch]:
+        if self._batches is None:
+            self._batches = self._make()
+        return self._batches
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 @dataclass
@@ -53,6 +73,18 @@ class RolloutContext:
     gather_full_params: bool = True
     #: seconds spent generating (summed over :meth:`generate` calls), for tokens/s
     generate_s: float = field(default=0.0)
+    #: seconds by phase of this rollout (``generate``, ``score_inputs``, ``score``, ``experience``), summed over
+    #: calls; the loop logs them as ``time/<phase>_s`` (this rank's, a cheap clock: no synchronisation)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the block's wall time to ``seconds[phase]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
     def generate(self, role: str, prompts: list[Any], params: SamplingParams | None = None) -> Generations:
         """One output per prompt from ``role`` (trainable or frozen) through its kind's adapter, with the
@@ -67,7 +99,9 @@ class RolloutContext:
                     return kind.generate(plain, engine, prompts, params)
             return kind.generate(self.strategy.unwrap(module), engine, prompts, params, synced=True)
         finally:
-            self.generate_s += time.perf_counter() - start
+            took = time.perf_counter() - start
+            self.generate_s += took
+            self.seconds["generate"] = self.seconds.get("generate", 0.0) + took
 
     def engine_for(self, role: str) -> RolloutEngine:
         """The run's engine, or for a role with a tokenizer of its own (a red-team target of another family)
@@ -88,18 +122,21 @@ class RolloutContext:
     def score_inputs(self, samples: list[Sample], completions: list[str], prompts: list[Any] | None = None) -> ScoreInputs:
         """What scorers read: the prompts as written (or ``prompts``), completion texts and token counts, row
         fields, and ``samples`` collated for a scalar model."""
-        return ScoreInputs(prompts if prompts is not None else [row["prompt"] for row in self.rows], completions,
-                           [len(s["completion_ids"]) for s in samples], [row["fields"] for row in self.rows],
-                           self.batches(samples))
+        with self.timed("score_inputs"):
+            return ScoreInputs(prompts if prompts is not None else [row["prompt"] for row in self.rows], completions,
+                               [len(s["completion_ids"]) for s in samples], [row["fields"] for row in self.rows],
+                               LazyBatches(lambda: self.batches(samples)))
 
     def score(self, scorers: dict[str, Scorer], inputs: ScoreInputs, *, placement: str | None = None) -> dict[str, torch.Tensor]:
         """Every signal's scores of every rank, gathered in global order (``signal`` -> ``(global,)``; a
         signal's parts as ``signal/part``). ``placement`` overrides where the functions run."""
         scores: dict[str, torch.Tensor] = {}
         for name, scorer in scorers.items():
-            local = scorer.score(self.models, inputs, self.strategy, placement=placement)
-            for part, values in gather_scores(local).items():
-                scores[name if part == "total" else f"{name}/{part}"] = values
+            with self.timed("score"):
+                local = scorer.score(self.models, inputs, self.strategy, placement=placement)
+            with self.timed("gather"):
+                for part, values in gather_scores(local).items():
+                    scores[name if part == "total" else f"{name}/{part}"] = values
         return scores
 
 

@@ -31,25 +31,23 @@ Sample = dict[str, Any]
 
 def collate_samples(samples: list[Sample], pad_token_id: int) -> Batch:
     """``(B, T)`` input_ids / attention_mask / targets / seq_index, ``(B,)`` response_lengths, and
-    every per-token / per-sequence field the samples carry."""
-    lengths = [len(s["prompt_ids"]) + len(s["completion_ids"]) for s in samples]
-    B, T = len(samples), max(lengths)
-    ids = torch.full((B, T), pad_token_id, dtype=torch.long)
-    targets = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
-    attn = torch.zeros((B, T), dtype=torch.long)
-    token_fields = [f for f in TOKEN_FIELDS if f in samples[0]]
-    extra = {f: torch.zeros((B, T), dtype=torch.float32) for f in token_fields}
-    for b, s in enumerate(samples):
-        p, c = len(s["prompt_ids"]), len(s["completion_ids"])
-        ids[b, : p + c] = torch.tensor(s["prompt_ids"] + s["completion_ids"])
-        attn[b, : p + c] = 1
-        # position t predicts token t + 1: completion token j is predicted at position p - 1 + j
-        targets[b, p - 1 : p - 1 + c] = torch.tensor(s["completion_ids"])
-        for f in token_fields:
-            extra[f][b, p - 1 : p - 1 + c] = torch.as_tensor(s[f], dtype=torch.float32)
+    every per-token / per-sequence field the samples carry. Rows are built as Python lists and turned
+    into one tensor per field (a tensor per sample and field was most of a micro-sized rollout's collate)."""
+    prompt = [len(s["prompt_ids"]) for s in samples]
+    comp = [len(s["completion_ids"]) for s in samples]
+    B, T = len(samples), max(p + c for p, c in zip(prompt, comp))
+    ids = torch.tensor([s["prompt_ids"] + s["completion_ids"] + [pad_token_id] * (T - p - c)
+                        for s, p, c in zip(samples, prompt, comp)], dtype=torch.long).view(B, T)
+    # position t predicts token t + 1: completion token j is predicted at position p - 1 + j
+    targets = torch.tensor([[IGNORE_INDEX] * (p - 1) + list(s["completion_ids"]) + [IGNORE_INDEX] * (T - p + 1 - c)
+                            for s, p, c in zip(samples, prompt, comp)], dtype=torch.long).view(B, T)
+    attn = (torch.arange(T).unsqueeze(0) < torch.tensor([p + c for p, c in zip(prompt, comp)]).unsqueeze(1)).long()
+    extra = {f: torch.tensor([[0.0] * (p - 1) + [float(v) for v in s[f]] + [0.0] * (T - p + 1 - c)
+                              for s, p, c in zip(samples, prompt, comp)], dtype=torch.float32).view(B, T)
+             for f in TOKEN_FIELDS if f in samples[0]}
     batch = Batch({"input_ids": ids, "attention_mask": attn},
                   {"targets": targets, "seq_index": torch.arange(B).unsqueeze(1).expand(-1, T).masked_fill(attn == 0, -1),
-                   "response_lengths": torch.tensor([len(s["completion_ids"]) for s in samples]), **extra})
+                   "response_lengths": torch.tensor(comp, dtype=torch.long), **extra})
     for f in SEQUENCE_FIELDS:
         if f in samples[0]:
             batch[f] = torch.tensor([float(s[f]) for s in samples], dtype=torch.float32)

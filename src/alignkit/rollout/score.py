@@ -31,7 +31,7 @@ class ScoreInputs:
     completions: list[str]
     lengths: list[int]
     fields: list[dict[str, Any]]
-    batches: list[dict[str, torch.Tensor]]
+    batches: Sequence[dict[str, torch.Tensor]]  # a list, or LazyBatches (collated on first use)
 
 
 class Scorer:

@@ -67,6 +67,9 @@ class OnlineTrainer:
         self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
         self.engine = build_engine(cfg.section(RolloutConfig).engine, algo.tokenizer, cfg)
         self.out = Path(cfg.output_dir)
+        #: seconds of the last iteration's logging and evaluation + checkpointing (logged with the next one)
+        self._tail_s: dict[str, float] = {}
+        self._phases_s: dict[str, float] = {}  # of the last rollout
         self.checkpointer = Checkpointer(self.out, strategy, models, config_yaml=dump_yaml(cfg), tokenizer=algo.tokenizer,
                                          save_total_limit=cfg.checkpoint.save_total_limit, log=logger, batch=b)
 
@@ -110,6 +113,8 @@ class OnlineTrainer:
             stats.add("rollout_s", rollout_s, 1)
             stats.add("update_s", update_s, 1)
             stats.add("train_tokens_per_s", sum(r.tokens for r in results) / max(update_s, 1e-9), 1)
+            self._add_times(stats, rollout_s, self._phases_s, update_s)
+            tail = time.perf_counter()
             for r in results:
                 window.add(r)
             window.sums.merge(stats)  # identical on every rank already: not reduced again
@@ -119,10 +124,12 @@ class OnlineTrainer:
             if self._crossed(cfg.logging.logging_steps, state.step, len(results)) or state.step == total:
                 metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra)
                 self._log_samples(state.step, samples)
+            self._tail_s["log"], tail = time.perf_counter() - tail, time.perf_counter()
             if self.eval_prompts and self._crossed(cfg.training.eval_steps, state.step, len(results)) and state.step < total:
                 eval_metrics = self._evaluate(state.step)
             if self._crossed(cfg.checkpoint.save_steps, state.step, len(results)) and state.step < total:
                 self._save(state)
+            self._tail_s["eval_save"] = time.perf_counter() - tail
         if self.eval_prompts:
             eval_metrics = self._evaluate(state.step)
         final_dir = self.checkpointer.finish(
@@ -154,15 +161,29 @@ class OnlineTrainer:
                               self.algo.collate, gather_full_params=self.cfg.section(RolloutConfig).gather_full_params)
 
     def _rollout(self, state: TrainState) -> tuple[Experience, float]:
-        """The algorithm's rollout of this rank's share of the iteration's prompts."""
+        """The algorithm's rollout of this rank's share of the iteration's prompts and its seconds (those of
+        its phases, :attr:`RolloutContext.seconds`, are kept in ``_phases_s``)."""
         start = time.perf_counter()
         completions = [i for i in self._next_prompts(state) for _ in range(self.G)]
         rank = self.strategy.dp_rank
         mine = slice(rank * self.n_local, (rank + 1) * self.n_local)
         r = self.cfg.section(RolloutConfig)
         params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
-        experience = self.algo.rollout(self._context([self.prompts[i] for i in completions[mine]], mine, params))
+        ctx = self._context([self.prompts[i] for i in completions[mine]], mine, params)
+        self._phases_s = ctx.seconds
+        experience = self.algo.rollout(ctx)
         return experience, time.perf_counter() - start
+
+    def _add_times(self, stats: Any, rollout_s: float, phases: dict[str, float], update_s: float) -> None:
+        """``time/<phase>_s``: where an iteration goes on this rank (rollout phases, the rest of the rollout,
+        the update; logging and evaluation + checkpointing of the iteration before, which ran after its
+        metrics were taken). ``perf_counter`` only: no device synchronisation is added."""
+        for phase, seconds in phases.items():
+            stats.add(f"time/{phase}_s", seconds, 1)
+        stats.add("time/rollout_other_s", max(0.0, rollout_s - sum(phases.values())), 1)
+        stats.add("time/update_s", update_s, 1)
+        for phase, seconds in self._tail_s.items():
+            stats.add(f"time/{phase}_s", seconds, 1)
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
