@@ -30,7 +30,8 @@ def test_flow_sft_cli_loss_falls_and_the_pipeline_renders(micro_sd3: Path, tmp_p
     out = tmp_path / "run"
     proc = run_cli(["train", str(REPO / "configs" / "flow_sft.yaml"), f"model.name_or_path={micro_sd3}",
                     f"data.train={data}", "data.image_root=null", f"output_dir={out}", "training.max_steps=40",
-                    "training.global_batch_size=8", "training.epochs=20", "checkpoint.save_steps=null",
+                    "training.global_batch_size=8", "training.learning_rate=1e-3", "training.epochs=20",
+                    "checkpoint.save_steps=null",
                     "logging.logging_steps=1", "logging.report_to=[jsonl]", "logging.plot=false"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -60,7 +61,7 @@ def test_flow_sft_noise_is_the_same_over_ranks_and_after_a_resume(micro_sd3: Pat
               "checkpoint.save_total_limit=2", "logging.logging_steps=1", "logging.report_to=[jsonl]",
               "logging.plot=false"]
     one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
-    for args, nproc in (([f"output_dir={one}", "distributed.strategy=single"], 1),
+    for args, nproc in (([f"output_dir={one}", "distributed.strategy=single", "flow_sft.cache_encodings=false"], 1),
                         ([f"output_dir={two}", "distributed.strategy=ddp", "flow_sft.cache_encodings=true"], 2),
                         ([f"output_dir={resumed}", "distributed.strategy=single", "flow_sft.cache_encodings=true",
                           f"checkpoint.resume_from={one / 'checkpoint-3'}"], 1)):
