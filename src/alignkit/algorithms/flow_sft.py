@@ -110,7 +110,8 @@ class FlowSFT(StepSeeded, OfflineAlgorithm):
         """The batch's ``(B, C, h, w)`` latents and ``(B, L, D)`` / ``(B, P)`` caption embeddings from the frozen
         encoders, or, with ``cache_encodings``, from the cache for the rows seen before (keyed by row)."""
         if not self.opts.cache_encodings:
-            return flow.encode_images(batch["pixels"]), *flow.encode_text(batch["captions"], self.opts.max_sequence_length)
+            embeds, pooled = flow.encode_text(batch["captions"], self.opts.max_sequence_length)
+            return flow.encode_images(batch["pixels"]), embeds, pooled
         keys = batch["keys"]
         new = [i for i, k in enumerate(keys) if k not in self.cached]
         if new:
@@ -118,8 +119,9 @@ class FlowSFT(StepSeeded, OfflineAlgorithm):
             embeds, pooled = flow.encode_text([batch["captions"][i] for i in new], self.opts.max_sequence_length)
             for j, i in enumerate(new):
                 self.cached[keys[i]] = (x0[j].cpu(), embeds[j].cpu(), pooled[j].cpu())
-        device = flow.transformer.device
-        return tuple(torch.stack([self.cached[k][part] for k in keys]).to(device) for part in range(3))  # type: ignore[return-value]
+        x0, embeds, pooled = (torch.stack([self.cached[k][part] for k in keys]).to(flow.transformer.device)
+                              for part in range(3))
+        return x0, embeds, pooled
 
     def losses(self, models: Models, batch: Batch, step: int, normalizer: float) -> tuple[torch.Tensor, torch.Tensor]:
         module = models["policy"]

@@ -180,7 +180,8 @@ def check_objects(objects: tuple[int, int]) -> tuple[int, int]:
 def make_rows(n: int, seed: int, stage: str, image_dir: Path, *, split: str | None = None,
               prefix: str = "shapes", objects: tuple[int, int] = OBJECTS) -> list[dict[str, Any]]:
     """``n`` LLaVA rows of ``stage``, ``objects`` objects a scene; their images are written to ``image_dir``
-    (``image``: path relative to ``image_dir``'s parent, the default ``data.image_root`` when the rows sit beside it)."""
+    (``image``: path relative to ``image_dir``'s parent, the default ``data.image_root`` when the rows sit beside
+    it)."""
     if stage not in STAGES:
         raise ConfigError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
     objects = check_objects(objects)
