@@ -95,6 +95,8 @@ def activation_breakdown(inputs: MemoryInputs) -> dict[str, int]:
         if not full and inputs.activation == "llama":
             layers -= _first_layer_no_grad_bytes(inputs) * n
     final_norm = (4 * d.hidden + (2 * p * d.hidden if full else 0) + 4) * n
+    if d.head == "mmdit":  # AdaLayerNormContinuous: its input (+ normed and modulated output when proj_out trains)
+        final_norm = (3 if full else 1) * p * d.hidden * n
     v = 0 if inputs.chunked_logits or d.head != "lm" else d.vocab
     return {"layers": layers, "final_norm": final_norm, "logits": (p + 4) * v * n,
             "logits_backward": 8 * v * n}
@@ -118,6 +120,39 @@ def _korthikanti_method(inputs: MemoryInputs) -> int:
     """Coarse published rule (Korthikanti et al. 2022, eq. 1 without the ``5as/h`` score term, i.e.
     flash attention): ``34 * H`` bytes per token per layer at 2-byte activations, scaled by ``p/2``."""
     return 34 * inputs.policy.hidden * inputs.p // 2
+
+
+#: MMDiT joint block, tensors saved for backward per token in units of ``p * H`` (read off diffusers'
+#: ``JointTransformerBlock`` with SDPA, for both streams): norm1 input, normed, modulated (3); q, k, v (3); SDPA
+#: output and its head-merge copy, the to_out input (2); the attention output under the gate (1); norm2 input, normed,
+#: modulated (3); FF GELU input and output (4 + 4); the FF output under the gate (1).
+MMDIT_FULL_SAVED = 21
+#: with LoRA on the attention projections (everything else frozen): norm1 input (1), q, k, v (3), SDPA output (1),
+#: norm2 input (1), GELU input (4); the q/k/v input and the to_out input are kept by the adapters (2 more, below)
+MMDIT_LORA_SAVED = 10
+
+
+@ACTIVATION_METHODS.register("mmdit")
+def _mmdit_method(inputs: MemoryInputs) -> int:
+    """Bytes one MMDiT joint block (SD3) saves for backward per token, image and text tokens alike.
+
+    Full training: ``21 pH``. LoRA (dropout 0) on the attention projections: ``10 pH`` + the two inputs the
+    adapters keep (the modulated norm output read by q/k/v, the merged heads read by to_out: ``p H`` each, or
+    ``bytes(lora) H`` when peft casts them to the adapters' dtype; with dropout, its output + mask too) + the
+    ``lora_A`` outputs ``r`` of the four projections a token passes (``to_q/k/v/out`` or their ``add_*`` twins).
+    Checked by measurement on CPU in fp32 (``saved_tensors_hooks`` over the tiny SD3 transformers,
+    tests/unit/test_pipeline_dims.py): measured / predicted 0.93-1.0 for the whole forward; the formula over-counts
+    the last block, whose text stream stops after attention (SD3's ``context_pre_only``).
+    """
+    p, h = inputs.p, inputs.policy.hidden
+    if inputs.lora_r is None:
+        return MMDIT_FULL_SAVED * p * h
+    lb = DTYPE_BYTES[inputs.lora_dtype]
+    kept = lb if inputs.lora_dtype != inputs.param_dtype else p
+    if inputs.lora_dropout > 0:
+        kept += lb + (1 if inputs.device == "cuda" else lb)  # dropout output + its mask
+    hits = min(4, len(inputs.lora_targets))
+    return MMDIT_LORA_SAVED * p * h + 2 * kept * h + hits * inputs.lora_r * lb
 
 
 def activation_bytes(inputs: MemoryInputs) -> int:
