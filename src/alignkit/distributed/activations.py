@@ -95,11 +95,23 @@ def activation_breakdown(inputs: MemoryInputs) -> dict[str, int]:
         if not full and inputs.activation == "llama":
             layers -= _first_layer_no_grad_bytes(inputs) * n
     final_norm = (4 * d.hidden + (2 * p * d.hidden if full else 0) + 4) * n
-    if d.head == "mmdit":  # AdaLayerNormContinuous: its input (+ normed and modulated output when proj_out trains)
-        final_norm = (3 if full else 1) * p * d.hidden * n
+    if d.head == "mmdit":
+        layers, final_norm = _mmdit_ends(inputs, layers)
     v = 0 if inputs.chunked_logits or d.head != "lm" else d.vocab
     return {"layers": layers, "final_norm": final_norm, "logits": (p + 4) * v * n,
             "logits_backward": 8 * v * n}
+
+
+def _mmdit_ends(inputs: MemoryInputs, layers: int) -> tuple[int, int]:
+    """MMDiT's two ends: the last block's text stream stops after attention (SD3's ``context_pre_only``: it keeps
+    ``7 pH`` of the block's 21 per text token, ``6`` fewer under LoRA) and ``norm_out`` + ``proj_out`` read the image
+    tokens only (the norm's input, + its normed and modulated outputs when they train: ``3 pH`` / ``1 pH``)."""
+    full, ph = inputs.lora_r is None, inputs.p * inputs.policy.hidden
+    per_seq = inputs.per_device_batch * inputs.sequences_per_example
+    image = per_seq * (inputs.image_tokens or inputs.seq_len)
+    if not inputs.gradient_checkpointing:
+        layers -= (14 if full else 6) * ph * (inputs.tokens - image)
+    return layers, (3 if full else 1) * ph * image
 
 
 def _first_layer_no_grad_bytes(inputs: MemoryInputs) -> int:
@@ -140,9 +152,12 @@ def _mmdit_method(inputs: MemoryInputs) -> int:
     adapters keep (the modulated norm output read by q/k/v, the merged heads read by to_out: ``p H`` each, or
     ``bytes(lora) H`` when peft casts them to the adapters' dtype; with dropout, its output + mask too) + the
     ``lora_A`` outputs ``r`` of the four projections a token passes (``to_q/k/v/out`` or their ``add_*`` twins).
-    Checked by measurement on CPU in fp32 (``saved_tensors_hooks`` over the tiny SD3 transformers,
-    tests/unit/test_pipeline_dims.py): measured / predicted 0.93-1.0 for the whole forward; the formula over-counts
-    the last block, whose text stream stops after attention (SD3's ``context_pre_only``).
+    The ends (the last block's shorter text stream, ``norm_out`` on image tokens): :func:`_mmdit_ends`. Measured on
+    CPU in fp32 (bytes of the storages ``saved_tensors_hooks`` sees in one forward of the tiny SD3 transformers,
+    1-4 blocks, 96-365 tokens per sequence, tests/unit/test_pipeline_dims.py): measured / predicted 1.01-1.05 full,
+    0.96-0.99 LoRA r=4, 1.01-1.07 with gradient checkpointing (forward's share). Not measured: bf16 with fp32
+    adapters (the cast inputs follow peft's code) and CUDA's attention kernels (flash / efficient SDPA keep the same
+    q, k, v, output and logsumexp as the CPU flash kernel).
     """
     p, h = inputs.p, inputs.policy.hidden
     if inputs.lora_r is None:

@@ -130,6 +130,7 @@ def _image_inputs(cfg: RunConfig, workload: Workload, spec: ModelSpec, dims: Mod
     return MemoryInputs(policy=dims, lora_r=lora[0] if lora else None, lora_targets=lora[1] if lora else (),
                         lora_dropout=lora[2] if lora else 0.0, activation="mmdit",
                         seq_len=dims.tokens_per_image(workload.image.resolution, workload.image.text_tokens),
+                        image_tokens=dims.image_tokens(workload.image.resolution),
                         sequences_per_example=workload.image.copies, **common)
 
 

@@ -57,10 +57,14 @@ class PipelineDims(ModelDims):
     def tokens_per_image(self, resolution: int, max_sequence_length: int) -> int:
         """Tokens of one transformer forward: image patches + CLIP positions + T5 positions (SD3 concatenates
         them along the sequence)."""
+        return self.image_tokens(resolution) + self.clip_tokens + max_sequence_length
+
+    def image_tokens(self, resolution: int) -> int:
+        """Patch tokens of a square ``resolution``-pixel image: ``(resolution / vae_scale / patch)^2``."""
         side = resolution // (self.vae_scale * self.patch_size)
         if side < 1:
             raise ValueError(f"resolution {resolution} is below one {self.vae_scale * self.patch_size}-pixel patch")
-        return side * side + self.clip_tokens + max_sequence_length
+        return side * side
 
 
 def matches(name: str, targets: Sequence[str]) -> bool:

@@ -94,6 +94,7 @@ class MemoryInputs:
     per_device_batch: int = 1
     seq_len: int = 2048
     sequences_per_example: int = 1  # 2 for DPO-style pairs (chosen + rejected in one forward)
+    image_tokens: int = 0  # mmdit: image patch tokens of each sequence (the rest of seq_len is text); 0 = all
     chunked_logits: bool = True  # alignkit's ops compute log-probs in chunks: no (B, T, V) tensors
     reference: str = "none"  # "model" holds a copy; "lora_base"/"precomputed" cost nothing
     frozen_models: Sequence[ModelDims] = ()  # reward / cost models, held in param_dtype
