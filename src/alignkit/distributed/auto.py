@@ -284,8 +284,8 @@ def auto_strategy(cfg: RunConfig, env: DistEnv, workload: Workload, memory: Devi
     """``distributed.strategy: auto`` under several processes: (strategy, why, distributed settings).
 
     The cheapest-communication strategy whose estimate fits the device memory (90% headroom): ddp,
-    then ZeRO-2-like, ZeRO-3-like (and ZeRO-3 + offload on GPUs). An estimate that cannot be made
-    (a hub id, an unknown architecture) falls back to ddp and says why.
+    then ZeRO-2-like, ZeRO-3-like (and ZeRO-3 + offload on GPUs); diffusion pipelines included. An estimate
+    that cannot be made (an unreachable hub id, an unknown architecture) falls back to ddp and says why.
     """
     memory = memory or probe_device_memory(env)
     try:
