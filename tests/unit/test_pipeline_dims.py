@@ -36,7 +36,8 @@ def test_parameter_counts_equal_the_loaded_pipeline(micro_sd3: Path) -> None:
     frozen = [m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module) and n != "transformer"]
     assert len(frozen) == 4  # VAE + two CLIPs + T5
     assert dims.n_params == count(pipe.transformer)
-    assert dims.frozen_parts == sum(count(m) for m in frozen)
+    buffers = sum(b.numel() for b in pipe.transformer.buffers())
+    assert buffers > 0 and dims.frozen_parts == sum(count(m) for m in frozen) + buffers
     assert dims.n_layers == len(pipe.transformer.transformer_blocks) and dims.hidden == pipe.transformer.inner_dim
     assert dims.block_params == max(count(b) for b in pipe.transformer.transformer_blocks)
     # 32 px image / VAE 2x / patch 2 = 64 patches, + 77 CLIP + 32 T5 positions
@@ -82,6 +83,9 @@ def test_mmdit_activation_formula_by_hand() -> None:
     n = 2 * 2 * 100
     assert activation_breakdown(full)["layers"] == 2 * 21 * 4 * 64 * n
     assert activation_bytes(full) == (2 * 21 + 3) * 4 * 64 * n  # + norm_out/proj_out on the last hidden states
+    mixed = MemoryInputs(**{**full.__dict__, "image_tokens": 64})  # 64 patches + 36 text tokens per sequence
+    # SD3's last block keeps 7 of 21 for a text token; norm_out / proj_out read the image tokens only
+    assert activation_bytes(mixed) == (2 * 21 * n - 14 * 2 * 2 * 36 + 3 * 2 * 2 * 64) * 4 * 64
     gc = MemoryInputs(**{**full.__dict__, "gradient_checkpointing": True})
     assert activation_breakdown(gc)["layers"] == (2 * 4 * 64 + 21 * 4 * 64) * n  # block inputs + one recomputed
     lora = MemoryInputs(**{**full.__dict__, "param_dtype": "bf16", "lora_r": 8,

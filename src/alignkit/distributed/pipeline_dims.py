@@ -29,7 +29,8 @@ _SKIP = ("scheduler", "tokenizer", "tokenizer_2", "tokenizer_3", "feature_extrac
 
 @dataclass(frozen=True)
 class PipelineDims(ModelDims):
-    """An MMDiT pipeline: ``n_params`` = the transformer's; ``frozen_parts`` = VAE + text encoders; ``hidden`` =
+    """An MMDiT pipeline: ``n_params`` = the transformer's parameters; ``frozen_parts`` = VAE + text encoders + the
+    transformer's buffers (SD3's 2D position table: 0.23B elements in SD3.5-medium, never trained); ``hidden`` =
     heads x head dim; ``n_layers`` = joint blocks.
 
     ``linears``: ``(module name, in_features, out_features)`` of every ``nn.Linear`` in the transformer;
@@ -103,7 +104,8 @@ def _transformer_dims(model: Any, frozen_parts: int, vae_scale: int, clip_tokens
     return PipelineDims(
         n_params=sum(p.numel() for p in model.parameters()), n_layers=len(blocks), hidden=hidden,
         intermediate=4 * hidden, vocab=0, n_heads=c.num_attention_heads, n_kv_heads=c.num_attention_heads,
-        tied_embeddings=False, head_dim=None, head="mmdit", frozen_parts=frozen_parts, vae_scale=vae_scale,
+        tied_embeddings=False, head_dim=None, head="mmdit", vae_scale=vae_scale,
+        frozen_parts=frozen_parts + sum(b.numel() for b in model.buffers()),  # SD3's position table is a buffer
         patch_size=c.patch_size, clip_tokens=clip_tokens,
         block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks), linears=linears)
 
