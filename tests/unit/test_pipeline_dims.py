@@ -67,13 +67,13 @@ def test_an_unreadable_pipeline_is_one_line_naming_it(tmp_path: Path) -> None:
         assert str(source) in str(e.value) and "\n" not in str(e.value)
 
 
-def _dims(size: str) -> PipelineDims:
+def _dims(size: str, sd35: bool = False) -> PipelineDims:
     layers, heads, head_dim = SD3_SIZES[size]["transformer"]
     h = heads * head_dim
     return PipelineDims(n_params=1, n_layers=layers, hidden=h, intermediate=4 * h, vocab=0, n_heads=heads,
                         n_kv_heads=heads, tied_embeddings=False, head="mmdit", patch_size=2, vae_scale=2,
                         linears=(("b.attn.to_q", h, h), ("b.attn.to_k", h, h), ("b.attn.to_v", h, h),
-                                 ("b.attn.to_out.0", h, h)))
+                                 ("b.attn.to_out.0", h, h)), dual_layers=1 if sd35 else 0, qk_norm=sd35)
 
 
 def test_mmdit_activation_formula_by_hand() -> None:
@@ -95,7 +95,8 @@ def test_mmdit_activation_formula_by_hand() -> None:
     assert trainable_params(lora) == 8 * 4 * (64 + 64)
 
 
-def _measured_saved_bytes(size: str, batch: int, latent: int, text: int, *, lora: bool, gc: bool) -> int:
+def _measured_saved_bytes(size: str, batch: int, latent: int, text: int, *, lora: bool, gc: bool,
+                          sd35: bool = False) -> int:
     """Bytes of the distinct storages autograd saves in one fp32 forward of the tiny transformer (inputs and
     weights left out): what backward keeps alive, i.e. the activation memory at its start."""
     layers, heads, head_dim = SD3_SIZES[size]["transformer"]
@@ -104,7 +105,8 @@ def _measured_saved_bytes(size: str, batch: int, latent: int, text: int, *, lora
     model = diffusers.SD3Transformer2DModel(
         sample_size=latent, patch_size=2, in_channels=4, out_channels=4, num_layers=layers, attention_head_dim=head_dim,
         num_attention_heads=heads, joint_attention_dim=width, caption_projection_dim=heads * head_dim,
-        pooled_projection_dim=width, pos_embed_max_size=64)
+        pooled_projection_dim=width, pos_embed_max_size=64, dual_attention_layers=(0,) if sd35 else (),
+        qk_norm="rms_norm" if sd35 else None)
     if lora:
         add_lora(model, SimpleNamespace(r=4, alpha=4, dropout=0.0, target_modules=SD3_LORA_TARGETS))
     if gc:
@@ -125,15 +127,17 @@ def _measured_saved_bytes(size: str, batch: int, latent: int, text: int, *, lora
 
 
 # Measured / predicted on CPU fp32 (torch 2.13, diffusers 0.42): full 1.01-1.05, LoRA 0.96-0.99, GC (forward's
-# share: block inputs + head) 1.01-1.07; the high end on the one-block micro transformer, where what the formula
+# share: block inputs + head) 1.01-1.07, SD3.5-shaped (q/k RMSNorm, a dual-attention block) 1.00-1.02; the high end on the one-block micro transformer, where what the formula
 # leaves out (patch / position / time embeddings) weighs most. Hence +-10%.
 @pytest.mark.slow(seconds=20)
 @pytest.mark.parametrize("size, batch, latent, text", [("micro", 1, 16, 32), ("tiny", 2, 32, 64), ("small", 1, 32, 109)])
-@pytest.mark.parametrize("lora, gc", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("lora, gc, sd35", [(False, False, False), (True, False, False), (False, True, False),
+                                           (False, False, True)])
 def test_mmdit_activations_match_what_autograd_saves(size: str, batch: int, latent: int, text: int, lora: bool,
-                                                     gc: bool) -> None:
-    measured = _measured_saved_bytes(size, batch, latent, text, lora=lora, gc=gc)
-    d = _dims(size)
+                                                     gc: bool, sd35: bool) -> None:
+    """``sd35``: SD3.5's RMSNorm on q/k and a second attention in the first block."""
+    measured = _measured_saved_bytes(size, batch, latent, text, lora=lora, gc=gc, sd35=sd35)
+    d = _dims(size, sd35)
     inputs = MemoryInputs(policy=d, param_dtype="fp32", activation="mmdit", per_device_batch=batch,
                           seq_len=(latent // 2) ** 2 + text, image_tokens=(latent // 2) ** 2, lora_r=4 if lora else None,
                           lora_targets=("to_q", "to_k", "to_v", "to_out.0") if lora else (), device="cpu",
@@ -142,7 +146,7 @@ def test_mmdit_activations_match_what_autograd_saves(size: str, batch: int, late
     predicted = sum(parts.values())
     if gc:  # what forward keeps: each block's input + the head; the recomputed block comes later, in backward
         predicted -= MMDIT_FULL_SAVED * 4 * d.hidden * inputs.tokens
-    print(f"{size} B={batch} latent={latent} text={text} lora={lora} gc={gc}: measured {measured} predicted "
+    print(f"{size} B={batch} latent={latent} text={text} lora={lora} gc={gc} sd35={sd35}: measured {measured} predicted "
           f"{predicted} ratio {measured / predicted:.3f}")
     assert 0.9 <= measured / predicted <= 1.1, (measured, predicted)
 

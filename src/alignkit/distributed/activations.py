@@ -111,6 +111,8 @@ def _mmdit_ends(inputs: MemoryInputs, layers: int) -> tuple[int, int]:
     image = per_seq * (inputs.image_tokens or inputs.seq_len)
     if not inputs.gradient_checkpointing:
         layers -= (14 if full else 6) * ph * (inputs.tokens - image)
+        dual = MMDIT_DUAL_SAVED + (MMDIT_DUAL_QK_NORM_SAVED if getattr(inputs.policy, "qk_norm", False) else 0)
+        layers += dual * ph * image * getattr(inputs.policy, "dual_layers", 0)
     return layers, (3 if full else 1) * ph * image
 
 
@@ -142,6 +144,12 @@ MMDIT_FULL_SAVED = 21
 #: with LoRA on the attention projections (everything else frozen): norm1 input (1), q, k, v (3), SDPA output (1),
 #: norm2 input (1), GELU input (4); the q/k/v input and the to_out input are kept by the adapters (2 more, below)
 MMDIT_LORA_SAVED = 10
+#: SD3.5's additions, measured (CPU, fp32, full training, the tiny transformers): RMSNorm on q and k adds ~4 pH per
+#: token per block; a second, image-only attention (``dual_attention_layers``) ~6 pH per image token, ~5 more with
+#: its own q/k norms. Counted the same under LoRA (not measured there).
+MMDIT_QK_NORM_SAVED = 4
+MMDIT_DUAL_SAVED = 6
+MMDIT_DUAL_QK_NORM_SAVED = 5
 
 
 @ACTIVATION_METHODS.register("mmdit")
@@ -155,19 +163,21 @@ def _mmdit_method(inputs: MemoryInputs) -> int:
     The ends (the last block's shorter text stream, ``norm_out`` on image tokens): :func:`_mmdit_ends`. Measured on
     CPU in fp32 (bytes of the storages ``saved_tensors_hooks`` sees in one forward of the tiny SD3 transformers,
     1-4 blocks, 96-365 tokens per sequence, tests/unit/test_pipeline_dims.py): measured / predicted 1.01-1.05 full,
-    0.96-0.99 LoRA r=4, 1.01-1.07 with gradient checkpointing (forward's share). Not measured: bf16 with fp32
+    0.96-0.99 LoRA r=4, 1.01-1.07 with gradient checkpointing (forward's share), 1.00-1.02 SD3.5-shaped (q/k
+    RMSNorm, a dual-attention block). Not measured: bf16 with fp32
     adapters (the cast inputs follow peft's code) and CUDA's attention kernels (flash / efficient SDPA keep the same
     q, k, v, output and logsumexp as the CPU flash kernel).
     """
     p, h = inputs.p, inputs.policy.hidden
+    qk = MMDIT_QK_NORM_SAVED * p * h if getattr(inputs.policy, "qk_norm", False) else 0
     if inputs.lora_r is None:
-        return MMDIT_FULL_SAVED * p * h
+        return MMDIT_FULL_SAVED * p * h + qk
     lb = DTYPE_BYTES[inputs.lora_dtype]
     kept = lb if inputs.lora_dtype != inputs.param_dtype else p
     if inputs.lora_dropout > 0:
         kept += lb + (1 if inputs.device == "cuda" else lb)  # dropout output + its mask
     hits = min(4, len(inputs.lora_targets))
-    return MMDIT_LORA_SAVED * p * h + 2 * kept * h + hits * inputs.lora_r * lb
+    return MMDIT_LORA_SAVED * p * h + 2 * kept * h + hits * inputs.lora_r * lb + qk
 
 
 def activation_bytes(inputs: MemoryInputs) -> int:

@@ -42,6 +42,8 @@ class PipelineDims(ModelDims):
     patch_size: int = 2
     clip_tokens: int = CLIP_TOKENS
     block_params: int = 0
+    dual_layers: int = 0  # SD3.5 blocks with a second (image-only) attention
+    qk_norm: bool = False  # RMSNorm on q and k (SD3.5)
     linears: tuple[tuple[str, int, int], ...] = ()
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
@@ -107,7 +109,9 @@ def _transformer_dims(model: Any, frozen_parts: int, vae_scale: int, clip_tokens
         tied_embeddings=False, head_dim=None, head="mmdit", vae_scale=vae_scale,
         frozen_parts=frozen_parts + sum(b.numel() for b in model.buffers()),  # SD3's position table is a buffer
         patch_size=c.patch_size, clip_tokens=clip_tokens,
-        block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks), linears=linears)
+        block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks), linears=linears,
+        dual_layers=sum(bool(getattr(b, "use_dual_attention", False)) for b in blocks),
+        qk_norm=bool(getattr(c, "qk_norm", None)))
 
 
 def pipeline_dims(source: str) -> PipelineDims:
