@@ -339,5 +339,7 @@ def describe(inputs: MemoryInputs) -> str:
         parts.append(f"{len(inputs.frozen_models)} frozen model(s) of "
                      + ", ".join(f"{f.n_params / 1e9:.2f}B" for f in inputs.frozen_models))
     parts.append(f"per-device batch {inputs.per_device_batch} x {inputs.sequences_per_example} seq x "
-                 f"{inputs.seq_len} tokens")
+                 f"{inputs.seq_len} tokens" + (f" ({inputs.image_tokens} image patches + text)" if inputs.image_tokens else ""))
+    if inputs.extra_activation_bytes:
+        parts.append(f"+ {inputs.extra_activation_bytes / 1e9:.1f} GB activations of the other trained model(s)")
     return "; ".join(parts)
