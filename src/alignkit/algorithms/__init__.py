@@ -30,7 +30,8 @@ for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam, FlowGRPO, FlowRTPO):  
 def workload_of(cfg: RunConfig) -> Workload:
     """The models ``cfg``'s algorithm declares, as the memory planner reads them."""
     algo = ALGORITHMS.get(cfg.algorithm)
-    return Workload(tuple(algo.model_specs(cfg)), algo.sequences_per_example, algo.reserved_memory_fraction(cfg))
+    return Workload(tuple(algo.model_specs(cfg)), algo.sequences_per_example, algo.reserved_memory_fraction(cfg),
+                    algo.image_shape(cfg))
 
 
 __all__ = ["ALGORITHMS", "MetricSums", "OfflineAlgorithm", "OnlineAlgorithm", "register_algorithm", "workload_of"]

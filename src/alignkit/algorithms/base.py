@@ -23,7 +23,7 @@ from alignkit.data.batch import Batch
 from alignkit.errors import ConfigError
 from alignkit.models.adapters import is_adapter_dir
 from alignkit.models.kinds import KINDS
-from alignkit.models.roles import Models, ModelSpec
+from alignkit.models.roles import ImageShape, Models, ModelSpec
 
 if TYPE_CHECKING:
     from alignkit.data.io import RowCounts
@@ -120,6 +120,12 @@ class Algorithm(ABC):
         """Share of each accelerator's memory the run holds outside its models (a colocated rollout engine);
         the memory planner leaves it out of what the training state may use."""
         return 0.0
+
+    @classmethod
+    def image_shape(cls, cfg: RunConfig) -> ImageShape | None:
+        """What one trained forward of the run's diffusion policy sees (the memory planner's tokens); None when
+        no diffusion model trains."""
+        return None
 
     @classmethod
     @abstractmethod

@@ -43,7 +43,7 @@ from alignkit.config.sections import register_section
 from alignkit.data.captions import ImagePromptData
 from alignkit.errors import ConfigError
 from alignkit.losses.flow import flow_grpo_loss
-from alignkit.models.roles import Models, ModelSpec
+from alignkit.models.roles import ImageShape, Models, ModelSpec
 from alignkit.ops.flow_sde import sde_step
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample
@@ -110,6 +110,12 @@ class FlowGRPOConfig:
         return max(1, int(self.num_inference_steps * self.timestep_fraction))
 
 
+def flow_image_shape(cfg: RunConfig) -> ImageShape:
+    """The trained forward: ``flow_grpo.resolution`` images, its prompt tokens, both CFG halves with guidance on."""
+    o = cfg.section(FlowGRPOConfig)
+    return ImageShape(o.resolution, o.max_sequence_length, copies=2 if o.guidance_scale > 1.0 else 1)
+
+
 def flow_reference(cfg: RunConfig) -> str:
     o = cfg.section(FlowGRPOConfig)
     return resolve_reference(cfg, o.reference, needed=o.beta > 0, key="flow_grpo.reference")
@@ -136,6 +142,10 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
         return policy_specs(cfg, flow_reference(cfg), kind="diffusion")
+
+    @classmethod
+    def image_shape(cls, cfg: RunConfig) -> ImageShape:
+        return flow_image_shape(cfg)
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         super().before_training(ctx, train_set, eval_set)

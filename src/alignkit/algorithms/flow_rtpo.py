@@ -39,14 +39,14 @@ from typing import Any, Optional
 import torch
 
 from alignkit.algorithms.base import Batch, Context, Example, MetricSums, policy_specs
-from alignkit.algorithms.flow_grpo import FlowGRPO, FlowGRPOConfig
+from alignkit.algorithms.flow_grpo import FlowGRPO, FlowGRPOConfig, flow_image_shape
 from alignkit.algorithms.flow_sft import unwrap_flow
 from alignkit.algorithms.grpo import grpo_reference
 from alignkit.algorithms.redteam import RedTeam, RedTeamConfig
 from alignkit.config.schema import LoraConfig, RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.errors import ConfigError
-from alignkit.models.roles import Models, ModelSpec
+from alignkit.models.roles import ImageShape, Models, ModelSpec
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.redteam_reward import redteam_reward
 from alignkit.rollout.redteam_scorers import Judged
@@ -116,6 +116,10 @@ class FlowRTPO(RedTeam):
 
         specs = [*attacker, *image, *build_target(cfg.section(RedTeamConfig).target).specs()]
         return [s for s in specs if s.trainable] + [s for s in specs if not s.trainable]  # trained roles first
+
+    @classmethod
+    def image_shape(cls, cfg: RunConfig) -> ImageShape:
+        return flow_image_shape(cfg)
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         super().before_training(ctx, train_set, eval_set)

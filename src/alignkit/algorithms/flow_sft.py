@@ -27,7 +27,7 @@ from alignkit.config.sections import register_section
 from alignkit.data.batch import Batch
 from alignkit.data.captions import CaptionData
 from alignkit.losses.flow import flow_matching_loss, noisy_latents, sample_sigmas
-from alignkit.models.roles import Models, ModelSpec
+from alignkit.models.roles import ImageShape, Models, ModelSpec
 
 
 @register_section("flow_sft")
@@ -95,6 +95,11 @@ class FlowSFT(StepSeeded, OfflineAlgorithm):
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
         return policy_specs(cfg, "none", kind="diffusion")
+
+    @classmethod
+    def image_shape(cls, cfg: RunConfig) -> ImageShape:
+        o = cfg.section(FlowSFTConfig)
+        return ImageShape(o.resolution, o.max_sequence_length)
 
     def draws(self, keys: list[str], shape: torch.Size, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(B, *shape)`` noise and ``(B,)`` sigmas, one seeded generator per image (module docstring)."""

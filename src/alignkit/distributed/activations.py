@@ -95,9 +95,25 @@ def activation_breakdown(inputs: MemoryInputs) -> dict[str, int]:
         if not full and inputs.activation == "llama":
             layers -= _first_layer_no_grad_bytes(inputs) * n
     final_norm = (4 * d.hidden + (2 * p * d.hidden if full else 0) + 4) * n
+    if d.head == "mmdit":
+        layers, final_norm = _mmdit_ends(inputs, layers)
     v = 0 if inputs.chunked_logits or d.head != "lm" else d.vocab
     return {"layers": layers, "final_norm": final_norm, "logits": (p + 4) * v * n,
             "logits_backward": 8 * v * n}
+
+
+def _mmdit_ends(inputs: MemoryInputs, layers: int) -> tuple[int, int]:
+    """MMDiT's two ends: the last block's text stream stops after attention (SD3's ``context_pre_only``: it keeps
+    ``7 pH`` of the block's 21 per text token, ``6`` fewer under LoRA) and ``norm_out`` + ``proj_out`` read the image
+    tokens only (the norm's input, + its normed and modulated outputs when they train: ``3 pH`` / ``1 pH``)."""
+    full, ph = inputs.lora_r is None, inputs.p * inputs.policy.hidden
+    per_seq = inputs.per_device_batch * inputs.sequences_per_example
+    image = per_seq * (inputs.image_tokens or inputs.seq_len)
+    if not inputs.gradient_checkpointing:
+        layers -= (14 if full else 6) * ph * (inputs.tokens - image)
+        dual = MMDIT_DUAL_SAVED + (MMDIT_DUAL_QK_NORM_SAVED if getattr(inputs.policy, "qk_norm", False) else 0)
+        layers += dual * ph * image * getattr(inputs.policy, "dual_layers", 0)
+    return layers, (3 if full else 1) * ph * image
 
 
 def _first_layer_no_grad_bytes(inputs: MemoryInputs) -> int:
@@ -118,6 +134,50 @@ def _korthikanti_method(inputs: MemoryInputs) -> int:
     """Coarse published rule (Korthikanti et al. 2022, eq. 1 without the ``5as/h`` score term, i.e.
     flash attention): ``34 * H`` bytes per token per layer at 2-byte activations, scaled by ``p/2``."""
     return 34 * inputs.policy.hidden * inputs.p // 2
+
+
+#: MMDiT joint block, tensors saved for backward per token in units of ``p * H`` (read off diffusers'
+#: ``JointTransformerBlock`` with SDPA, for both streams): norm1 input, normed, modulated (3); q, k, v (3); SDPA
+#: output and its head-merge copy, the to_out input (2); the attention output under the gate (1); norm2 input, normed,
+#: modulated (3); FF GELU input and output (4 + 4); the FF output under the gate (1).
+MMDIT_FULL_SAVED = 21
+#: with LoRA on the attention projections (everything else frozen): norm1 input (1), q, k, v (3), SDPA output (1),
+#: norm2 input (1), GELU input (4); the q/k/v input and the to_out input are kept by the adapters (2 more, below)
+MMDIT_LORA_SAVED = 10
+#: SD3.5's additions, measured (CPU, fp32, full training, the tiny transformers): RMSNorm on q and k adds ~4 pH per
+#: token per block; a second, image-only attention (``dual_attention_layers``) ~6 pH per image token, ~5 more with
+#: its own q/k norms. Counted the same under LoRA (not measured there).
+MMDIT_QK_NORM_SAVED = 4
+MMDIT_DUAL_SAVED = 6
+MMDIT_DUAL_QK_NORM_SAVED = 5
+
+
+@ACTIVATION_METHODS.register("mmdit")
+def _mmdit_method(inputs: MemoryInputs) -> int:
+    """Bytes one MMDiT joint block (SD3) saves for backward per token, image and text tokens alike.
+
+    Full training: ``21 pH``. LoRA (dropout 0) on the attention projections: ``10 pH`` + the two inputs the
+    adapters keep (the modulated norm output read by q/k/v, the merged heads read by to_out: ``p H`` each, or
+    ``bytes(lora) H`` when peft casts them to the adapters' dtype; with dropout, its output + mask too) + the
+    ``lora_A`` outputs ``r`` of the four projections a token passes (``to_q/k/v/out`` or their ``add_*`` twins).
+    The ends (the last block's shorter text stream, ``norm_out`` on image tokens): :func:`_mmdit_ends`. Measured on
+    CPU in fp32 (bytes of the storages ``saved_tensors_hooks`` sees in one forward of the tiny SD3 transformers,
+    1-4 blocks, 96-365 tokens per sequence, tests/unit/test_pipeline_dims.py): measured / predicted 1.01-1.05 full,
+    0.96-0.99 LoRA r=4, 1.01-1.07 with gradient checkpointing (forward's share), 1.00-1.02 SD3.5-shaped (q/k
+    RMSNorm, a dual-attention block). Not measured: bf16 with fp32
+    adapters (the cast inputs follow peft's code) and CUDA's attention kernels (flash / efficient SDPA keep the same
+    q, k, v, output and logsumexp as the CPU flash kernel).
+    """
+    p, h = inputs.p, inputs.policy.hidden
+    qk = MMDIT_QK_NORM_SAVED * p * h if getattr(inputs.policy, "qk_norm", False) else 0
+    if inputs.lora_r is None:
+        return MMDIT_FULL_SAVED * p * h + qk
+    lb = DTYPE_BYTES[inputs.lora_dtype]
+    kept = lb if inputs.lora_dtype != inputs.param_dtype else p
+    if inputs.lora_dropout > 0:
+        kept += lb + (1 if inputs.device == "cuda" else lb)  # dropout output + its mask
+    hits = min(4, len(inputs.lora_targets))
+    return MMDIT_LORA_SAVED * p * h + 2 * kept * h + hits * inputs.lora_r * lb + qk
 
 
 def activation_bytes(inputs: MemoryInputs) -> int:

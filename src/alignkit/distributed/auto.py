@@ -31,12 +31,13 @@ import dataclasses
 import importlib.util
 import os
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any, Sequence
 
 from alignkit.config.loader import resolve_batch
 from alignkit.config.schema import DistributedConfig, RunConfig
 from alignkit.distributed.env import DistEnv
 from alignkit.distributed.model_dims import PRESETS, ModelDims, dims_from_pretrained
+from alignkit.distributed.activations import activation_bytes
 from alignkit.distributed.plan import (
     GB,
     MemoryInputs,
@@ -110,13 +111,43 @@ def _dims_of(spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
     return with_vision(_kind_dims(spec, trust_remote_code), spec, trust_remote_code)[0]
 
 
+def _pipeline_lora(cfg: RunConfig, spec: ModelSpec, dims: ModelDims) -> tuple[int, tuple[str, ...], float] | None:
+    """(r, module-name targets, dropout) of a diffusion role's LoRA, resolved as ``add_lora`` resolves them."""
+    from alignkit.models.diffusion import lora_targets
+
+    lora = spec.lora_config or cfg.model.lora
+    if not spec.lora or lora is None:
+        return None
+    names = [name for name, _ in dims.linear_shapes().items()]
+    return lora.r, tuple(lora_targets(lora.target_modules, names)), lora.dropout
+
+
+def _image_inputs(cfg: RunConfig, workload: Workload, spec: ModelSpec, dims: ModelDims, **common: Any) -> MemoryInputs:
+    """MemoryInputs of a diffusion role's trained forward: MMDiT activations over image patches + text tokens."""
+    if workload.image is None:
+        raise ValueError(f"the algorithm gives no image shape for its diffusion role {spec.role!r}")
+    lora = _pipeline_lora(cfg, spec, dims)
+    return MemoryInputs(policy=dims, lora_r=lora[0] if lora else None, lora_targets=lora[1] if lora else (),
+                        lora_dropout=lora[2] if lora else 0.0, activation="mmdit",
+                        seq_len=dims.tokens_per_image(workload.image.resolution, workload.image.text_tokens),
+                        image_tokens=dims.image_tokens(workload.image.resolution),
+                        sequences_per_example=workload.image.copies, **common)
+
+
+def _as_extra(inputs: MemoryInputs) -> ModelDims:
+    """A further trained model's dims with its trained count (LoRA adapters) for the estimate's extra rows."""
+    from alignkit.distributed.plan import trainable_params
+
+    return replace(inputs.policy, trained_params=None if inputs.lora_r is None else trainable_params(inputs))
+
+
 def with_vision(dims: ModelDims, spec: ModelSpec, trust_remote_code: bool) -> tuple[ModelDims, int]:
     """A vision-language model's dimensions with its vision tower and projector counted, and how many of
     its parameters stay frozen while it trains (the parts outside ``spec.train_parts``; a reward / cost
     model on a VLM trains its projector and language model). Text models: unchanged, 0."""
     from alignkit.models.vlm import PARTS, is_vlm_source, part_params
 
-    if spec.source in PRESETS or not is_vlm_source(spec.source, trust_remote_code):
+    if spec.kind == "diffusion" or spec.source in PRESETS or not is_vlm_source(spec.source, trust_remote_code):
         return dims, 0
     parts = part_params(spec.source, trust_remote_code)
     dims = replace(dims, n_params=dims.n_params + parts["vision_tower"] + parts["projector"])
@@ -142,45 +173,47 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
     """
     trust = cfg.model.trust_remote_code
     first, *others = workload.trainable
-    dims = policy or _kind_dims(first, trust)
+    dtype = compute_dtype(cfg, device)
+    common: dict[str, Any] = dict(param_dtype=dtype, master_weights_fp32=dtype != "fp32", optimizer="adamw",
+                                  optimizer_state_dtype="fp32", optimizer_impl="foreach",
+                                  gradient_checkpointing=cfg.model.gradient_checkpointing,
+                                  per_device_batch=resolve_batch(cfg, n_gpus).per_device, n_gpus=n_gpus, device=device)
+    images = {s.role: _image_inputs(cfg, workload, s, _kind_dims(s, trust), **common)
+              for s in workload.trainable if s.kind == "diffusion" and not (s is first and policy is not None)}
+    dims = policy or (images[first.role].policy if first.role in images else _kind_dims(first, trust))
     if first.kind == "scalar" and dims.head == "lm":
         dims = dims.as_score_model()
     frozen_params = 0
-    if policy is None:
+    if policy is None and first.kind != "diffusion":
         dims, frozen_params = with_vision(dims, first, trust)
     frozen_dims = [_dims_of(s, trust) for s in workload.frozen if s.role != "reference"]
     for spec in frozen:
         d = resolve_dims(spec, trust)
         frozen_dims.append(d.as_score_model() if d.head == "lm" else d)
-    dtype = compute_dtype(cfg, device)
-    lora = _lora(cfg) if first.lora else None
+    lora = _lora(cfg) if first.lora and first.role not in images else None
     reference = reference_kind(workload)
-    if reference == "lora_base" and lora is None:
+    if reference == "lora_base" and lora is None and first.role not in images:
         reference = "none"  # an adapter dir we could not read: the base costs nothing extra anyway
+    extra = {s.role: _dims_of(s, trust) for s in others}
+    extra.update({role: _as_extra(inp) for role, inp in images.items() if role != first.role})
+    shared: dict[str, Any] = dict(
+        reference=reference, frozen_models=frozen_dims, extra_trainable=[extra[s.role] for s in others],
+        extra_activation_bytes=sum(activation_bytes(i) for r, i in images.items() if r != first.role),
+        shard_frozen=cfg.distributed.shard_frozen is not False, frozen_params=frozen_params,
+        process_baseline_bytes=process_baseline_bytes if device == "cpu" else 0,
+        reserved_fraction=workload.reserved_fraction if device == "cuda" else 0.0)
+    if first.role in images:
+        return replace(images[first.role], **shared)
     return MemoryInputs(
         policy=dims,
-        param_dtype=dtype,
-        master_weights_fp32=dtype != "fp32",
-        optimizer="adamw",
-        optimizer_state_dtype="fp32",
-        optimizer_impl="foreach",
         lora_r=lora[0] if lora else None,
         lora_targets=lora[1] if lora else ("q", "k", "v", "o"),
         lora_dropout=lora[2] if lora else 0.0,
-        gradient_checkpointing=cfg.model.gradient_checkpointing,
-        per_device_batch=resolve_batch(cfg, n_gpus).per_device,
         seq_len=cfg.data.max_length,
         sequences_per_example=workload.sequences_per_example,
         chunked_logits=True,
-        reference=reference,
-        frozen_models=frozen_dims,
-        extra_trainable=[_dims_of(s, trust) for s in others],
-        shard_frozen=cfg.distributed.shard_frozen is not False,
-        frozen_params=frozen_params,
-        n_gpus=n_gpus,
-        device=device,
-        process_baseline_bytes=process_baseline_bytes if device == "cpu" else 0,
-        reserved_fraction=workload.reserved_fraction if device == "cuda" else 0.0,
+        **shared,
+        **common,
     )
 
 
@@ -251,8 +284,8 @@ def auto_strategy(cfg: RunConfig, env: DistEnv, workload: Workload, memory: Devi
     """``distributed.strategy: auto`` under several processes: (strategy, why, distributed settings).
 
     The cheapest-communication strategy whose estimate fits the device memory (90% headroom): ddp,
-    then ZeRO-2-like, ZeRO-3-like (and ZeRO-3 + offload on GPUs). An estimate that cannot be made
-    (a hub id, an unknown architecture) falls back to ddp and says why.
+    then ZeRO-2-like, ZeRO-3-like (and ZeRO-3 + offload on GPUs); diffusion pipelines included. An estimate
+    that cannot be made (an unreachable hub id, an unknown architecture) falls back to ddp and says why.
     """
     memory = memory or probe_device_memory(env)
     try:
@@ -295,7 +328,9 @@ def frozen_sharding(cfg: RunConfig, workload: Workload, plan_name: str, n_ranks:
 def describe(inputs: MemoryInputs) -> str:
     """One line naming what the estimate holds besides the policy."""
     d = inputs.policy
-    parts = [f"policy {d.n_params / 1e9:.2f}B ({'score head' if d.head == 'score' else 'LM'})",
+    head = {"score": "score head", "mmdit": "MMDiT transformer"}.get(d.head, "LM")
+    parts = [f"policy {d.n_params / 1e9:.2f}B ({head})" + (f" + {d.frozen_parts / 1e9:.2f}B frozen VAE / text encoders"
+                                                           if d.frozen_parts else ""),
              f"reference: {inputs.reference}"]
     if inputs.extra_trainable:
         parts.append(f"{len(inputs.extra_trainable)} more trainable model(s) of "
@@ -304,5 +339,7 @@ def describe(inputs: MemoryInputs) -> str:
         parts.append(f"{len(inputs.frozen_models)} frozen model(s) of "
                      + ", ".join(f"{f.n_params / 1e9:.2f}B" for f in inputs.frozen_models))
     parts.append(f"per-device batch {inputs.per_device_batch} x {inputs.sequences_per_example} seq x "
-                 f"{inputs.seq_len} tokens")
+                 f"{inputs.seq_len} tokens" + (f" ({inputs.image_tokens} image patches + text)" if inputs.image_tokens else ""))
+    if inputs.extra_activation_bytes:
+        parts.append(f"+ {inputs.extra_activation_bytes / 1e9:.1f} GB activations of the other trained model(s)")
     return "; ".join(parts)

@@ -5,7 +5,7 @@ to read a config from disk."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar, Sequence
 
 from alignkit.errors import ModelError
 
@@ -23,7 +23,14 @@ class ModelDims:
     n_kv_heads: int
     tied_embeddings: bool
     head_dim: int | None = None  # None -> hidden // n_heads
-    head: str = "lm"  # "lm" (causal LM) | "score" (reward/cost model: linear head, no lm_head)
+    head: str = "lm"  # "lm" (causal LM) | "score" (reward/cost model: linear head, no lm_head) | "mmdit"
+    #: parameters held frozen beside the model, outside the module that trains (a diffusion pipeline's VAE and
+    #: text encoders): in the compute dtype on every rank, never sharded
+    frozen_parts: int = 0
+    #: trained parameters when not all are (the LoRA adapters of a further trainable model); None = all
+    trained_params: int | None = None
+    #: the LoRA target names :meth:`lora_params` knows (the estimator's projection names)
+    lora_target_names: ClassVar[tuple[str, ...] | None] = ("q", "k", "v", "o", "gate", "up", "down")
 
     @property
     def hd(self) -> int:
@@ -34,6 +41,11 @@ class ModelDims:
         h, i, q, kv = self.hidden, self.intermediate, self.n_heads * self.hd, self.n_kv_heads * self.hd
         return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h),
                 "gate": (h, i), "up": (h, i), "down": (i, h)}
+
+    def lora_params(self, r: int, targets: Sequence[str]) -> int:
+        """LoRA adapter parameters of rank ``r`` on ``targets``: ``sum r * (in + out)`` over targets and layers."""
+        shapes = self.linear_shapes()
+        return sum(r * sum(shapes[t]) for t in targets) * self.n_layers
 
     @property
     def layer_params(self) -> int:

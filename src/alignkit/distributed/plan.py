@@ -94,10 +94,12 @@ class MemoryInputs:
     per_device_batch: int = 1
     seq_len: int = 2048
     sequences_per_example: int = 1  # 2 for DPO-style pairs (chosen + rejected in one forward)
+    image_tokens: int = 0  # mmdit: image patch tokens of each sequence (the rest of seq_len is text); 0 = all
     chunked_logits: bool = True  # alignkit's ops compute log-probs in chunks: no (B, T, V) tensors
     reference: str = "none"  # "model" holds a copy; "lora_base"/"precomputed" cost nothing
     frozen_models: Sequence[ModelDims] = ()  # reward / cost models, held in param_dtype
-    extra_trainable: Sequence[ModelDims] = ()  # further fully trained models (a critic), sharded like the policy
+    extra_trainable: Sequence[ModelDims] = ()  # further trained models (a critic; LoRA: trained_params), sharded like the policy
+    extra_activation_bytes: int = 0  # activations of other trained models whose loss shares the micro-batch (added)
     shard_frozen: bool = False  # shard reference + frozen models under SHARDS_FROZEN strategies
     frozen_params: int = 0  # policy params held but never trained (a VLM's frozen vision tower / LM)
     n_gpus: int = 1
@@ -119,8 +121,12 @@ class MemoryInputs:
         self.lora_targets = tuple(self.lora_targets)
         self.frozen_models = tuple(self.frozen_models)
         self.extra_trainable = tuple(self.extra_trainable)
+        known = self.policy.lora_target_names
         for t in self.lora_targets:
-            _check(t, LORA_TARGETS, "each lora_targets entry")
+            if known is not None:
+                _check(t, known, "each lora_targets entry")
+            elif self.lora_r is not None and not self.policy.lora_params(1, [t]):
+                raise ValueError(f"lora_targets entry {t!r} names no linear layer of the model")
         if self.lora_r is not None and (self.lora_r < 1 or not self.lora_targets):
             raise ValueError("lora_r must be >= 1 with at least one lora_targets entry")
         if self.reference == "lora_base" and self.lora_r is None:
@@ -146,9 +152,7 @@ def trainable_params(inputs: MemoryInputs) -> int:
     and layers."""
     if inputs.lora_r is None:
         return inputs.policy.n_params - inputs.frozen_params
-    shapes = inputs.policy.linear_shapes()
-    per_layer = sum(inputs.lora_r * sum(shapes[t]) for t in inputs.lora_targets)
-    return per_layer * inputs.policy.n_layers
+    return inputs.policy.lora_params(inputs.lora_r, inputs.lora_targets)
 
 
 # --------------------------------------------------------------------------- estimate
@@ -193,21 +197,19 @@ def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
         "gradients": split(grads, shard_grads),
         "optimizer states": split(states, shard_opt),
     }
-    extra = sum(m.n_params for m in inputs.extra_trainable)
-    if extra:  # weights + fp32 master + grads + optimizer states of the other trainable models
-        extra_master = extra * 4 if inputs.master_weights_fp32 and p != 4 else 0
-        extra_states = extra * OPTIMIZER_STATES[inputs.optimizer] * DTYPE_BYTES[inputs.optimizer_state_dtype]
-        host["other trainable models"] = (split(extra * p, shard_params) + split(extra_master + extra_states, shard_opt)
-                                          + split(extra * p, shard_grads))
+    if inputs.extra_trainable:
+        host["other trainable models"] = _extra_trainable_bytes(inputs, split, shard_params, shard_opt, shard_grads)
     gpu: dict[str, int] = {} if offload else dict(host)
     if shard_params:  # gathered params (current + prefetched unit) + one unsharded gradient unit
         unit = max(d.layer_params, d.vocab * d.hidden)
         gpu["zero3 working set"] = 2 * unit * p + int(unit * tb * min(1.0, n_train / d.n_params))
     shard_frozen = inputs.shard_frozen and strategy in SHARDS_FROZEN
-    ref = d.n_params * p if inputs.reference == "model" else 0
+    ref = (d.n_params + d.frozen_parts) * p if inputs.reference == "model" else 0
     gpu["reference model"] = split(ref, shard_frozen)
-    gpu["frozen models"] = split(sum(m.n_params for m in inputs.frozen_models) * p, shard_frozen)
-    gpu["activations"] = activation_bytes(inputs)
+    gpu["frozen models"] = split(sum(m.n_params + m.frozen_parts for m in inputs.frozen_models) * p, shard_frozen)
+    # a diffusion pipeline's VAE + text encoders sit beside the trained transformer: no engine shards them
+    gpu["frozen pipeline parts"] = sum(m.frozen_parts for m in (d, *inputs.extra_trainable)) * p
+    gpu["activations"] = activation_bytes(inputs) + inputs.extra_activation_bytes
     step_temp = 0
     if not offload and inputs.optimizer_impl == "foreach" and OPTIMIZER_STATES[inputs.optimizer]:
         step_temp = split(n_train * DTYPE_BYTES[inputs.optimizer_state_dtype], shard_opt)
@@ -221,6 +223,22 @@ def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
     if inputs.device == "cpu":
         gpu["process baseline"] = inputs.process_baseline_bytes
     return MemoryEstimate(strategy, gpu, host if offload else {})
+
+
+def _extra_trainable_bytes(inputs: MemoryInputs, split: Any, shard_params: bool, shard_opt: bool,
+                           shard_grads: bool) -> int:
+    """Weights + fp32 master + grads + optimizer states of the further trained models; one with
+    ``trained_params`` (LoRA) holds its base in the compute dtype and trains fp32 adapters (no master copy)."""
+    p, total = inputs.p, 0
+    n_states = OPTIMIZER_STATES[inputs.optimizer] * DTYPE_BYTES[inputs.optimizer_state_dtype]
+    for m in inputs.extra_trainable:
+        lora = m.trained_params is not None
+        t = m.trained_params if lora else m.n_params
+        tb = 4 if lora else p
+        master = t * 4 if inputs.master_weights_fp32 and tb != 4 else 0
+        total += (split(m.n_params * p + (t * tb if lora else 0), shard_params)
+                  + split(master + t * n_states, shard_opt) + split(t * tb, shard_grads))
+    return total
 
 
 def fits(estimate: MemoryEstimate, device_memory_bytes: int, headroom: float = 0.9) -> bool:
@@ -298,7 +316,7 @@ def choose_shard_frozen(replicated: MemoryEstimate, sharded: MemoryEstimate, dev
 
 # --------------------------------------------------------------------------- reporting
 _ROWS = ("policy weights", "master weights (fp32)", "gradients", "optimizer states",
-         "zero3 working set", "reference model", "frozen models", "activations",
+         "other trainable models", "zero3 working set", "reference model", "frozen models", "frozen pipeline parts", "activations",
          "optimizer step temp", "overhead", "process baseline")
 
 

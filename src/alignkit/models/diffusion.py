@@ -45,18 +45,25 @@ def load_pipeline(source: str, dtype: torch.dtype) -> Any:
     return pipe
 
 
+def lora_targets(requested: Any, names: Any) -> list[str]:
+    """The ``target_modules`` given to peft: ``requested`` (the LM default means :data:`SD3_LORA_TARGETS`) less those
+    naming none of the module ``names`` (peft's suffix rule); the estimator counts the adapters with the same list."""
+    targets = list(requested)
+    if targets == LM_LORA_DEFAULT:
+        targets = SD3_LORA_TARGETS
+    names = set(names)
+    kept = [t for t in targets if any(n == t or n.endswith("." + t) for n in names)]
+    if not kept:
+        raise ModelError(f"model.lora.target_modules {list(requested)} name no module of the transformer "
+                         f"(e.g. {', '.join(SD3_LORA_TARGETS[:4])})")
+    return kept
+
+
 def add_lora(transformer: nn.Module, lora: Any) -> None:
     """Freeze ``transformer`` and add trainable LoRA adapters (peft, through diffusers' ``add_adapter``)."""
     from peft import LoraConfig
 
-    targets = list(lora.target_modules)
-    if targets == LM_LORA_DEFAULT:
-        targets = SD3_LORA_TARGETS
-    names = {n for n, _ in transformer.named_modules()}
-    targets = [t for t in targets if any(n == t or n.endswith("." + t) for n in names)]
-    if not targets:
-        raise ModelError(f"model.lora.target_modules {list(lora.target_modules)} name no module of the transformer "
-                         f"(e.g. {', '.join(SD3_LORA_TARGETS[:4])})")
+    targets = lora_targets(lora.target_modules, [n for n, _ in transformer.named_modules()])
     transformer.requires_grad_(False)
     transformer.add_adapter(LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                        init_lora_weights="gaussian", target_modules=targets))

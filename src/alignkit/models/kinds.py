@@ -181,7 +181,16 @@ class DiffusionKind(ModelKind):
             pipe.transformer.requires_grad_(spec.trainable)
             if spec.trainable:
                 pipe.transformer.float()  # full training keeps fp32 master weights
+        if spec.trainable and cfg.gradient_checkpointing:  # each joint block recomputed in backward
+            pipe.transformer.enable_gradient_checkpointing()
         return FlowPolicy(pipe, lora=spec.trainable and spec.lora)
+
+    def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
+        """The pipeline's transformer (trained) and frozen parts, read from its component configs
+        (:mod:`alignkit.distributed.pipeline_dims`)."""
+        from alignkit.distributed.pipeline_dims import pipeline_dims
+
+        return pipeline_dims(spec.source)
 
     def tokenizer(self, cfg: ModelConfig) -> Any:
         from transformers import AutoTokenizer

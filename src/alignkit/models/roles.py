@@ -86,6 +86,17 @@ and language model), the rest frozen before the Strategy sees the model.
 
 
 @dataclass(frozen=True)
+class ImageShape:
+    """What one trained forward of a diffusion policy sees: square images of ``resolution`` pixels with
+    ``text_tokens`` T5 prompt positions (the pipeline adds its CLIP ones), ``copies`` 2 where classifier-free
+    guidance puts the unconditional half through the same forward."""
+
+    resolution: int
+    text_tokens: int
+    copies: int = 1
+
+
+@dataclass(frozen=True)
 class Workload:
     """What a run puts on the devices, as the memory planner needs it: the model specs and how many
     sequences one example puts through the trainable model (2 for a chosen/rejected pair)."""
@@ -94,6 +105,8 @@ class Workload:
     sequences_per_example: int = 1
     #: share of each accelerator's memory held outside the models (a colocated vLLM engine's)
     reserved_fraction: float = 0.0
+    #: a diffusion policy's forward (None: no diffusion model trains)
+    image: ImageShape | None = None
 
     @property
     def trainable(self) -> list[ModelSpec]:
