@@ -71,11 +71,14 @@ class RolloutContext:
     per_device: int
     collate: Callable[[list[Sample]], Batch]
     gather_full_params: bool = True
-    #: seconds spent generating (summed over :meth:`generate` calls), for tokens/s
-    generate_s: float = field(default=0.0)
     #: seconds by phase of this rollout (``generate``, ``score_inputs``, ``score``, ``experience``), summed over
     #: calls; the loop logs them as ``time/<phase>_s`` (this rank's, a cheap clock: no synchronisation)
     seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def generate_s(self) -> float:
+        """Seconds spent generating (summed over :meth:`generate` calls), for tokens/s."""
+        return self.seconds.get("generate", 0.0)
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -90,18 +93,13 @@ class RolloutContext:
         """One output per prompt from ``role`` (trainable or frozen) through its kind's adapter, with the
         role's full parameters gathered once for the call (FSDP2 / ZeRO-3), or, with
         ``rollout.gather_full_params: false``, on the sharded module with every rank stepping together."""
-        start = time.perf_counter()
         kind, module, params = self.models.kind(role), self.models[role], params or self.params
-        engine = self.engine_for(role)
-        try:
+        with self.timed("generate"):
+            engine = self.engine_for(role)
             if self.gather_full_params or not self.strategy.frozen_plan():
                 with self.strategy.full_params(module) as plain:
                     return kind.generate(plain, engine, prompts, params)
             return kind.generate(self.strategy.unwrap(module), engine, prompts, params, synced=True)
-        finally:
-            took = time.perf_counter() - start
-            self.generate_s += took
-            self.seconds["generate"] = self.seconds.get("generate", 0.0) + took
 
     def engine_for(self, role: str) -> RolloutEngine:
         """The run's engine, or for a role with a tokenizer of its own (a red-team target of another family)
