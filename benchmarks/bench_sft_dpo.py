@@ -57,6 +57,8 @@ PEAK_SPREAD_WARN = 0.10
 TRL_VERSION = "1.16.0"
 TRL_PINS = ["transformers==5.23.0", "peft==0.21.2", "datasets", "accelerate"]
 #: large libraries a training process should import only when a run uses them (recorded per alignkit child)
+#: extra warm-up steps of the torch.compile variants
+COMPILE_WARMUP = 2
 HEAVY_MODULES = ("datasets", "pyarrow", "pandas", "matplotlib", "tensorboard", "torch.utils.tensorboard", "deepspeed",
                  "diffusers", "accelerate", "peft", "scipy", "sklearn", "wandb", "PIL", "torchvision")
 
@@ -76,6 +78,12 @@ def variants(model: str, algo: str) -> list[dict[str, Any]]:
             {"side": "alignkit", "name": "padded", "match": "baseline", "packing": False},
             {"side": "trl", "name": "baseline", "match": "baseline", "padding_free": False},
             {"side": "trl", "name": "padding_free", "match": "padding_free", "padding_free": True},
+            # torch.compile, each side's opt-in: alignkit's training.torch_compile (decoder blocks, dynamic
+            # shapes) on the packed variant, TRL's TrainingArguments.torch_compile on its padding-free one
+            {"side": "alignkit", "name": "packed + torch_compile", "match": "compile", "packing": True,
+             "compile": True, "cfg_extra": {"training": {"torch_compile": True}}},
+            {"side": "trl", "name": "padding_free + torch_compile", "match": "compile", "padding_free": True,
+             "compile": True},
         ]
         for x in v:
             x.update(policy_flops=6, ref_flops=0, lora=False, precompute=False)
@@ -300,7 +308,7 @@ def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
             # TRL 1.16 refuses padding_free without packing while max_length is set ("not enforced"):
             # its advice is max_length=None, so the ~2% of rows longer than 256 tokens stay whole here.
             common["max_length"] = None
-        args = trl.SFTConfig(padding_free=spec["padding_free"], **common)
+        args = trl.SFTConfig(padding_free=spec["padding_free"], torch_compile=bool(spec.get("compile")), **common)
         train = dataset.select_columns(["messages"])
     else:
         base = trl.DPOTrainer
@@ -628,7 +636,10 @@ def main(argv: list[str] | None = None) -> int:
         warm, timed = (QUICK_STEPS if a.quick else STEPS)[model]
         n_rows = a.rows or (warm + timed) * BATCH
         rows = bench_data.make_rows(n_rows, SEED)
-        data = {"sft": bench_data.write_jsonl(rows, work / f"data-{model}-sft.jsonl", ("messages",)),
+        # the compile variants warm up COMPILE_WARMUP more steps (the compile, and the recompile for dynamic
+        # shapes that the second sequence length triggers, stay out of the timed window): SFT gets their rows
+        sft_rows = rows if a.rows else bench_data.make_rows(n_rows + COMPILE_WARMUP * BATCH, SEED)
+        data = {"sft": bench_data.write_jsonl(sft_rows, work / f"data-{model}-sft.jsonl", ("messages",)),
                 "dpo": bench_data.write_jsonl(rows, work / f"data-{model}-dpo.jsonl", ("prompt", "chosen", "rejected"))}
         for algo in algos:
             vs = [v for v in variants(model, algo) if not (a.skip_trl and v["side"] == "trl")]
@@ -639,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
             tr = [v for v in vs if v["side"] == "trl"]
             order = [x for pair in zip(ak, tr) for x in pair] + ak[len(tr):] + tr[len(ak):]
             for v in order:
-                v.update(warmup=warm, timed=timed, model_path=model_paths[model], data_path=str(data[algo]),
+                v.update(warmup=warm + (COMPILE_WARMUP if v.get("compile") else 0), timed=timed, model_path=model_paths[model], data_path=str(data[algo]),
                          run_dir=str(work / "runs" / v["id"]), sft_loss_on=a.sft_loss_on)
                 plan.append(v)
 

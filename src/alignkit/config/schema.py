@@ -155,6 +155,17 @@ class TrainingConfig:
     adam_beta1: float = f(0.9, "AdamW beta1.", ge=0, le=1)
     adam_beta2: float = f(0.999, "AdamW beta2.", ge=0, le=1)
     adam_epsilon: float = f(1e-8, "AdamW epsilon.", gt=0)
+    torch_compile: bool = f(
+        False, "Compile each trainable model's decoder blocks with torch.compile (regional compilation, dynamic "
+        "shapes: one compile serves every block and sequence length). The first step pays the compile (~1 min "
+        "on 2 CPU cores; CPU needs a C++ compiler); single, ddp and fsdp strategies. Same losses to round-off."
+    )
+    optimizer_impl: Literal["auto", "fused", "foreach", "for_loop"] = f(
+        "auto", "torch AdamW's implementation: fused = one kernel per parameter (no temporaries, fastest on CPU "
+        "and GPU), foreach = grouped ops (a state-sized temporary), for_loop = one op at a time. auto = fused "
+        "under the single and ddp strategies, foreach under fsdp and deepspeed (sharded or flattened "
+        "parameters). Same update to round-off."
+    )
     seed: int = f(42, "Seed for data order, init of new heads and dropout.")
     eval_steps: Optional[int] = f(None, "Evaluate every N optimizer steps (and at the end).", gt=0)
     eval_batch_size: Optional[int] = f(None, "Per-device eval batch; defaults to per_device_batch_size.", gt=0)

@@ -9,8 +9,9 @@ How alignkit's runs map onto the estimator:
 * compute dtype = ``model.dtype`` (``auto``: bf16 on GPUs, fp32 on CPU). Trainable weights stay fp32
   while autocast / FSDP mixed precision / DeepSpeed bf16 compute in the compute dtype, which the
   estimator counts as compute-dtype weights + an fp32 master copy (the same 16 bytes/param with AdamW).
-* optimizer: torch AdamW with ``foreach=True`` (train/optim.py): fp32 states and a state-sized
-  temporary at step time.
+* optimizer: torch AdamW (train/optim.py), fp32 states; ``training.optimizer_impl: auto`` is counted as
+  foreach (a state-sized temporary at step time), the implementation of the sharding engines; the fused
+  one that ``auto`` picks under single/ddp has none, so those estimates err high by that temporary.
 * log-probs are computed in chunks (no ``(B, T, V)`` logits); the workload says how many sequences
   an example puts through the trainable model (2 for chosen + rejected in one forward).
 * the models are the algorithm's :class:`~alignkit.models.roles.ModelSpec` s: the first trainable one
@@ -175,7 +176,9 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
     first, *others = workload.trainable
     dtype = compute_dtype(cfg, device)
     common: dict[str, Any] = dict(param_dtype=dtype, master_weights_fp32=dtype != "fp32", optimizer="adamw",
-                                  optimizer_state_dtype="fp32", optimizer_impl="foreach",
+                                  optimizer_state_dtype="fp32",
+                                  optimizer_impl="foreach" if cfg.training.optimizer_impl == "auto"
+                                  else cfg.training.optimizer_impl,
                                   gradient_checkpointing=cfg.model.gradient_checkpointing,
                                   per_device_batch=resolve_batch(cfg, n_gpus).per_device, n_gpus=n_gpus, device=device)
     images = {s.role: _image_inputs(cfg, workload, s, _kind_dims(s, trust), **common)

@@ -48,12 +48,12 @@ def packed_sdpa(
         )
     gqa = query.shape[1] != key.shape[1]
     p = dropout if module.training else 0.0
+    # split, not slices: a slice's backward writes its gradient into a zeroed full-size tensor (one per
+    # example, summed), split's backward is one cat of the pieces
+    lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
     outs = [
-        F.scaled_dot_product_attention(
-            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e],
-            is_causal=True, dropout_p=p, scale=scaling, enable_gqa=gqa,
-        )
-        for s, e in zip(bounds[:-1], bounds[1:])
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, scale=scaling, enable_gqa=gqa)
+        for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))
     ]
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 

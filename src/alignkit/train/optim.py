@@ -10,7 +10,22 @@ from torch import nn
 from alignkit.config.schema import TrainingConfig
 
 
-def build_optimizer(model: nn.Module, t: TrainingConfig, lr: float) -> torch.optim.Optimizer:
+#: strategies whose optimizer sees plain, unflattened parameters: fused AdamW applies there
+FUSED_STRATEGIES = ("single", "ddp")
+
+
+def optimizer_impl(t: TrainingConfig, strategy: str) -> str:
+    """``training.optimizer_impl`` resolved for ``strategy``: ``auto`` = fused where the optimizer sees the
+    model's own parameters (single, ddp), foreach where an engine shards (FSDP2's DTensors) or flattens
+    (DeepSpeed's partitions) them."""
+    if t.optimizer_impl != "auto":
+        return t.optimizer_impl
+    return "fused" if strategy in FUSED_STRATEGIES else "foreach"
+
+
+def build_optimizer(model: nn.Module, t: TrainingConfig, lr: float, *, impl: str = "foreach") -> torch.optim.Optimizer:
+    """torch AdamW over ``model``'s trainable parameters; ``impl`` is fused, foreach or for_loop (the same
+    update to round-off: tests/unit/test_optim.py)."""
     decay, no_decay = [], []
     for p in model.parameters():
         if not p.requires_grad:
@@ -19,7 +34,8 @@ def build_optimizer(model: nn.Module, t: TrainingConfig, lr: float) -> torch.opt
         (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
-    return torch.optim.AdamW(groups, lr=lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_epsilon, foreach=True)
+    flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[impl]
+    return torch.optim.AdamW(groups, lr=lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_epsilon, **flags)
 
 
 def warmup_steps(t: TrainingConfig, total_steps: int) -> int:

@@ -41,7 +41,7 @@ from alignkit.plot import plot_after_run
 from alignkit.train.checkpoint import resolve_resume, role_dir
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
-from alignkit.train.optim import build_optimizer
+from alignkit.train.optim import build_optimizer, optimizer_impl
 from alignkit.train.run_plan import RunPlan, plan_run
 
 if TYPE_CHECKING:
@@ -100,12 +100,17 @@ class Session:
 
     def build_models(self, *, train: bool = True, logger: RunLogger | None = None) -> Models:
         t = self.cfg.training
-        make_optimizer = (lambda m: build_optimizer(m, t, self.plan.lr)) if train else None
+        impl = optimizer_impl(t, self.plan.strategy)
+        make_optimizer = (lambda m: build_optimizer(m, t, self.plan.lr, impl=impl)) if train else None
         workload = self.workload
         if train and self.cfg.checkpoint.resume_weights_only:
             workload = weights_from_checkpoint(self.cfg, workload)
+        compile_blocks = train and t.torch_compile
+        if compile_blocks and self.plan.strategy not in COMPILE_STRATEGIES:
+            raise ConfigError(f"training.torch_compile: supported under the {', '.join(COMPILE_STRATEGIES)} "
+                              f"strategies, not {self.plan.strategy} (set it to false)")
         return build_models(workload, self.cfg.model, self.strategy, self.algo.tokenizer,
-                            make_optimizer=make_optimizer, logger=logger)
+                            make_optimizer=make_optimizer, logger=logger, compile_blocks=compile_blocks)
 
 
 def weights_from_checkpoint(cfg: RunConfig, workload: Workload) -> Workload:
@@ -122,10 +127,12 @@ def weights_from_checkpoint(cfg: RunConfig, workload: Workload) -> Workload:
 
 
 def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy, tokenizer: Any, *,
-                 make_optimizer: OptimizerFactory | None = None, logger: RunLogger | None = None) -> Models:
+                 make_optimizer: OptimizerFactory | None = None, logger: RunLogger | None = None,
+                 compile_blocks: bool = False) -> Models:
     """Every loaded role of ``workload``: trainable ones prepared by the strategy with an optimizer
     from ``make_optimizer`` (None: evaluation only, placed like a frozen model in fp32), frozen ones
-    in the compute dtype through ``strategy.prepare_frozen``."""
+    in the compute dtype through ``strategy.prepare_frozen``. ``compile_blocks`` (``training.torch_compile``)
+    compiles each trainable model's decoder blocks in place (:func:`compile_decoder_blocks`)."""
     models = Models(specs={spec.role: spec for spec in workload.specs}, tokenizers={"policy": tokenizer})
     for spec in workload.specs:
         if not spec.loaded:
@@ -139,11 +146,34 @@ def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy,
         module = build_model(spec, model_cfg, dtype, tokenizer)
         if logger is not None:
             _log_parameters(logger, spec, module)
+        if compile_blocks and make_optimizer is not None:
+            n = compile_decoder_blocks(module)
+            if logger is not None:
+                logger.info(f"torch.compile: {n} decoder blocks of the {spec.role} model (compiled at the first step)")
         if make_optimizer is None:
             models.handles[spec.role] = Handle(spec.role, strategy.prepare_frozen(module), optimizer=None)  # type: ignore[arg-type]
         else:
             models.handles[spec.role] = strategy.prepare(module, scaled_lr(make_optimizer, spec.lr_scale), role=spec.role)
     return models
+
+
+#: engines under which ``training.torch_compile`` is supported (DeepSpeed's parameter hooks are not)
+COMPILE_STRATEGIES = ("single", "ddp", "fsdp")
+
+
+def compile_decoder_blocks(module: torch.nn.Module) -> int:
+    """``Module.compile`` each repeated transformer block of ``module`` (regional compilation: the blocks
+    share one compiled graph, and parameter names, state dicts and engine wrapping are unchanged);
+    ``dynamic=True`` so a new sequence length does not recompile. Returns how many blocks."""
+    from alignkit.distributed.strategy.sharded import decoder_blocks
+
+    blocks = decoder_blocks(module)
+    if not blocks:
+        raise ConfigError(f"training.torch_compile: found no decoder blocks in {type(module).__name__} "
+                          "(no _no_split_modules and no layers list); set it to false")
+    for block in blocks:
+        block.compile(dynamic=True)
+    return len(blocks)
 
 
 def scaled_lr(make_optimizer: OptimizerFactory, scale: float) -> OptimizerFactory:
