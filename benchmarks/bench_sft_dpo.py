@@ -341,9 +341,34 @@ def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
 CHILDREN = {"gemm": child_gemm, "alignkit": child_alignkit, "trl": child_trl}
 
 
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm")
+
+
+def op_breakdown(events: Any) -> dict[str, Any]:
+    """Seconds of CPU time by kind from a torch.profiler ``key_averages()``: GEMMs (self time of the matmul
+    ops), attention (SDPA kernels), the optimizer step (``Optimizer.step#...`` totals), the rest; plus the
+    ten ops with the most self time."""
+    total = sum(e.self_cpu_time_total for e in events) / 1e6
+    gemm = sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS) / 1e6
+    attention = sum(e.self_cpu_time_total for e in events
+                    if "scaled_dot_product" in e.key or "flash_attention" in e.key) / 1e6
+    optimizer = sum(e.cpu_time_total for e in events if e.key.startswith("Optimizer.step#")) / 1e6
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:10]
+    return {"total_s": total, "gemm_s": gemm, "attention_s": attention, "optimizer_s": optimizer,
+            "other_s": total - gemm - attention - optimizer,
+            "top": [[e.key, e.self_cpu_time_total / 1e6, e.count] for e in top]}
+
+
 def child_main(kind: str, spec_json: str) -> None:
     spec = json.loads(spec_json)
-    result = CHILDREN[kind](spec)
+    if spec.get("profile"):  # --profile: where the child's CPU time goes (the profiler slows small ops a bit)
+        import torch.profiler
+
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            result = CHILDREN[kind](spec)
+        result["op_profile"] = op_breakdown(prof.key_averages())
+    else:
+        result = CHILDREN[kind](spec)
     sys.stdout.flush()
     print("\n" + RESULT_TAG + json.dumps(result), flush=True)
 
@@ -533,14 +558,29 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 label += " **(TRL-best)**"
             body.append(f"| {label} | {tok} | {r['s_step']:.2f} | {r['peak_rss_mib']:.0f} | {100 * r['mfu']:.1f}% "
                         f"| {ratio} | {rss} | {same} |")
-        totals = {r["variant"]["id"]: sum(r["raw"]["step_tokens"]) for r in ok}
-        if len(set(totals.values())) > 1:  # every variant trains on the same rows, each once: totals must agree
-            body.append("")
-            body.append("**Token totals over all steps differ between variants** (counting or data mismatch): "
-                        + ", ".join(f"{k} {t}" for k, t in totals.items()))
-        elif totals:
-            body.append("")
-            body.append(f"Token totals over all steps agree across variants ({next(iter(totals.values()))}).")
+        # every variant with the same steps trains on the same rows, each once: their totals must agree
+        # (the compile variants run COMPILE_WARMUP more warm-up steps, so they form their own group)
+        for steps in sorted({r["variant"]["warmup"] for r in ok}):
+            totals = {r["variant"]["id"]: sum(r["raw"]["step_tokens"]) for r in ok if r["variant"]["warmup"] == steps}
+            if len(set(totals.values())) > 1:
+                body.append("")
+                body.append(f"**Token totals over all steps differ between variants with {steps} warm-up steps** "
+                            "(counting or data mismatch): " + ", ".join(f"{k} {t}" for k, t in totals.items()))
+            elif totals:
+                body.append("")
+                body.append(f"Token totals over all steps agree across the variants with {steps} warm-up steps "
+                            f"({next(iter(totals.values()))}).")
+        profiled = [r for r in ok if r["raw"].get("op_profile")]
+        if profiled:
+            body += ["", "Where each child's CPU time went (torch.profiler, whole child: model load, warm-up and timed "
+                     "steps; self time of the GEMM and attention kernels, the optimizer step's total):", "",
+                     "| variant | CPU s | GEMM | attention | optimizer | other | top non-GEMM ops (s) |", "|---|---|---|---|---|---|---|"]
+            for r in profiled:
+                op = r["raw"]["op_profile"]
+                pct = {k: f"{100 * op[k + '_s'] / op['total_s']:.1f}%" for k in ("gemm", "attention", "optimizer", "other")}
+                top = ", ".join([f"{k} {t:.2f}" for k, t, _ in op["top"] if k not in GEMM_OPS][:4])
+                body.append(f"| {r['variant']['side']} {r['variant']['name']} | {op['total_s']:.1f} | {pct['gemm']} | "
+                            f"{pct['attention']} | {pct['optimizer']} | {pct['other']} | {top} |")
         body.append("")
         ak_full = [r for r in ok if r["variant"]["side"] == "alignkit" and not r["variant"]["lora"]]
         if ak_full:
@@ -597,6 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-gflops", type=float, default=0.0, help="use this fp32 GEMM peak for MFU instead of the "
                    "one measured now (e.g. 195.6, BASELINES' machine), for a machine that is not idle")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per variant")
+    p.add_argument("--profile", action="store_true", help="run each child under torch.profiler and print where its "
+                   "CPU time went (GEMM, attention, optimizer, other); slows the children: not for the speed table")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
@@ -651,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
             order = [x for pair in zip(ak, tr) for x in pair] + ak[len(tr):] + tr[len(ak):]
             for v in order:
                 v.update(warmup=warm + (COMPILE_WARMUP if v.get("compile") else 0), timed=timed, model_path=model_paths[model], data_path=str(data[algo]),
-                         run_dir=str(work / "runs" / v["id"]), sft_loss_on=a.sft_loss_on)
+                         run_dir=str(work / "runs" / v["id"]), sft_loss_on=a.sft_loss_on, profile=a.profile)
                 plan.append(v)
 
     results = []

@@ -86,3 +86,21 @@ def test_the_script_still_parses_its_arguments() -> None:
     proc = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "--peak-gflops" in proc.stdout and "--quick" in proc.stdout
+
+
+def test_op_breakdown_splits_cpu_time_by_kind(bench: ModuleType) -> None:
+    """--profile: GEMM and attention are self times, the optimizer its step's total, the rest is other."""
+    from types import SimpleNamespace as E
+
+    events = [E(key="aten::mm", self_cpu_time_total=6e6, cpu_time_total=6e6, count=10),
+              E(key="aten::addmm", self_cpu_time_total=1e6, cpu_time_total=1e6, count=2),
+              E(key="aten::_scaled_dot_product_flash_attention_for_cpu", self_cpu_time_total=1e6,
+                cpu_time_total=1e6, count=4),
+              E(key="Optimizer.step#AdamW.step", self_cpu_time_total=0.1e6, cpu_time_total=0.5e6, count=1),
+              E(key="aten::_fused_adamw_", self_cpu_time_total=0.4e6, cpu_time_total=0.4e6, count=1),
+              E(key="aten::mul", self_cpu_time_total=1.5e6, cpu_time_total=1.5e6, count=30)]
+    out = bench.op_breakdown(events)
+    assert out["total_s"] == pytest.approx(10.0)
+    assert (out["gemm_s"], out["attention_s"], out["optimizer_s"]) == pytest.approx((7.0, 1.0, 0.5))
+    assert out["other_s"] == pytest.approx(1.5)
+    assert out["top"][0] == ["aten::mm", 6.0, 10]
