@@ -78,8 +78,10 @@ def test_attack_success_rises_with_diverse_attacks(micro_model: Path, tmp_path: 
 def test_the_whole_chain_trained_by_alignkit(micro_model: Path, tmp_path: Path) -> None:
     data = {kind: generate(kind, n, 0, tmp_path / f"{kind}.jsonl") for kind, n in
             (("redteam", 400), ("redteam-attacker", 2000), ("redteam-target", 4000), ("redteam-judge", 1000))}
+    # the bars below were measured with foreach AdamW, the default then; fused AdamW (the default under single since
+    # issue 30) differs by round-off, and over four chained runs that alone moved the last ASR mean below its bar
     sft = {"training": {"per_device_batch_size": 16, "learning_rate": 2e-3, "lr_scheduler": "cosine", "warmup_ratio": 0.05,
-                        "epochs": 1, "seed": 0}}
+                        "epochs": 1, "seed": 0, "optimizer_impl": "foreach"}}
     target = train(tmp_path, "target", {"algorithm": "sft", "model": {"name_or_path": str(micro_model)},
                                         "data": {"train": str(data["redteam-target"]), "max_length": 64}, **sft})
     attacker = train(tmp_path, "attacker", {"algorithm": "sft", "model": {"name_or_path": str(micro_model)},
@@ -88,9 +90,11 @@ def test_the_whole_chain_trained_by_alignkit(micro_model: Path, tmp_path: Path) 
                                       "data": {"train": str(data["redteam-judge"]), "max_length": 64},
                                       "reward_model": {"pair": "safety", "reg_coeff": 0.001},
                                       "training": {**sft["training"], "learning_rate": 1e-3}})
-    run = train(tmp_path, "run", redteam_config(
+    cfg = redteam_config(
         attacker / "final", data["redteam"], 0, 3e-3, {"name": "lm", "model": str(target / "final"), "max_new_tokens": 12},
-        {"name": "cost_model", "model": str(judge / "final"), "activation": "sigmoid"}, beta=0.05))
+        {"name": "cost_model", "model": str(judge / "final"), "activation": "sigmoid"}, beta=0.05)
+    cfg["training"]["optimizer_impl"] = "foreach"
+    run = train(tmp_path, "run", cfg)
     rows = iterations(run)
     asr = [r["attack_success_rate"] for r in rows]
     assert sum(asr[:5]) / 5 < 0.25 and sum(asr[-5:]) / 5 >= 0.45, asr
