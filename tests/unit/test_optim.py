@@ -56,6 +56,8 @@ def test_build_optimizer_sets_the_implementation_and_decay_groups() -> None:
 def test_auto_picks_fused_where_parameters_are_plain(strategy: str, expected: str) -> None:
     assert optimizer_impl(TrainingConfig(), strategy) == expected
     assert optimizer_impl(TrainingConfig(optimizer_impl="for_loop"), strategy) == "for_loop"
+    assert optimizer_impl(TrainingConfig(), strategy, "vllm") == "foreach"
+    assert optimizer_impl(TrainingConfig(optimizer_impl="fused"), strategy, "vllm") == "fused"
 
 
 def _losses(run: Path) -> list[float]:

@@ -164,7 +164,7 @@ class TrainingConfig:
         "auto", "torch AdamW's implementation: fused = one kernel per parameter (no temporaries, fastest on CPU "
         "and GPU), foreach = grouped ops (a state-sized temporary), for_loop = one op at a time. auto = fused "
         "under the single and ddp strategies, foreach under fsdp and deepspeed (sharded or flattened "
-        "parameters). Same update to round-off."
+        "parameters) and with rollout.engine vllm (fused not yet verified there). Same update to round-off."
     )
     seed: int = f(42, "Seed for data order, init of new heads and dropout.")
     eval_steps: Optional[int] = f(None, "Evaluate every N optimizer steps (and at the end).", gt=0)

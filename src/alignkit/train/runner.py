@@ -100,7 +100,7 @@ class Session:
 
     def build_models(self, *, train: bool = True, logger: RunLogger | None = None) -> Models:
         t = self.cfg.training
-        impl = optimizer_impl(t, self.plan.strategy)
+        impl = optimizer_impl(t, self.plan.strategy, self.cfg.rollout.engine)
         make_optimizer = (lambda m: build_optimizer(m, t, self.plan.lr, impl=impl)) if train else None
         workload = self.workload
         if train and self.cfg.checkpoint.resume_weights_only:
