@@ -56,9 +56,9 @@ LORA = {"r": 16, "alpha": 32, "dropout": 0.0,
 PEAK_SPREAD_WARN = 0.10
 TRL_VERSION = "1.16.0"
 TRL_PINS = ["transformers==5.23.0", "peft==0.21.2", "datasets", "accelerate"]
-#: large libraries a training process should import only when a run uses them (recorded per alignkit child)
 #: extra warm-up steps of the torch.compile variants
 COMPILE_WARMUP = 2
+#: large libraries a training process should import only when a run uses them (recorded per alignkit child)
 HEAVY_MODULES = ("datasets", "pyarrow", "pandas", "matplotlib", "tensorboard", "torch.utils.tensorboard", "deepspeed",
                  "diffusers", "accelerate", "peft", "scipy", "sklearn", "wandb", "PIL", "torchvision")
 
@@ -677,10 +677,11 @@ def main(argv: list[str] | None = None) -> int:
     for model in models:
         warm, timed = (QUICK_STEPS if a.quick else STEPS)[model]
         n_rows = a.rows or (warm + timed) * BATCH
-        rows = bench_data.make_rows(n_rows, SEED)
         # the compile variants warm up COMPILE_WARMUP more steps (the compile, and the recompile for dynamic
-        # shapes that the second sequence length triggers, stay out of the timed window): SFT gets their rows
-        sft_rows = rows if a.rows else bench_data.make_rows(n_rows + COMPILE_WARMUP * BATCH, SEED)
+        # shapes that the second sequence length triggers, stay out of the timed window): SFT gets their rows;
+        # make_rows draws rows in sequence, so DPO's rows are the first n_rows of the same draw
+        sft_rows = bench_data.make_rows(n_rows + (0 if a.rows else COMPILE_WARMUP * BATCH), SEED)
+        rows = sft_rows[:n_rows]
         data = {"sft": bench_data.write_jsonl(sft_rows, work / f"data-{model}-sft.jsonl", ("messages",)),
                 "dpo": bench_data.write_jsonl(rows, work / f"data-{model}-dpo.jsonl", ("prompt", "chosen", "rejected"))}
         for algo in algos:
@@ -692,8 +693,8 @@ def main(argv: list[str] | None = None) -> int:
             tr = [v for v in vs if v["side"] == "trl"]
             order = [x for pair in zip(ak, tr) for x in pair] + ak[len(tr):] + tr[len(ak):]
             for v in order:
-                v.update(warmup=warm + (COMPILE_WARMUP if v.get("compile") else 0), timed=timed, model_path=model_paths[model], data_path=str(data[algo]),
-                         run_dir=str(work / "runs" / v["id"]), sft_loss_on=a.sft_loss_on, profile=a.profile)
+                v.update(warmup=warm + (COMPILE_WARMUP if v.get("compile") else 0), timed=timed,
+                         model_path=model_paths[model], data_path=str(data[algo]), run_dir=str(work / "runs" / v["id"]), sft_loss_on=a.sft_loss_on, profile=a.profile)
                 plan.append(v)
 
     results = []

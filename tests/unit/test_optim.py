@@ -109,13 +109,13 @@ def test_torch_compile_trains_to_the_same_losses(sft_config: dict[str, Any], tmp
 
 
 def test_torch_compile_is_refused_under_deepspeed(sft_config: dict[str, Any], tmp_path: Path) -> None:
-    from alignkit.config.loader import load_config
-    from alignkit.errors import ConfigError
-
-    from tests.conftest import write_config
     from types import SimpleNamespace
 
+    from alignkit.config.loader import load_config
+    from alignkit.errors import ConfigError
     from alignkit.train.runner import COMPILE_STRATEGIES, Session
+
+    from tests.conftest import write_config
 
     assert "deepspeed" not in COMPILE_STRATEGIES
     cfg = dict(sft_config, training=dict(sft_config["training"], torch_compile=True))
