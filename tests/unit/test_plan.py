@@ -100,14 +100,22 @@ def _saved_bytes(model: torch.nn.Module, batch: int, seq: int, vocab: int) -> in
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("dtype,kv,lora,dropout", [
-    ("fp32", 4, None, 0.0), ("bf16", 2, None, 0.0), ("bf16", 4, 4, 0.0), ("fp32", 2, 4, 0.1)])
-def test_activation_formula_matches_saved_tensors(dtype: str, kv: int, lora, dropout: float) -> None:
+@pytest.mark.parametrize("dtype,kv,lora,dropout,fused,targets", [
+    ("fp32", 4, None, 0.0, False, "qkvo+down"), ("bf16", 2, None, 0.0, False, "qkvo+down"),
+    ("bf16", 4, 4, 0.0, False, "qkvo+down"), ("fp32", 2, 4, 0.1, False, "qkvo+down"),
+    # training.fused_layers (models/fused.py): full fine-tuning, LoRA on an MLP projection (that MLP stays
+    # unfused, the norms fuse) and LoRA on attention only (the frozen MLP fuses too)
+    ("fp32", 4, None, 0.0, True, "qkvo+down"), ("bf16", 2, None, 0.0, True, "qkvo+down"),
+    ("bf16", 4, 4, 0.0, True, "qkvo+down"), ("fp32", 2, 4, 0.1, True, "qkvo"), ("bf16", 2, 4, 0.0, True, "qkvo")])
+def test_activation_formula_matches_saved_tensors(dtype: str, kv: int, lora, dropout: float, fused: bool,
+                                                  targets: str) -> None:
     """The per-layer formula equals what autograd really keeps (to RoPE cos/sin and ids, < 1%)."""
+    from alignkit.models.fused import apply_fused_layers
+
     torch.manual_seed(0)
     cfg = _tiny_config(num_key_value_heads=kv, num_hidden_layers=3)
     model = LlamaForCausalLM(cfg).to(torch.float32 if dtype == "fp32" else torch.bfloat16).train()
-    targets = ["q", "k", "v", "o", "down"]
+    targets = ["q", "k", "v", "o"] + (["down"] if targets == "qkvo+down" else [])
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -116,9 +124,12 @@ def test_activation_formula_matches_saved_tensors(dtype: str, kv: int, lora, dro
         with quiet_peft():
             model = get_peft_model(model, LoraConfig(r=lora, lora_dropout=dropout, target_modules=[
                 f"{t}_proj" for t in targets]))
+    if fused:
+        counts = apply_fused_layers(model)
+        assert counts == {"mlp": 0 if lora and "down" in targets else 3, "rmsnorm": 7}, counts
     inputs = MemoryInputs(policy=dims_from_hf_config(cfg), param_dtype=dtype, per_device_batch=2,
                           seq_len=32, chunked_logits=False, lora_r=lora, lora_targets=targets,
-                          lora_dropout=dropout, device="cpu")
+                          lora_dropout=dropout, device="cpu", fused_layers=fused)
     part = activation_breakdown(inputs)
     # saved for backward = layers + final norm + fp32 log-softmax (the logits themselves are held
     # by the model output, not saved; the backward transients come later)

@@ -36,6 +36,11 @@ def layer_saved_bytes_per_token(inputs: MemoryInputs) -> int:
       ``param_dtype``, the cast input ``in*bytes(lora)``; with dropout instead, its output + mask
       (bool on CUDA, x's dtype on CPU).
     Full fine-tuning, fp32: ``24H + 8H + 8K + 16I`` = ``(10H + 4I)*4`` for MHA.
+
+    With ``fused_layers`` (alignkit's :mod:`alignkit.models.fused`): each RMSNorm keeps its input in its own
+    dtype ``pH`` (no upcast copy, no normalised tensor); an MLP none of whose projections LoRA targets keeps
+    gate and up outputs ``2pI`` and its input ``pH`` only when its weights train (SiLU output and product
+    are recomputed in the backward).
     """
     d, p = inputs.policy, inputs.p
     h, i, q, kv = d.hidden, d.intermediate, d.n_heads * d.hd, d.n_kv_heads * d.hd
@@ -64,11 +69,16 @@ def layer_saved_bytes_per_token(inputs: MemoryInputs) -> int:
 
     norm = 4 * h + (p * h if full else 0)  # fp32 input (+ normalised tensor when norms train)
     attn = p * (2 * q + 2 * kv) + 4 * d.n_heads  # rotated q, k, v, SDPA output, logsumexp
-    mlp = 3 * p * i  # gate output, SiLU output, up output
     rsqrt = 2 * 4
+    fused_mlp = inputs.fused_layers and not targets & {"gate", "up", "down"}
+    if inputs.fused_layers:
+        norm = p * h
+    if fused_mlp:
+        mlp = 2 * p * i + (p * h if full else 0)  # gate and up outputs (+ the input, for the weights' grads)
+    else:
+        mlp = 3 * p * i + input_saved(("gate", "up"), h) + input_saved(("down",), i)  # gate, SiLU, up outputs
     return (2 * norm + rsqrt + input_saved(("q", "k", "v"), h) + attn
-            + input_saved(("o",), q, already_saved=True) + input_saved(("gate", "up"), h)
-            + mlp + input_saved(("down",), i))
+            + input_saved(("o",), q, already_saved=True) + mlp)
 
 
 def activation_breakdown(inputs: MemoryInputs) -> dict[str, int]:
@@ -94,7 +104,10 @@ def activation_breakdown(inputs: MemoryInputs) -> dict[str, int]:
         layers = d.n_layers * per_layer * n
         if not full and inputs.activation == "llama":
             layers -= _first_layer_no_grad_bytes(inputs) * n
-    final_norm = (4 * d.hidden + (2 * p * d.hidden if full else 0) + 4) * n
+    if inputs.fused_layers:  # its input in its own dtype (+ its output, the LM head's input, when the head trains)
+        final_norm = (p * d.hidden + (p * d.hidden if full else 0) + 4) * n
+    else:
+        final_norm = (4 * d.hidden + (2 * p * d.hidden if full else 0) + 4) * n
     if d.head == "mmdit":
         layers, final_norm = _mmdit_ends(inputs, layers)
     v = 0 if inputs.chunked_logits or d.head != "lm" else d.vocab
@@ -121,7 +134,7 @@ def _first_layer_no_grad_bytes(inputs: MemoryInputs) -> int:
     input and, with lora dropout, the noise of q/k/v's dropout (CPU) -- ``mul`` keeps it only for x's grad."""
     hits = sum(t in inputs.lora_targets for t in ("q", "k", "v"))
     noise = DTYPE_BYTES[inputs.lora_dtype] if inputs.lora_dropout > 0 and inputs.device == "cpu" else 0
-    return (4 + hits * noise) * inputs.policy.hidden
+    return ((inputs.p if inputs.fused_layers else 4) + hits * noise) * inputs.policy.hidden
 
 
 @ACTIVATION_METHODS.register("llama")

@@ -12,6 +12,8 @@ How alignkit's runs map onto the estimator:
 * optimizer: torch AdamW (train/optim.py), fp32 states; ``training.optimizer_impl: auto`` is counted as
   foreach (a state-sized temporary at step time), the implementation of the sharding engines; the fused
   one that ``auto`` picks under single/ddp has none, so those estimates err high by that temporary.
+* ``training.fused_layers`` (models/fused.py) is counted where it applies: an explicit single, ddp or fsdp
+  strategy; ``strategy: auto`` is counted unfused (it may pick deepspeed), high by what the fusion saves.
 * log-probs are computed in chunks (no ``(B, T, V)`` logits); the workload says how many sequences
   an example puts through the trainable model (2 for chosen + rejected in one forward).
 * the models are the algorithm's :class:`~alignkit.models.roles.ModelSpec` s: the first trainable one
@@ -47,6 +49,7 @@ from alignkit.distributed.plan import (
     estimate,
 )
 from alignkit.errors import ModelError
+from alignkit.models.fused import fused_layers_on
 from alignkit.models.roles import ModelSpec, Workload
 
 #: peft module names -> the estimator's projection names
@@ -180,6 +183,7 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
                                   optimizer_impl="foreach" if cfg.training.optimizer_impl == "auto"
                                   else cfg.training.optimizer_impl,
                                   gradient_checkpointing=cfg.model.gradient_checkpointing,
+                                  fused_layers=fused_layers_on(cfg.training.fused_layers, cfg.distributed.strategy),
                                   per_device_batch=resolve_batch(cfg, n_gpus).per_device, n_gpus=n_gpus, device=device)
     images = {s.role: _image_inputs(cfg, workload, s, _kind_dims(s, trust), **common)
               for s in workload.trainable if s.kind == "diffusion" and not (s is first and policy is not None)}

@@ -91,6 +91,7 @@ class MemoryInputs:
     lora_dtype: str = "fp32"  # peft upcasts bf16/fp16 adapters to fp32 (autocast_adapter_dtype)
     lora_dropout: float = 0.0
     gradient_checkpointing: bool = False
+    fused_layers: bool = False  # training.fused_layers (models/fused.py): leaner SwiGLU MLP and RMSNorm saves
     per_device_batch: int = 1
     seq_len: int = 2048
     sequences_per_example: int = 1  # 2 for DPO-style pairs (chosen + rejected in one forward)

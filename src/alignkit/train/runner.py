@@ -34,6 +34,7 @@ from alignkit.distributed.strategy import build_strategy
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.errors import ConfigError
 from alignkit.logging import RunLogger, scrub, setup_console
+from alignkit.models import fused
 from alignkit.models.loading import count_parameters
 from alignkit.models.kinds import KINDS
 from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
@@ -110,7 +111,8 @@ class Session:
             raise ConfigError(f"training.torch_compile: supported under the {', '.join(COMPILE_STRATEGIES)} "
                               f"strategies, not {self.plan.strategy} (set it to false)")
         return build_models(workload, self.cfg.model, self.strategy, self.algo.tokenizer,
-                            make_optimizer=make_optimizer, logger=logger, compile_blocks=compile_blocks)
+                            make_optimizer=make_optimizer, logger=logger, compile_blocks=compile_blocks,
+                            fused_layers=train and fused.fused_layers_on(t.fused_layers, self.plan.strategy))
 
 
 def weights_from_checkpoint(cfg: RunConfig, workload: Workload) -> Workload:
@@ -128,11 +130,12 @@ def weights_from_checkpoint(cfg: RunConfig, workload: Workload) -> Workload:
 
 def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy, tokenizer: Any, *,
                  make_optimizer: OptimizerFactory | None = None, logger: RunLogger | None = None,
-                 compile_blocks: bool = False) -> Models:
+                 compile_blocks: bool = False, fused_layers: bool = False) -> Models:
     """Every loaded role of ``workload``: trainable ones prepared by the strategy with an optimizer
     from ``make_optimizer`` (None: evaluation only, placed like a frozen model in fp32), frozen ones
     in the compute dtype through ``strategy.prepare_frozen``. ``compile_blocks`` (``training.torch_compile``)
-    compiles each trainable model's decoder blocks in place (:func:`compile_decoder_blocks`)."""
+    compiles each trainable model's decoder blocks in place (:func:`compile_decoder_blocks`); ``fused_layers``
+    (``training.fused_layers``) gives them the memory-lean MLP / RMSNorm forwards first (models/fused.py)."""
     models = Models(specs={spec.role: spec for spec in workload.specs}, tokenizers={"policy": tokenizer})
     for spec in workload.specs:
         if not spec.loaded:
@@ -146,6 +149,11 @@ def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy,
         module = build_model(spec, model_cfg, dtype, tokenizer)
         if logger is not None:
             _log_parameters(logger, spec, module)
+        if fused_layers and make_optimizer is not None:
+            counts = fused.apply_fused_layers(module)
+            if logger is not None and any(counts.values()):
+                logger.info(f"fused layers: {counts['mlp']} SwiGLU MLPs and {counts['rmsnorm']} RMSNorms of the "
+                            f"{spec.role} model (training.fused_layers)")
         if compile_blocks and make_optimizer is not None:
             n = compile_decoder_blocks(module)
             if logger is not None:
@@ -158,7 +166,7 @@ def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy,
 
 
 #: engines under which ``training.torch_compile`` is supported (DeepSpeed's parameter hooks are not)
-COMPILE_STRATEGIES = ("single", "ddp", "fsdp")
+COMPILE_STRATEGIES = fused.STRATEGIES
 
 
 def compile_decoder_blocks(module: torch.nn.Module) -> int:
