@@ -84,6 +84,9 @@ def variants(model: str, algo: str) -> list[dict[str, Any]]:
              "compile": True, "cfg_extra": {"training": {"torch_compile": True}}},
             {"side": "trl", "name": "padding_free + torch_compile", "match": "compile", "padding_free": True,
              "compile": True},
+            # alignkit's opt-in training.fused_layers (memory-lean SwiGLU MLP / RMSNorm) on the packed variant
+            {"side": "alignkit", "name": "packed + fused_layers", "match": "fused", "packing": True,
+             "cfg_extra": {"training": {"fused_layers": True}}},
         ]
         for x in v:
             x.update(policy_flops=6, ref_flops=0, lora=False, precompute=False)

@@ -49,6 +49,8 @@ def runs(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     configs = [
         _cfg(base, root / "raf1", checkpoint__save_steps=5),
         _cfg(base, root / "raf0", distributed__fsdp__reshard_after_forward=False),
+        # training.fused_layers: the fused MLP / RMSNorm forwards inside FSDP2's per-block unshard hooks
+        _cfg(base, root / "fused", training__fused_layers=True),
         _cfg(base, root / "resumed", checkpoint__resume_from=str(root / "raf1" / "checkpoint-5")),
         # eval: 5 examples in batches of 2 -> rank 0 runs 2 batches, rank 1 one (lock-step padding)
         _cfg(base, root / "lora", model__lora=lora, training__max_steps=4, checkpoint__save_steps=2,
@@ -71,7 +73,7 @@ def runs(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("name", ["raf1", "raf0"])
+@pytest.mark.parametrize("name", ["raf1", "raf0", "fused"])
 def test_fsdp_equals_single_process(runs: Path, name: str) -> None:
     ref = final(runs / "single")
     assert max_delta(ref, final(runs / name)) <= 1e-5

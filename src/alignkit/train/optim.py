@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -14,14 +15,13 @@ from alignkit.config.schema import TrainingConfig
 FUSED_STRATEGIES = ("single", "ddp")
 
 
-def optimizer_impl(t: TrainingConfig, strategy: str, rollout_engine: str = "hf") -> str:
+def optimizer_impl(t: TrainingConfig, strategy: str) -> str:
     """``training.optimizer_impl`` resolved for ``strategy``: ``auto`` = fused where the optimizer sees the
     model's own parameters (single, ddp), foreach where an engine shards (FSDP2's DTensors) or flattens
-    (DeepSpeed's partitions) them, and foreach with ``rollout.engine: vllm``: its learning tests pass with
-    foreach and missed their bars with fused (root cause not found yet), so fused stays opt-in there."""
+    (DeepSpeed's partitions) them."""
     if t.optimizer_impl != "auto":
         return t.optimizer_impl
-    return "fused" if strategy in FUSED_STRATEGIES and rollout_engine != "vllm" else "foreach"
+    return "fused" if strategy in FUSED_STRATEGIES else "foreach"
 
 
 def build_optimizer(model: nn.Module, t: TrainingConfig, lr: float, *, impl: str = "foreach") -> torch.optim.Optimizer:
@@ -36,7 +36,18 @@ def build_optimizer(model: nn.Module, t: TrainingConfig, lr: float, *, impl: str
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[impl]
-    return torch.optim.AdamW(groups, lr=lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_epsilon, **flags)
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_epsilon, **flags)
+    if impl == "fused":
+        optimizer.register_step_post_hook(_mark_written)
+    return optimizer
+
+
+def _mark_written(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """Bump the in-place version counter of every parameter the step wrote. torch's fused AdamW kernel writes
+    the weights through their data pointers without bumping it (foreach and for_loop do): whatever tells "the
+    weights changed" from ``param._version`` (the vLLM engine's weight sync, autograd's check on tensors saved
+    for backward) would otherwise miss the step."""
+    torch.autograd.graph.increment_version([p for g in optimizer.param_groups for p in g["params"]])
 
 
 def warmup_steps(t: TrainingConfig, total_steps: int) -> int:

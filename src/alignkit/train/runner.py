@@ -23,7 +23,7 @@ import torch
 from alignkit import progress
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.algorithms.base import OfflineAlgorithm
-from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
+from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config import RunConfig, to_dict
 from alignkit.config.schema import ModelConfig
 from alignkit.data.streaming import RowStream
@@ -101,7 +101,7 @@ class Session:
 
     def build_models(self, *, train: bool = True, logger: RunLogger | None = None) -> Models:
         t = self.cfg.training
-        impl = optimizer_impl(t, self.plan.strategy, self.cfg.section(RolloutConfig).engine)
+        impl = optimizer_impl(t, self.plan.strategy)
         make_optimizer = (lambda m: build_optimizer(m, t, self.plan.lr, impl=impl)) if train else None
         workload = self.workload
         if train and self.cfg.checkpoint.resume_weights_only:
