@@ -697,7 +697,8 @@ def main(argv: list[str] | None = None) -> int:
             order = [x for pair in zip(ak, tr) for x in pair] + ak[len(tr):] + tr[len(ak):]
             for v in order:
                 v.update(warmup=warm + (COMPILE_WARMUP if v.get("compile") else 0), timed=timed,
-                         model_path=model_paths[model], data_path=str(data[algo]), run_dir=str(work / "runs" / v["id"]), sft_loss_on=a.sft_loss_on, profile=a.profile)
+                         model_path=model_paths[model], data_path=str(data[algo]),
+                         run_dir=str(work / "runs" / v["id"]), sft_loss_on=a.sft_loss_on, profile=a.profile)
                 plan.append(v)
 
     results = []

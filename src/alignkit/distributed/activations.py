@@ -67,13 +67,11 @@ def layer_saved_bytes_per_token(inputs: MemoryInputs) -> int:
         shared = 0 if (cast or drop or already_saved) else p * in_features
         return shared + hits * per_hit
 
-    norm = 4 * h + (p * h if full else 0)  # fp32 input (+ normalised tensor when norms train)
+    # the input (fp32 upcast; fused: its own dtype) + the normalised tensor when norms train (fused: recomputed)
+    norm = _norm_input_bytes(inputs) * h + (p * h if full and not inputs.fused_layers else 0)
     attn = p * (2 * q + 2 * kv) + 4 * d.n_heads  # rotated q, k, v, SDPA output, logsumexp
     rsqrt = 2 * 4
-    fused_mlp = inputs.fused_layers and not targets & {"gate", "up", "down"}
-    if inputs.fused_layers:
-        norm = p * h
-    if fused_mlp:
+    if inputs.fused_layers and not targets & {"gate", "up", "down"}:
         mlp = 2 * p * i + (p * h if full else 0)  # gate and up outputs (+ the input, for the weights' grads)
     else:
         mlp = 3 * p * i + input_saved(("gate", "up"), h) + input_saved(("down",), i)  # gate, SiLU, up outputs
@@ -104,10 +102,9 @@ def activation_breakdown(inputs: MemoryInputs) -> dict[str, int]:
         layers = d.n_layers * per_layer * n
         if not full and inputs.activation == "llama":
             layers -= _first_layer_no_grad_bytes(inputs) * n
-    if inputs.fused_layers:  # its input in its own dtype (+ its output, the LM head's input, when the head trains)
-        final_norm = (p * d.hidden + (p * d.hidden if full else 0) + 4) * n
-    else:
-        final_norm = (4 * d.hidden + (2 * p * d.hidden if full else 0) + 4) * n
+    # its input, + its output (the LM head's input) and, unfused, the normalised tensor when the norm / head train
+    trained = (1 if inputs.fused_layers else 2) * p * d.hidden if full else 0
+    final_norm = (_norm_input_bytes(inputs) * d.hidden + trained + 4) * n
     if d.head == "mmdit":
         layers, final_norm = _mmdit_ends(inputs, layers)
     v = 0 if inputs.chunked_logits or d.head != "lm" else d.vocab
@@ -134,7 +131,13 @@ def _first_layer_no_grad_bytes(inputs: MemoryInputs) -> int:
     input and, with lora dropout, the noise of q/k/v's dropout (CPU) -- ``mul`` keeps it only for x's grad."""
     hits = sum(t in inputs.lora_targets for t in ("q", "k", "v"))
     noise = DTYPE_BYTES[inputs.lora_dtype] if inputs.lora_dropout > 0 and inputs.device == "cpu" else 0
-    return ((inputs.p if inputs.fused_layers else 4) + hits * noise) * inputs.policy.hidden
+    return (_norm_input_bytes(inputs) + hits * noise) * inputs.policy.hidden
+
+
+def _norm_input_bytes(inputs: MemoryInputs) -> int:
+    """Bytes per element an RMSNorm keeps of its input: the fp32 upcast (transformers), or the input in its own
+    dtype (``fused_layers``)."""
+    return inputs.p if inputs.fused_layers else 4
 
 
 @ACTIVATION_METHODS.register("llama")

@@ -95,15 +95,14 @@ def fusable_mlp(module: nn.Module) -> bool:
             and (isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"))
 
 
-def fusable_rmsnorm(module: nn.Module) -> bool:
-    """transformers' Llama-style RMSNorm (``weight * x / rms(x)``, not Gemma's ``1 + weight``)."""
-    name = type(module).__name__
-    return (name.endswith("RMSNorm") and name in _LLAMA_STYLE_NORMS and isinstance(getattr(module, "weight", None), nn.Parameter)
-            and isinstance(getattr(module, "variance_epsilon", None), float))
-
-
 #: RMSNorm classes whose forward is exactly LlamaRMSNorm's (checked by tests/unit/test_fused_layers.py)
 _LLAMA_STYLE_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+
+
+def fusable_rmsnorm(module: nn.Module) -> bool:
+    """transformers' Llama-style RMSNorm (``weight * x / rms(x)``, not Gemma's ``1 + weight``)."""
+    return (type(module).__name__ in _LLAMA_STYLE_NORMS and isinstance(getattr(module, "weight", None), nn.Parameter)
+            and isinstance(getattr(module, "variance_epsilon", None), float))
 
 
 #: engines under which fused (and compiled) forwards apply: DeepSpeed ZeRO-3 gathers each linear's parameters in
