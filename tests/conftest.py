@@ -26,14 +26,18 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest files first: ``--dist loadfile`` hands whole files to free workers in collection order, and a
-    long file started last runs alone at the end. A file's weight is its tests' ``slow`` marks (``seconds=``: the
-    test's measured time on 2 idle cores; 1 without it); unmarked files follow. The order within a file is kept."""
+    """The longest files first: ``--dist loadfile`` hands whole files to free workers in collection order (with
+    pyproject's ``--no-loadscope-reorder``, xdist 3.8+; by default xdist orders files by their number of tests, and a
+    one-test learning file of ten minutes starts last and runs alone at the end). A file's weight is its tests'
+    ``slow`` marks (``seconds=``: the test's measured time on 2 idle cores; 1 without it); files of equal weight
+    (unmarked ones: 0) go by their number of tests, most first. The order within a file is kept."""
     weight: dict[Any, float] = {}
+    count: dict[Any, int] = {}
     for item in items:
         mark = item.get_closest_marker("slow")
         weight[item.path] = max(weight.get(item.path, 0.0), 0.0 if mark is None else mark.kwargs.get("seconds", 1.0))
-    items.sort(key=lambda item: -weight[item.path])
+        count[item.path] = count.get(item.path, 0) + 1
+    items.sort(key=lambda item: (-weight[item.path], -count[item.path]))
 
 
 def free_port() -> int:
