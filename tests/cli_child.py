@@ -41,10 +41,12 @@ def run(args: list[str], cwd: str | None, env: dict[str, str], stdout: str, stde
 
         sys.argv = [os.path.join(os.path.dirname(sys.modules["alignkit"].__file__ or ""), "__main__.py"), *args]
         code = main(args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if e.code is not None and not isinstance(e.code, int):
+    except SystemExit as e:  # as the interpreter: None is 0, an int is the status, anything else printed and 1
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
             print(e.code, file=sys.stderr)
+            code = 1
     except BaseException:
         import traceback
 

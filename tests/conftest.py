@@ -64,14 +64,15 @@ def run_cli(args: list[str], *, nproc: int = 1, timeout: int = 300, cwd: Path | 
     One process: forked from a fork server that has torch and transformers imported (``tests/cli_child.py``), so
     each run skips ~7 s of CPU of imports; ``fresh=True`` (or ALIGNKIT_TEST_FRESH_CLI=1 for every run) starts a
     new interpreter instead, for what only a new interpreter shows (import-time settings, what gets imported)."""
+    env = env or child_env()
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                f"--master_port={free_port()}", "-m", "alignkit", *args]
     elif fresh or os.environ.get("ALIGNKIT_TEST_FRESH_CLI") == "1":
         cmd = [sys.executable, "-m", "alignkit", *args]
     else:
-        return _forked_cli(args, timeout=timeout, cwd=cwd, env=env or child_env())
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env or child_env())
+        return _forked_cli(args, timeout=timeout, cwd=cwd, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
 def _forked_cli(args: list[str], *, timeout: int, cwd: Path | None, env: dict[str, str]
