@@ -8,7 +8,7 @@ through a frozen ``target`` role first).
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -92,10 +92,14 @@ class RolloutContext:
     def generate(self, role: str, prompts: list[Any], params: SamplingParams | None = None) -> Generations:
         """One output per prompt from ``role`` (trainable or frozen) through its kind's adapter, with the
         role's full parameters gathered once for the call (FSDP2 / ZeRO-3), or, with
-        ``rollout.gather_full_params: false``, on the sharded module with every rank stepping together."""
+        ``rollout.gather_full_params: false``, on the sharded module with every rank stepping together. An engine
+        that computes in this thread (``runs_in_caller``: HF generate) runs under the Strategy's autocast, as the
+        log-prob forward does."""
         kind, module, params = self.models.kind(role), self.models[role], params or self.params
-        with self.timed("generate"):
+        with self.timed("generate"), ExitStack() as stack:
             engine = self.engine_for(role)
+            if getattr(engine, "runs_in_caller", False):  # fp32 master weights decode in bf16, not in fp32 GEMMs
+                stack.enter_context(self.strategy.autocast())
             if self.gather_full_params or not self.strategy.frozen_plan():
                 with self.strategy.full_params(module) as plain:
                     return kind.generate(plain, engine, prompts, params)

@@ -163,6 +163,9 @@ class HFEngine:
     """Hugging Face ``generate`` with the KV cache on left-padded batches (:func:`left_pad`, image inputs
     by :func:`stitch_inputs`); sampling by :class:`InverseCDFSampler`, greedy at temperature 0."""
 
+    #: computes in the caller's thread: ``RolloutContext.generate`` wraps it in the Strategy's autocast
+    runs_in_caller = True
+
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         eos = getattr(tokenizer, "eos_token_id", None)
