@@ -10,7 +10,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from alignkit.constants import IGNORE_INDEX
-from alignkit.ops.logprobs import chunked_token_logps, selective_log_softmax, token_logps_from_logits
+from alignkit.ops import logprobs
+from alignkit.ops.logprobs import (chunk_rows, chunked_token_logps, selective_log_softmax,
+                                   token_logps_from_logits)
 from alignkit.ops.reduce import masked_mean, masked_sum
 
 
@@ -29,17 +31,19 @@ def _inputs(n, v, h, dtype, bias=True, seed=0):
 
 
 class _ShapeRecorder(TorchDispatchMode):
-    """Records (shape, dtype) of every tensor any aten op returns, forward and backward."""
+    """Records (shape, dtype) of every tensor any aten op returns, forward and backward, and (op name, shape)."""
 
     def __init__(self):
         super().__init__()
         self.outputs: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self.ops: list[tuple[str, tuple[int, ...]]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.outputs.append((tuple(t.shape), t.dtype))
+                self.ops.append((func.overloadpacket.__name__, tuple(t.shape)))
         return out
 
 
@@ -194,6 +198,34 @@ def test_chunked_never_creates_or_saves_an_n_by_v_tensor():
     assert hidden.grad.shape == (n, h) and weight.grad.shape == (v, h)
 
 
+def test_chunk_rows_by_memory():
+    # 512 MiB of float32 logits per chunk on a GPU, 32 MiB on a CPU (the tiny model's former 1024 rows)
+    assert chunk_rows(151_936, "cuda") == (512 << 20) // (4 * 151_936) == 883
+    assert chunk_rows(32_000, torch.device("cuda", 0)) == 4194 and chunk_rows(32_000, "meta") == 4194
+    assert chunk_rows(8192, "cpu") == 1024 and chunk_rows(1024, "cpu") == 8192
+    assert chunk_rows(10**12, "cpu") == 1 and chunk_rows(100, "cpu", chunk_bytes=4000) == 10
+
+
+def test_auto_chunks_and_one_logits_recompute(monkeypatch):
+    """chunk_size=0 takes chunk_rows' rows; forward + backward compute each chunk's logits twice (forward,
+    the one recompute in backward) plus one matmul each for grad hidden and grad weight."""
+    n, v, h = 20, 50, 4
+    monkeypatch.setattr(logprobs, "CHUNK_BYTES_CPU", 8 * v * 4)  # 8 rows per chunk: 8 + 8 + 4
+    hidden, weight, b, targets = _inputs(n, v, h, torch.float64)
+    for t in (hidden, weight, b):
+        t.requires_grad_()
+    with _ShapeRecorder() as rec:
+        out = chunked_token_logps(hidden, weight, targets, bias=b)
+        forward_ops = len(rec.ops)
+        out.sum().backward()
+    mm = ("mm", "addmm", "addmm_")
+    logits = [(i < forward_ops, s) for i, (op, s) in enumerate(rec.ops) if op in mm and s[-1] == v]
+    assert logits == [(True, (8, v)), (True, (8, v)), (True, (4, v)), (False, (8, v)), (False, (8, v)), (False, (4, v))]
+    grads = [s for op, s in rec.ops[forward_ops:] if op in mm and s[-1] == h]
+    assert sorted(grads) == sorted([(8, h), (8, h), (4, h)] + [(v, h)] * 3)  # dL/dh per chunk, dL/dW accumulated
+    torch.testing.assert_close(out, _naive(hidden, weight, targets, b), rtol=0, atol=1e-10)
+
+
 def test_shape_recorder_catches_the_naive_path():
     # sanity of the instrument: the naive path does create the (N, V) logits
     hidden, weight, _, targets = _inputs(32, 64, 4, torch.float32, bias=False)
@@ -206,7 +238,7 @@ def test_shape_recorder_catches_the_naive_path():
 def test_chunked_rejects_bad_arguments():
     hidden, weight, _, targets = _inputs(4, 6, 3, torch.float32, bias=False)
     with pytest.raises(ValueError, match="chunk_size"):
-        chunked_token_logps(hidden, weight, targets, chunk_size=0)
+        chunked_token_logps(hidden, weight, targets, chunk_size=-1)
     with pytest.raises(ValueError, match="targets shape"):
         chunked_token_logps(hidden, weight, targets[:3])
     with pytest.raises(ValueError, match="does not match weight"):

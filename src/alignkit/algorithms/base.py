@@ -189,7 +189,7 @@ def resolve_reference(cfg: RunConfig, choice: str, *, needed: bool, key: str, wh
 
 
 def policy_specs(cfg: RunConfig, reference: str, *, kind: str = "lm", transient_reference: bool = False,
-                 chunk_size: int = 1024, **options: Any) -> list[ModelSpec]:
+                 chunk_size: int = 0, **options: Any) -> list[ModelSpec]:
     """The trainable policy and, for ``reference`` ``model`` / ``lora_base``, its reference role (a frozen
     copy, or the policy's weights with adapters off: :meth:`Models.running` serves it)."""
     m = cfg.model

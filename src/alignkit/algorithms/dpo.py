@@ -86,7 +86,9 @@ class DPOConfig:
         "model is then freed)."
     )
     pair: Literal["helpful", "safety"] = f("helpful", "Pair of a PKU-SafeRLHF row to train on.")
-    logps_chunk_size: int = f(1024, "Rows of hidden states per LM-head chunk in the log-prob op.", gt=0)
+    logps_chunk_size: int = f(
+        0, "Rows of hidden states per LM-head chunk in the log-prob op; 0 = chosen by memory "
+        "(512 MiB of float32 logits per chunk on a GPU, 32 MiB on a CPU).", ge=0)
 
     def __post_init__(self) -> None:
         if self.loss_type not in DPO_LOSSES:

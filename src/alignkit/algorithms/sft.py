@@ -16,6 +16,7 @@ from alignkit.data.io import NOTHING_TO_LEARN, PROMPT_TOO_LONG, TRUNCATED, DataE
 from alignkit.data.pipelines import TokenData
 from alignkit.data.tokenize import encode_chat, encode_prompt_response
 from alignkit.losses.sft import sft_loss
+from alignkit.models.policy import forward_liger_nll
 from alignkit.models.roles import Models, ModelSpec
 
 
@@ -23,7 +24,9 @@ from alignkit.models.roles import Models, ModelSpec
 @dataclass
 class SFTConfig:
     loss_on: Literal["assistant", "all"] = f("assistant", "Train on assistant/completion tokens or all.")
-    logps_chunk_size: int = f(1024, "Rows of hidden states per LM-head chunk in the loss.", gt=0)
+    logps_chunk_size: int = f(
+        0, "Rows of hidden states per LM-head chunk in the loss; 0 = chosen by memory "
+        "(512 MiB of float32 logits per chunk on a GPU, 32 MiB on a CPU).", ge=0)
 
 
 
@@ -75,8 +78,12 @@ class SFT(OfflineAlgorithm):
                           chunk_size=cfg.section(SFTConfig).logps_chunk_size)]
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        logps = models.logps("policy", batch)  # (N,) over loss tokens
         m = MetricSums()
+        if self.cfg.training.liger_kernel:  # Liger's fused head + cross-entropy: the summed NLL only
+            nll = forward_liger_nll(models["policy"], batch)
+            m.add("nll", nll.detach(), batch["targets"].ne(IGNORE_INDEX).sum())
+            return sft_loss(-nll, normalizer=normalizer), m
+        logps = models.logps("policy", batch)  # (N,) over loss tokens
         m.add("nll", -logps.detach().sum(), logps.numel())
         return sft_loss(logps, normalizer=normalizer), m
 

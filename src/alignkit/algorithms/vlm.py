@@ -37,7 +37,9 @@ class VLMConfig:
         "replaces the model's before training; null = the model's own.")
     loss_on: Literal["assistant", "all"] = f("assistant", "Train on assistant tokens, or on every text token "
                                                            "(image tokens never carry loss).")
-    logps_chunk_size: int = f(1024, "Rows of hidden states per LM-head chunk in the loss.", gt=0)
+    logps_chunk_size: int = f(
+        0, "Rows of hidden states per LM-head chunk in the loss; 0 = chosen by memory "
+        "(512 MiB of float32 logits per chunk on a GPU, 32 MiB on a CPU).", ge=0)
 
     def __post_init__(self) -> None:
         if self.stage == "pretrain" and self.train_vision_tower:

@@ -168,6 +168,12 @@ class TrainingConfig:
         "LoRA-wrapped projections keep theirs. Same losses and gradients to round-off (like any kernel change, "
         "round-off that a long run can amplify: opt-in)."
     )
+    liger_kernel: bool = f(
+        False, "SFT: compute the LM head and cross-entropy with Liger-Kernel's fused linear cross-entropy (Triton, "
+        "CUDA only; pip install 'alignkit[liger]'): gradients in the forward, no logits recompute. Off: the built-in "
+        "chunked head (the same loss to round-off). Asking for it on a CPU, without the package or for another "
+        "algorithm is an error before any model loads."
+    )
     optimizer_impl: Literal["auto", "fused", "foreach", "for_loop"] = f(
         "auto", "torch AdamW's implementation: fused = one kernel per parameter (no temporaries, fastest on CPU "
         "and GPU), foreach = grouped ops (a state-sized temporary), for_loop = one op at a time. auto = fused "

@@ -35,13 +35,15 @@ def final_hidden(backbone: nn.Module, hf_model: nn.Module, input_ids: torch.Tens
 
 
 class CausalLMLogps(nn.Module):
-    def __init__(self, hf_model: nn.Module, chunk_size: int = 1024) -> None:
+    def __init__(self, hf_model: nn.Module, chunk_size: int = 0) -> None:
+        """``chunk_size``: rows per LM-head chunk; 0 = by memory (``ops.logprobs.chunk_rows``)."""
         super().__init__()
         self.hf_model = hf_model
         self.chunk_size = chunk_size
 
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
-                with_entropy: bool = False, **inputs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                with_entropy: bool = False, liger_nll: bool = False,
+                **inputs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """log p(targets) at every position whose target is not IGNORE_INDEX, under ``softmax(logits / temperature)``.
 
         input_ids, targets: (B, T); ``inputs``: any other model inputs (attention_mask,
@@ -49,10 +51,16 @@ class CausalLMLogps(nn.Module):
         never batch inputs (1.0: the model's own distribution, as offline algorithms use it). Returns (N,)
         float32 in row-major order of those positions; with ``with_entropy`` also (N,) the exact entropy of
         the tempered next-token distribution at each of them (no gradient), from the same LM-head chunks.
+        With ``liger_nll`` instead the scalar float32 sum of ``-log p(targets)`` through Liger-Kernel's fused
+        linear cross-entropy (``training.liger_kernel``; temperature 1).
         """
         backbone, head = split_lm(self.hf_model)
         hidden = final_hidden(backbone, self.hf_model, input_ids, inputs)  # (B, T, H)
         keep = targets != IGNORE_INDEX
+        if liger_nll:
+            from alignkit.models.liger import liger_nll_sum
+
+            return liger_nll_sum(hidden[keep], head.weight, targets[keep], bias=getattr(head, "bias", None))
         return chunked_token_logps(
             hidden[keep], head.weight, targets[keep], bias=getattr(head, "bias", None), chunk_size=self.chunk_size,
             temperature=temperature, with_entropy=with_entropy,
@@ -64,6 +72,12 @@ def forward_logps(model: nn.Module, batch: Batch, *, temperature: float = 1.0,
     """``(N,)`` log-probs of the batch's targets (row-major over non-ignored positions) under ``logits /
     temperature``; with ``with_entropy`` the pair (log-probs, ``(N,)`` entropies) (``CausalLMLogps.forward``)."""
     return model(targets=batch["targets"], temperature=temperature, with_entropy=with_entropy, **model_inputs(batch))
+
+
+def forward_liger_nll(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Scalar float32 sum of ``-log p`` over the batch's targets through Liger's fused head loss
+    (``CausalLMLogps.forward`` with ``liger_nll``): what ``-forward_logps(model, batch).sum()`` computes."""
+    return model(targets=batch["targets"], liger_nll=True, **model_inputs(batch))
 
 
 def sequence_sums(token_logps: torch.Tensor, batch: Batch) -> torch.Tensor:

@@ -40,9 +40,9 @@ class ModelSpec:
     before training (e.g. to precompute reference log-probs) and freed before the first step.
     ``shares``: the role is served by another role's weights (``"policy"``: the policy's LoRA base
     with adapters off), so nothing is loaded for it. ``chunk_size``: rows of hidden states per
-    LM-head chunk (``lm``/``vlm``). ``train_parts`` (``vlm``): the parts that train (``vision_tower``,
-    ``projector``, ``language_model``; None = all, or for a vision-language ``scalar`` model the projector
-and language model), the rest frozen before the Strategy sees the model.
+    LM-head chunk (``lm``/``vlm``; 0 = by memory, ``ops.logprobs.chunk_rows``). ``train_parts`` (``vlm``): the
+    parts that train (``vision_tower``, ``projector``, ``language_model``; None = all, or for a vision-language
+    ``scalar`` model the projector and language model), the rest frozen before the Strategy sees the model.
     ``projector_from`` (``vlm``): a directory or file whose projector weights replace the loaded ones
     (a pretrain stage's output). ``tokenizer``: where this role's tokenizer is; None = the run's for the
     roles that read the policy's token ids (policy, reference, critics), and for a frozen scorer or target
@@ -58,7 +58,7 @@ and language model), the rest frozen before the Strategy sees the model.
     lora: bool = False
     transient: bool = False
     shares: str | None = None
-    chunk_size: int = 1024
+    chunk_size: int = 0
     train_parts: tuple[str, ...] | None = None
     projector_from: str | None = None
     tokenizer: str | None = None

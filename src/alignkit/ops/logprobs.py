@@ -11,6 +11,12 @@ Two entry points:
   optionally at a sampling temperature (``logits / T``) and with each row's entropy.
 
 Both use the identity  d log_softmax(z)[y] / dz = onehot(y) - softmax(z)  to write the backward.
+
+Chunks are sized by memory (:func:`chunk_rows`): a byte budget of float32 logits per chunk, so a 152k-token
+vocabulary gets a few hundred rows per chunk and a tiny test vocabulary the whole batch in one.
+
+Under bf16 / fp16 autocast every LM-head matmul (forward, its one recompute in backward, both gradient
+matmuls) runs in the autocast dtype; only the softmax / log-sum-exp on its result is float32.
 """
 
 from __future__ import annotations
@@ -23,6 +29,23 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from alignkit.constants import IGNORE_INDEX
+
+
+#: bytes of float32 logits one chunk may hold on a GPU (any accelerator): ~880 rows of a 151,936-token
+#: vocabulary (Qwen2.5), ~4k of a 32k one; GEMMs wide enough for the tensor cores. A chunk's transient peak is
+#: ~2.5x this (its bf16 logits, their float32 copy, the softmax): ~1.3 GB beside an 80 GB card's activations.
+CHUNK_BYTES_ACCELERATOR = 512 << 20
+#: on a CPU: 32 MiB, the 1024 rows of the 8,192-token tiny model the CPU benchmarks were tuned with (smaller
+#: chunks stay in the caches)
+CHUNK_BYTES_CPU = 32 << 20
+
+
+def chunk_rows(vocab_size: int, device: torch.device | str, *, chunk_bytes: int | None = None) -> int:
+    """Rows per LM-head chunk: ``chunk_bytes`` (default :data:`CHUNK_BYTES_CPU` on a CPU, else
+    :data:`CHUNK_BYTES_ACCELERATOR`) over one float32 row of ``vocab_size`` logits; at least 1."""
+    if chunk_bytes is None:
+        chunk_bytes = CHUNK_BYTES_CPU if torch.device(device).type == "cpu" else CHUNK_BYTES_ACCELERATOR
+    return max(1, chunk_bytes // (4 * max(1, vocab_size)))
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -206,14 +229,15 @@ def chunked_token_logps(
     targets: Tensor,
     *,
     bias: Tensor | None = None,
-    chunk_size: int = 1024,
+    chunk_size: int = 0,
     temperature: float = 1.0,
     with_entropy: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``log p(target)`` per row of the LM head ``logits = hidden @ weight.T (+ bias)``, chunked.
 
     Peak extra memory is one ``(chunk_size, V)`` float32 chunk in forward and in backward; nothing of
-    shape ``(N, V)`` is created or saved. ``hidden`` and ``weight`` may each require grad or not (LoRA:
+    shape ``(N, V)`` is created or saved. Each chunk's logits are computed once in forward and once more in
+    backward (the one recompute), never kept. ``hidden`` and ``weight`` may each require grad or not (LoRA:
     frozen head). Rows whose target is ``IGNORE_INDEX`` give 0 and get zero gradient (cheaper still:
     pass only the rows you need, ``hidden[mask]``).
 
@@ -223,7 +247,7 @@ def chunked_token_logps(
         weight: ``(V, H)`` the output-embedding / lm_head weight.
         targets: ``(N,)`` (or ``(...)`` matching ``hidden``) int64 ids in ``[0, V)`` or ``IGNORE_INDEX``.
         bias: optional ``(V,)``.
-        chunk_size: rows per chunk.
+        chunk_size: rows per chunk; 0 = by memory (:func:`chunk_rows` of the vocabulary on this device).
         temperature: the distribution is ``softmax(logits / temperature)`` (a sampler's temperature, as TRL's
             ``logits.div_(self.temperature)``); 1.0 skips the division, so results are bit-identical to an
             untempered head.
@@ -233,8 +257,8 @@ def chunked_token_logps(
         ``(N,)`` (or ``(...)``) float32 log-probs (float64 for float64 inputs); with ``with_entropy`` the
         pair (log-probs, entropies), entropies of the same shape (0 where the target is ``IGNORE_INDEX``).
     """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if chunk_size < 0:
+        raise ValueError(f"chunk_size must be >= 1 (or 0: by memory), got {chunk_size}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if hidden.shape[-1] != weight.shape[-1] or weight.dim() != 2:
@@ -249,8 +273,9 @@ def chunked_token_logps(
         bias = None if bias is None else bias.to(dtype)
     if not (hidden.dtype == weight.dtype and (bias is None or bias.dtype == weight.dtype)):
         raise ValueError(f"hidden ({hidden.dtype}), weight ({weight.dtype}) and bias must share one dtype")
+    rows = chunk_size or chunk_rows(weight.shape[0], hidden.device)
     flat, entropy = _ChunkedLinearLogps.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1),
-                                              chunk_size, float(temperature), with_entropy)
+                                              rows, float(temperature), with_entropy)
     if with_entropy:
         return flat.view(targets.shape), entropy.view(targets.shape)
     return flat.view(targets.shape)

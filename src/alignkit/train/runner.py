@@ -38,6 +38,7 @@ from alignkit.models import fused
 from alignkit.models.loading import count_parameters
 from alignkit.models.kinds import KINDS
 from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
+from alignkit.models.liger import check_liger
 from alignkit.plot import plot_after_run
 from alignkit.train.checkpoint import resolve_resume, role_dir
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
@@ -76,6 +77,8 @@ class Session:
         plan = plan_run(cfg, env, workload)
         strategy = configured_strategy(cfg, env, plan)
         strategy.setup()
+        if cfg.training.liger_kernel:  # one line where it cannot run, before any model loads
+            check_liger(cfg.algorithm, strategy.device)
         if strategy.device.type == "cpu":
             # Adam's second moments and tiny gradients drift into subnormal floats, which x86 CPUs
             # process ~100x slower: measured 2 s -> 6 s per step on the tiny model. Flush them to 0.

@@ -1,0 +1,59 @@
+"""Liger-Kernel's fused linear cross-entropy as the SFT head loss (``training.liger_kernel: true``).
+
+Liger computes the LM head and the cross-entropy chunk by chunk in Triton kernels and, for a summed loss,
+the gradients of the hidden states and the head weight already in forward (backward only scales them):
+no ``(N, V)`` logits and no recompute. It is CUDA-only (Triton) and an optional extra
+(``pip install 'alignkit[liger]'``), so :func:`check_liger` refuses it, in one line and before any model
+loads, where it cannot run. The built-in path (:func:`alignkit.ops.logprobs.chunked_token_logps`) computes
+the same sum to round-off.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import Tensor
+
+from alignkit.errors import ConfigError
+
+#: algorithms whose loss is a plain sum of token NLLs, the one reduction Liger's fused kernel serves
+LIGER_ALGORITHMS = ("sft",)
+
+
+def liger_installed() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def check_liger(algorithm: str, device: torch.device) -> None:
+    """Raise a one-line :class:`ConfigError` where ``training.liger_kernel: true`` cannot run: an algorithm
+    other than SFT, a device other than CUDA, or liger-kernel not installed."""
+    if algorithm not in LIGER_ALGORITHMS:
+        raise ConfigError(f"training.liger_kernel: fused linear cross-entropy serves the {', '.join(LIGER_ALGORITHMS)} "
+                          f"loss only, not {algorithm}; set training.liger_kernel: false")
+    if device.type != "cuda":
+        raise ConfigError(f"training.liger_kernel: Liger-Kernel is Triton and needs a CUDA GPU (this run's device is "
+                          f"{device.type}); set training.liger_kernel: false")
+    if not liger_installed():
+        raise ConfigError("training.liger_kernel: liger-kernel is not installed: pip install 'alignkit[liger]' "
+                          "(or liger-kernel), or set training.liger_kernel: false")
+
+
+def liger_nll_sum(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Tensor | None = None) -> Tensor:
+    """``sum_i -log softmax(hidden_i @ weight.T + bias)[targets_i]`` through Liger's fused kernel, float32.
+
+    hidden: ``(N, H)``; weight: ``(V, H)``; targets: ``(N,)`` ids in ``[0, V)`` (rows to ignore are left out
+    by the caller). Under autocast both operands are cast to the autocast dtype first, as ``nn.Linear``
+    would be (no float32 GEMM under bf16); the weight gradient accumulates in float32.
+    """
+    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+
+    if hidden.shape[0] == 0:  # nothing to score: a zero that keeps both in the graph
+        return (hidden.sum() + weight.sum()).float() * 0.0
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    loss = LigerFusedLinearCrossEntropyLoss(reduction="sum", accum_dtype=torch.float32)
+    return loss(weight, hidden.contiguous(), targets, bias).float()
