@@ -62,7 +62,7 @@ def test_each_role_steps_with_its_own_scaler() -> None:
         strategy.backward(loss, models.handles[role])
     sums = {role: float(loss.detach()) for role, loss in losses.items()}
     assert all(torch.isfinite(torch.tensor(v)) for v in sums.values())
-    norms, dropped = optimizer_step(strategy, models, 0.0, sums)
+    norms, dropped, _ = optimizer_step(strategy, models, 0.0, sums)
 
     assert seen_policy == [] and not torch.isfinite(torch.tensor(norms["policy"]))
     assert all(torch.equal(a, b) for a, b in zip(policy.module.parameters(), before["policy"]))

@@ -48,6 +48,29 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     return _reduce(t, dist.ReduceOp.MAX)
 
 
+_HOST_GROUP: list[Any] = []  # a gloo group for host-side numbers when the default backend is NCCL
+
+
+def _host_group() -> Any:
+    """The process group that reduces CPU tensors: the default one under gloo, else a gloo group made
+    once (collectively: every rank reaches its first host reduction at the same point of the step)."""
+    if dist.get_backend() != "nccl":
+        return None
+    if not _HOST_GROUP:
+        _HOST_GROUP.append(dist.new_group(backend="gloo"))
+    return _HOST_GROUP[0]
+
+
+def all_reduce_host_sum(values: list[float]) -> list[float]:
+    """Sum over ranks of numbers the host already has (loss-unit counts from the collators), without a
+    trip through the accelerator: an NCCL reduction would need a device copy and a sync to read back."""
+    if not is_initialized():
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=_host_group())
+    return t.tolist()
+
+
 def all_gather_tensor(t: torch.Tensor) -> torch.Tensor:
     """Concatenate equal-shaped tensors from every rank along dim 0, in rank order."""
     if not is_initialized():
@@ -90,6 +113,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def stack_on_one_device(values: list[torch.Tensor]) -> torch.Tensor:
+    """``(N,)`` float64 of 0-d ``values`` that may sit on the CPU and one accelerator: stacked on the
+    accelerator, so reading them back is one transfer."""
+    device = next((v.device for v in values if v.device.type != "cpu"), torch.device("cpu"))
+    if not values:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.stack([v.reshape(()).to(device, torch.float64) for v in values])
+
+
 def reduce_metrics(sums: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]) -> dict[str, float]:
     """Global mean of each metric: sum and count are reduced separately (no mean of means).
 
@@ -98,13 +130,10 @@ def reduce_metrics(sums: dict[str, torch.Tensor], counts: dict[str, torch.Tensor
     names = sorted(sums)
     if not names:
         return {}
-    flat = torch.stack(
-        [sums[n].detach().double().reshape(()) for n in names]
-        + [counts[n].detach().double().reshape(()) for n in names]
-    )
-    flat = all_reduce_sum(flat)
+    flat = stack_on_one_device([sums[n].detach() for n in names] + [counts[n].detach() for n in names])
+    host = all_reduce_sum(flat).tolist()  # one read-back for every metric
     k = len(names)
-    return {n: (flat[i] / flat[k + i]).item() if flat[k + i] > 0 else float("nan") for i, n in enumerate(names)}
+    return {n: host[i] / host[k + i] if host[k + i] > 0 else float("nan") for i, n in enumerate(names)}
 
 
 def exit_process(code: int = 0, *, barrier: bool = False) -> None:

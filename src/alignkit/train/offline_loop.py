@@ -29,6 +29,7 @@ from alignkit.train.optim import build_scheduler
 from alignkit.train.run_plan import RunPlan
 from alignkit.train.step import (
     Checkpointer,
+    LazyMetrics,
     NonfiniteGuard,
     StepResult,
     TrainState,
@@ -36,7 +37,7 @@ from alignkit.train.step import (
     accumulate,
     log_window,
     optimizer_step,
-    reduce_step,
+    step_result,
 )
 
 
@@ -99,7 +100,7 @@ class OfflineTrainer:
             guard.observe(state.step, result)
             losses.append(result.loss)
             window.add(result)
-            extra = algo.on_step_end(Context(self.models, self.strategy, state.step, result.metrics))
+            extra = algo.on_step_end(Context(self.models, self.strategy, state.step, LazyMetrics(result)))
             log.advance({"loss": result.loss})
             if state.step % cfg.logging.logging_steps == 0 or state.step == steps.total:
                 metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra,
@@ -121,8 +122,8 @@ class OfflineTrainer:
     def _step(self, group: list[Batch]) -> StepResult:
         data, strategy, models = self.algo.data, self.strategy, self.models
         losses, sums, tokens = accumulate(strategy, models, group, self.algo.loss, data.loss_units, data.tokens_in)
-        norms, dropped = optimizer_step(strategy, models, self.cfg.training.max_grad_norm, losses)
-        return reduce_step(strategy, models, losses, sums, tokens, norms, dropped)
+        norms, dropped, role_sums = optimizer_step(strategy, models, self.cfg.training.max_grad_norm, losses)
+        return step_result(strategy, models, role_sums, sums, tokens, norms, dropped)
 
     # ------------------------------------------------------------------ data
     def _micro_batches(self, state: TrainState) -> Iterator[list[Batch]]:

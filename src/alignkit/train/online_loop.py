@@ -50,7 +50,7 @@ from alignkit.train.step import (
     accumulate,
     log_window,
     optimizer_step,
-    reduce_step,
+    step_result,
 )
 
 
@@ -142,8 +142,8 @@ class OnlineTrainer:
         group = [self.algo.collate(mb) for mb in micro_batches(samples, self.plan.batch.per_device)]
         strategy, models = self.strategy, self.models
         losses, sums, tokens = accumulate(strategy, models, group, self.algo.loss, self.algo.units, self.algo.tokens_in)
-        norms, dropped = optimizer_step(strategy, models, self.cfg.training.max_grad_norm, losses)
-        return reduce_step(strategy, models, losses, sums, tokens, norms, dropped)
+        norms, dropped, role_sums = optimizer_step(strategy, models, self.cfg.training.max_grad_norm, losses)
+        return step_result(strategy, models, role_sums, sums, tokens, norms, dropped)
 
     # ------------------------------------------------------------------ rollout
     def _next_prompts(self, state: TrainState) -> list[int]:

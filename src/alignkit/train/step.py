@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 import yaml
@@ -23,6 +23,7 @@ import yaml
 from alignkit.algorithms.base import Batch, MetricSums
 from alignkit.config import BatchPlan
 from alignkit.distributed import comm
+from alignkit.distributed.comm import stack_on_one_device
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.errors import ConfigError, TrainingError
 from alignkit.logging import RunLogger, peak_memory_mb
@@ -44,22 +45,80 @@ class TrainState:
 
 @dataclass
 class StepResult:
-    """One optimizer step, reduced over every rank and micro-batch."""
+    """One optimizer step. The loss and the gradient norms are global and on the host (the step's one
+    read-back); the metric sums and the token count are this rank's, left where they were computed until
+    something asks for the global ones (:meth:`reduced`: a log line, a hook that reads metrics)."""
 
-    loss: float
-    sums: MetricSums  # global sums and counts
-    tokens: float
+    loss: float  # the trainable (primary) role's loss, mean over ranks
+    local_sums: MetricSums
+    local_tokens: float
     grad_norms: dict[str, float]
     nonfinite: bool = False  # the update was dropped: a loss or gradient norm was not finite
+    role_losses: dict[str, float] = field(default_factory=dict)  # further roles' losses, mean over ranks
+    _global: tuple[MetricSums, float] | None = field(default=None, repr=False)
+
+    def reduced(self) -> tuple[MetricSums, float]:
+        """(global metric sums, global tokens): one all-reduce the first time; every rank must call it."""
+        if self._global is None:
+            self._global = reduce_sums(self.local_sums, self.local_tokens)
+            for role, value in self.role_losses.items():
+                self._global[0].add(f"loss/{role}", value, 1)
+        return self._global
+
+    @property
+    def sums(self) -> MetricSums:
+        return self.reduced()[0]
+
+    @property
+    def tokens(self) -> float:
+        return self.reduced()[1]
 
     @property
     def metrics(self) -> dict[str, float]:
         return {"loss": self.loss, **self.sums.means()}
 
 
+class LazyMetrics(Mapping[str, float]):
+    """A step's global metrics, reduced (one all-reduce and one read-back) only when a hook reads them: an
+    offline step stays free of host syncs unless the algorithm asks. Every rank runs the same hook, so
+    every rank reads (and reduces) alike."""
+
+    def __init__(self, result: StepResult) -> None:
+        self._result = result
+        self._values: dict[str, float] | None = None
+
+    def _get(self) -> dict[str, float]:
+        if self._values is None:
+            self._values = self._result.metrics
+        return self._values
+
+    def __getitem__(self, key: str) -> float:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+def reduce_sums(sums: MetricSums, tokens: float) -> tuple[MetricSums, float]:
+    """Every rank's metric sums and counts and token count, summed in one all-reduce (values stay on the
+    device they were computed on)."""
+    names = sorted(sums.sums)
+    flat = comm.all_reduce_sum(stack_on_one_device(
+        [torch.tensor(float(tokens), dtype=torch.float64)] + [sums.sums[n] for n in names]
+        + [sums.counts[n] for n in names]))
+    total, k = MetricSums(), len(names)
+    for i, n in enumerate(names):
+        total.add(n, flat[1 + i], flat[1 + k + i])
+    return total, flat[0]
+
+
 def global_normalizer(local_units: float, strategy: Strategy) -> float:
-    """``global units / dp_size``: what each micro-batch's summed loss is divided by."""
-    units = comm.all_reduce_sum(torch.tensor(float(local_units), dtype=torch.float64, device=strategy.device)).item()
+    """``global units / dp_size``: what each micro-batch's summed loss is divided by. The units are counted
+    by the host from the collated batches, so this never waits for the device."""
+    (units,) = comm.all_reduce_host_sum([float(local_units)])
     return max(units, 1.0) / strategy.dp_size
 
 
@@ -71,22 +130,22 @@ def role_normalizers(units: list[dict[str, int]], roles: list[str], strategy: St
     """Per role, ``global units / dp_size`` of the step (one all-reduce of every role's count): for an algorithm
     whose micro-batches carry the losses of several roles counted in different units (flow_rtpo: attack
     sequences and (image, denoising step) pairs)."""
-    local = torch.tensor([float(sum(u.get(r, 0) for u in units)) for r in roles], dtype=torch.float64,
-                         device=strategy.device)
-    total = comm.all_reduce_sum(local).tolist()
+    total = comm.all_reduce_host_sum([float(sum(u.get(r, 0) for u in units)) for r in roles])
     return {r: max(t, 1.0) / strategy.dp_size for r, t in zip(roles, total)}
 
 
 def accumulate(strategy: Strategy, models: Models, group: list[Batch], loss_fn: LossFn,
                units_fn: Callable[[Batch], int | dict[str, int]],
-               tokens_fn: Callable[[Batch], int]) -> tuple[dict[str, float], MetricSums, int]:
+               tokens_fn: Callable[[Batch], int]) -> tuple[dict[str, torch.Tensor], MetricSums, int]:
     """Forward + backward of one optimizer step's micro-batches on this rank.
 
     ``units_fn`` gives a micro-batch's loss units, or ``{role: units}`` when roles count their own (the loss then
     gets ``{role: normalizer}``, and a role's gradients sync on the last micro-batch that holds its units, which
-    is the same one on every rank since every rank holds the same layout of samples).
-    Returns (this rank's summed loss per role, metric sums, tokens processed)."""
+    is the same one on every rank since every rank holds the same layout of samples). Units and tokens are
+    counted on the host batches, before they move to the device.
+    Returns (this rank's summed loss per role, on the device; metric sums; tokens processed)."""
     units = [units_fn(b) for b in group]
+    tokens = sum(tokens_fn(b) for b in group)
     last = {role: len(group) - 1 for role in models.handles}
     normalizer: float | dict[str, float]
     if units and isinstance(units[0], dict):
@@ -96,8 +155,8 @@ def accumulate(strategy: Strategy, models: Models, group: list[Batch], loss_fn: 
                 for role in models.handles}
     else:
         normalizer = global_normalizer(sum(units), strategy)  # type: ignore[arg-type]
-    losses: dict[str, float] = {}
-    sums, tokens = MetricSums(), 0
+    losses: dict[str, torch.Tensor] = {}
+    sums = MetricSums()
     for i, batch in enumerate(group):
         batch = batch.to(strategy.device)
         with contextlib.ExitStack() as stack:
@@ -108,29 +167,39 @@ def accumulate(strategy: Strategy, models: Models, group: list[Batch], loss_fn: 
                 loss, m = loss_fn(models, batch, normalizer=normalizer)
             for role, value in _role_losses(loss, models).items():
                 strategy.backward(value, models.handles[role])
-                losses[role] = losses.get(role, 0.0) + float(value.detach())
+                value = value.detach().to(torch.float64)
+                losses[role] = losses[role] + value if role in losses else value
         sums.merge(m)
-        tokens += tokens_fn(batch)
     return losses, sums, tokens
 
 
 def optimizer_step(strategy: Strategy, models: Models, max_grad_norm: float,
-                   losses: dict[str, float]) -> tuple[dict[str, float], bool]:
-    """Clip, step and advance the LR schedule of every trainable role: (grad norms by role, whether
-    the update was dropped as non-finite). A non-finite loss on ANY rank (one all-reduced flag) or a
-    non-finite gradient norm (identical on every rank) drops the update of every role on every rank;
+                   losses: dict[str, torch.Tensor | float]) -> tuple[dict[str, float], bool, dict[str, float]]:
+    """Clip, step and advance the LR schedule of every trainable role: (grad norms by role, whether the
+    update was dropped as non-finite, every role's loss summed over ranks).
+
+    This is the step's ONE read-back from the device: the losses (all-reduced) and every role's gradient
+    norm travel to the host together, since whether to step depends on them. A non-finite loss on ANY rank
+    or a non-finite gradient norm (identical on every rank) drops the update of every role on every rank;
     the step still counts and the schedule advances, so a resumed run stays aligned."""
-    bad = torch.tensor(float(not all(math.isfinite(v) for v in losses.values())), device=strategy.device)
-    skip = bool(comm.all_reduce_max(bad).item())
+    roles = list(models.handles)
+    local = stack_on_one_device([torch.as_tensor(losses.get(r, 0.0), dtype=torch.float64) for r in roles])
+    bad = (~torch.isfinite(local)).any().to(torch.float64).reshape(1)
+    summed = comm.all_reduce_sum(torch.cat([bad, local]))  # a bad count > 0 anywhere: drop everywhere
+    clipped = {role: strategy.clip(handle, max_grad_norm) for role, handle in models.handles.items()}
+    norm_roles = [r for r in roles if clipped[r] is not None]
+    host = stack_on_one_device(list(summed.unbind()) + [clipped[r] for r in norm_roles]).tolist()
+    skip, role_sums = host[0] > 0, dict(zip(roles, host[1 : 1 + len(roles)]))
+    found = dict(zip(norm_roles, host[1 + len(roles):]))
     norms = {}
     for role, handle in models.handles.items():
-        norms[role] = strategy.step(handle, max_grad_norm, skip=skip)
+        norms[role] = strategy.finish_step(handle, found.get(role, 0.0), skip=skip)
         if handle.scheduler is not None:
             handle.scheduler.step()
     # a handle whose fp16 scaler skipped its overflowing step drops nothing else: the other roles stepped
     dropped = skip or any(not math.isfinite(norms[role]) and not strategy.scales_loss(handle)
                           for role, handle in models.handles.items())
-    return norms, dropped
+    return norms, dropped, role_sums
 
 
 class NonfiniteGuard:
@@ -160,47 +229,42 @@ class NonfiniteGuard:
         self.log.info(f"{what}; optimizer step skipped ({self.in_a_row} in a row, {self.total} in all)")
 
 
-def reduce_step(strategy: Strategy, models: Models, losses: dict[str, float], sums: MetricSums, tokens: int,
+def step_result(strategy: Strategy, models: Models, role_sums: dict[str, float], sums: MetricSums, tokens: int,
                 grad_norms: dict[str, float], nonfinite: bool = False) -> StepResult:
-    """Loss (global mean), token count and metric sums of every rank, in one all-reduce."""
+    """The step's result from its read-back: global losses (mean over ranks) and norms; local metric sums."""
     roles = list(models.handles)
-    names = sorted(sums.sums)
-    flat = torch.tensor([losses.get(r, 0.0) for r in roles] + [float(tokens)]
-                        + [float(sums.sums[n]) for n in names] + [float(sums.counts[n]) for n in names],
-                        dtype=torch.float64, device=strategy.device)
-    flat = comm.all_reduce_sum(flat).cpu()
-    k = len(roles)
-    total = MetricSums()
-    for i, n in enumerate(names):
-        total.add(n, flat[k + 1 + i], flat[k + 1 + len(names) + i])
-    for i, role in enumerate(roles[1:], start=1):  # further roles' losses are metrics of their own
-        total.add(f"loss/{role}", flat[i] / strategy.dp_size, 1)
-    return StepResult(float(flat[0]) / strategy.dp_size, total, float(flat[k]), grad_norms, nonfinite)
+    mean = {r: role_sums.get(r, 0.0) / strategy.dp_size for r in roles}
+    return StepResult(mean[roles[0]], sums, float(tokens), grad_norms, nonfinite, {r: mean[r] for r in roles[1:]})
 
 
 class Window:
-    """Global metrics accumulated between two log lines."""
+    """Metrics accumulated between two log lines: losses on the host, metric sums and tokens where they
+    were computed (reduced over ranks once, at the log line)."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
         self.losses: list[float] = []
-        self.sums = MetricSums()
-        self.tokens = 0.0
+        self.local, self.local_tokens = MetricSums(), 0.0  # this rank's: reduced at the log line
+        self.sums = MetricSums()  # already global (identical on every rank): not reduced again
         self.start = time.perf_counter()
 
     def add(self, result: StepResult) -> None:
         self.losses.append(result.loss)
-        self.sums.merge(result.sums)
-        self.tokens += result.tokens
+        self.local.merge(result.local_sums)
+        self.local_tokens += result.local_tokens
+        for role, value in result.role_losses.items():
+            self.sums.add(f"loss/{role}", value, 1)
 
     def metrics(self, strategy: Strategy) -> dict[str, float]:
         """Mean loss, tokens/s, peak memory (max over ranks) and the metric means of the window."""
+        sums, tokens = reduce_sums(self.local, self.local_tokens)
+        sums.merge(self.sums)
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         mem = comm.all_reduce_max(torch.tensor(peak_memory_mb(strategy.device.type)).to(strategy.device)).item()
-        return {"loss": sum(self.losses) / max(1, len(self.losses)), "tokens_per_s": self.tokens / elapsed,
-                "peak_mem_mb": mem, **self.sums.means()}
+        return {"loss": sum(self.losses) / max(1, len(self.losses)), "tokens_per_s": float(tokens) / elapsed,
+                "peak_mem_mb": mem, **sums.means()}
 
 
 def log_window(log: RunLogger, strategy: Strategy, window: Window, state: TrainState, epoch: float, lr: float,

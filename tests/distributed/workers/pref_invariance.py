@@ -89,7 +89,7 @@ def one_step(model_dir: str, case: str, env: DistEnv, per_device: int, ga: int) 
     group = [algo.data.collate(mine[i : i + per_device]) for i in range(0, len(mine), per_device)]
     assert len(group) == ga
     local, _, _ = accumulate(strategy, models, group, algo.loss, algo.data.loss_units, algo.data.tokens_in)
-    loss = torch.tensor(local[models.primary], dtype=torch.float64)
+    loss = local[models.primary].detach().to(torch.float64)
     if dist.is_initialized():
         dist.all_reduce(loss)
         loss /= env.world_size  # what the loop logs

@@ -253,17 +253,22 @@ class Strategy(ABC):
         gradient norm of that handle is its business, not a non-finite step of the run)."""
         return handle.scaler is not None
 
-    def step(self, handle: Handle, max_grad_norm: float, *, skip: bool = False) -> float:
-        """Clip, step and zero the grads of one handle; returns its global gradient norm before clipping.
+    def clip(self, handle: Handle, max_grad_norm: float) -> torch.Tensor | None:
+        """Unscale (fp16) and clip one handle's gradients; its global gradient norm before clipping as a
+        device tensor (never read back here: the step code reads every role's norm in one transfer), or
+        None when the engine clips inside its own step (DeepSpeed) or nothing has a gradient."""
+        if handle.scaler is not None:
+            handle.scaler.unscale_(handle.optimizer)
+        params = [p for p in handle.module.parameters() if p.grad is not None]
+        return self.clip_grads(params, max_grad_norm) if params else None
 
-        ``skip`` (the loss was not finite on some rank) or a non-finite norm (the same on every rank:
+    def finish_step(self, handle: Handle, norm: float, *, skip: bool = False) -> float:
+        """Step (unless ``skip``) and zero the grads of one handle after :meth:`clip`; returns its norm.
+
+        ``skip`` (the loss was not finite on some rank) or a non-finite ``norm`` (the same on every rank:
         it is computed from the synchronised gradients) drops the update; the handle's fp16 scaler
         keeps its own overflow handling."""
         optimizer, scaler = handle.optimizer, handle.scaler
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        params = [p for p in handle.module.parameters() if p.grad is not None]
-        norm = float(self.clip_grads(params, max_grad_norm)) if params else 0.0
         if scaler is not None:
             if not skip:
                 scaler.step(optimizer)  # skips by itself when the unscaled grads overflow
@@ -275,8 +280,10 @@ class Strategy(ABC):
 
     def clip_grads(self, params: list[torch.Tensor], max_grad_norm: float) -> torch.Tensor:
         """Global gradient norm of ``params``, clipping to ``max_grad_norm`` when it is > 0."""
-        limit = max_grad_norm if max_grad_norm > 0 else float("inf")
-        return torch.nn.utils.clip_grad_norm_(params, limit)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        if max_grad_norm > 0:  # on the device: a clip coefficient clamped to 1, no read-back
+            torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, norm)
+        return norm
 
     # ------------------------------------------------------------------ saving
     def save_model(self, handle: Handle, out_dir: Path, tokenizer: Any = None) -> None:

@@ -191,7 +191,10 @@ class DeepSpeedStrategy(Strategy):
         # each handle's engine runs its own fp16 loss scaler, as the other engines' handles do
         return bool(self.ds_config.get("fp16", {}).get("enabled"))
 
-    def step(self, handle: Handle, max_grad_norm: float, *, skip: bool = False) -> float:
+    def clip(self, handle: Handle, max_grad_norm: float) -> None:
+        return None  # the engine clips inside its step (gradient_clipping in its config)
+
+    def finish_step(self, handle: Handle, norm: float, *, skip: bool = False) -> float:
         engine = handle.engine
         if skip:  # a non-finite loss on some rank: drop this step's gradients instead of stepping
             self._drop_gradients(engine)
