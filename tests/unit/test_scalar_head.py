@@ -23,8 +23,11 @@ def test_last_positions_right_left_and_packed() -> None:
     assert last_positions(seq_index_from_attention_mask(left), 3).tolist() == [3, 7, 11]
     packed = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2]])
     assert last_positions(packed, 3).tolist() == [2, 4, 8]
-    with pytest.raises(ValueError, match="no token"):
-        last_positions(packed, 4)
+    # no device read to check it: a sequence without a position is -1, and the collator refuses one on the host
+    assert last_positions(packed, 4).tolist() == [2, 4, 8, -1]
+    for packing in (False, True):
+        with pytest.raises(ValueError, match="example 1 of the micro-batch has no tokens"):
+            TokenCollator(0, packed=packing)([{"input_ids": [5], "labels": [5]}, {"input_ids": [], "labels": []}])
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,10 @@
 Both layouts yield ``targets`` already shifted per example (``targets[t]`` is the token the
 model must predict after position t, or IGNORE_INDEX), so a packed row never asks the last
 token of one example to predict the first token of the next.
+
+A packed row also carries its example boundaries as model inputs, computed here on the host once per
+batch (:func:`packed_boundaries`), so no layer has to ask the device where the examples start (a GPU
+would wait for the host at every such question).
 """
 
 from __future__ import annotations
@@ -15,6 +19,24 @@ import torch
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.batch import Batch
 
+#: Model-input names of a packed row's boundaries. ``cu_seq_lens_q/k`` (int32 ``(S+1,)``, moved to the device
+#: with the batch) and ``max_length_q/k`` (ints) are transformers' own names: its flash-attention integration
+#: reads them from the forward's ``**kwargs``. ``packed_seq_lens`` (a tuple of ints) stays on the host
+#: (``Batch.to`` moves tensors only) for kernels that split the row in Python (``models.attention``).
+CU_SEQ_LENS_Q, CU_SEQ_LENS_K = "cu_seq_lens_q", "cu_seq_lens_k"
+MAX_LENGTH_Q, MAX_LENGTH_K = "max_length_q", "max_length_k"
+PACKED_SEQ_LENS = "packed_seq_lens"
+PACKED_KEYS = (CU_SEQ_LENS_Q, CU_SEQ_LENS_K, MAX_LENGTH_Q, MAX_LENGTH_K, PACKED_SEQ_LENS)
+
+
+def packed_boundaries(lengths: list[int]) -> dict[str, Any]:
+    """The model inputs that describe one packed row of examples of ``lengths`` tokens (:data:`PACKED_KEYS`)."""
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=cu[1:])
+    longest = max(lengths)
+    return {CU_SEQ_LENS_Q: cu, CU_SEQ_LENS_K: cu, MAX_LENGTH_Q: longest, MAX_LENGTH_K: longest,
+            PACKED_SEQ_LENS: tuple(lengths)}
+
 
 def shift_labels(labels: list[int]) -> list[int]:
     """targets[t] = labels[t+1]; the last position predicts nothing."""
@@ -26,14 +48,19 @@ class TokenCollator:
     """Collates examples ``{"input_ids": [...], "labels": [...]}`` (plus optional per-example extras).
 
     ``packed=True`` concatenates the micro-batch into one row (B=1) with ``position_ids`` that
-    restart at 0 for every example; transformers builds a block-diagonal causal mask from them,
-    so no token attends across examples and no compute is spent on padding.
+    restart at 0 for every example, and the row's boundaries (:func:`packed_boundaries`): the attention
+    kernels (``models.attention``) attend within each example only, and no compute is spent on padding.
     """
 
     pad_token_id: int
     packed: bool = False
 
     def __call__(self, examples: list[dict[str, Any]]) -> Batch:
+        # every sequence holds a position, checked here on the host: per-sequence reads on the device
+        # (ops.segments.last_positions) rely on it instead of asking the device
+        empty = next((i for i, e in enumerate(examples) if not e["input_ids"]), None)
+        if empty is not None:
+            raise ValueError(f"TokenCollator: example {empty} of the micro-batch has no tokens")
         if self.packed:
             return self._packed(examples)
         return self._padded(examples)
@@ -62,8 +89,9 @@ class TokenCollator:
             targets += shift_labels(e["labels"])
             pos += list(range(n))
             seq += [i] * n
-        return Batch({"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([pos])},
-                     {"targets": torch.tensor([targets]), "seq_index": torch.tensor([seq])})
+        inputs = {"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([pos]),
+                  **packed_boundaries([len(e["input_ids"]) for e in examples])}
+        return Batch(inputs, {"targets": torch.tensor([targets]), "seq_index": torch.tensor([seq])})
 
 
 def count_loss_tokens(batch: dict[str, torch.Tensor]) -> int:

@@ -20,6 +20,7 @@ from torch import nn
 
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.batch import Batch, model_inputs
+from alignkit.models.attention import packed_model_inputs
 from alignkit.models.loading import split_lm
 from alignkit.models.vlm import image_free_anchor
 from alignkit.ops.logprobs import chunked_token_logps
@@ -27,7 +28,10 @@ from alignkit.ops.segments import segment_sum
 
 def final_hidden(backbone: nn.Module, hf_model: nn.Module, input_ids: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor:
     """``(B, T, H)`` final hidden states of ``backbone`` (the model without its head), KV cache off; a VLM
-    batch without images keeps the trained projector in the backward (``models.vlm.image_free_anchor``)."""
+    batch without images keeps the trained projector in the backward (``models.vlm.image_free_anchor``). A packed
+    row skips transformers' mask creation where the model's attention reads the collator's boundaries instead
+    (``models.attention.packed_model_inputs``: no device read, no (T, T) mask)."""
+    inputs = packed_model_inputs(hf_model, inputs, input_ids.device)
     out = backbone(input_ids=input_ids, use_cache=False, **inputs)
     hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
     anchor = image_free_anchor(hf_model, inputs, input_ids.device)

@@ -24,16 +24,16 @@ def last_positions(seq_index: Tensor, num_seqs: int) -> Tensor:
     """Flat index (into ``seq_index.reshape(-1)``) of the last position of every sequence, ``(S,)``.
 
     "Last" is the largest flat position carrying the sequence's id, i.e. its last non-pad token,
-    whichever side the padding is on. Raises if a sequence has no position at all.
+    whichever side the padding is on. Every sequence must hold a position: the collators check that on
+    the host (``data.collate.TokenCollator``), so nothing here reads the device (no boolean indexing, no
+    check of the result; a sequence without a position would get -1): padding goes to a spare slot S that
+    is dropped.
     """
     flat = seq_index.reshape(-1)
-    keep = flat >= 0
+    slot = torch.where(flat >= 0, flat, num_seqs)
     pos = torch.arange(flat.numel(), device=flat.device)
-    out = torch.full((num_seqs,), -1, dtype=torch.long, device=flat.device)
-    out = out.scatter_reduce(0, flat[keep], pos[keep], reduce="amax", include_self=True)
-    if bool((out < 0).any()):
-        raise ValueError(f"last_positions: some of the {num_seqs} sequences have no token in seq_index")
-    return out
+    out = torch.full((num_seqs + 1,), -1, dtype=torch.long, device=flat.device)
+    return out.scatter_reduce(0, slot, pos, reduce="amax", include_self=True)[:num_seqs]
 
 
 def segment_sum(values: Tensor, segment_ids: Tensor, num_segments: int) -> Tensor:
