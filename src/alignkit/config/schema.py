@@ -51,7 +51,14 @@ class ModelConfig:
         "auto", "Compute dtype: auto = bf16 if the GPU supports it, else fp16; fp32 on CPU."
     )
     gradient_checkpointing: bool = f(False, "Recompute activations in backward to save memory.")
-    attn_implementation: Optional[str] = f("sdpa", "Attention kernel passed to from_pretrained.")
+    attn_implementation: Optional[str] = f(
+        "auto", "Attention kernel. auto (or sdpa): PyTorch SDPA for padded batches; a packed row (data.packing, "
+        "DPO/reward pairs) attends within each example through flash-attention's varlen kernel when flash_attn is "
+        "installed (CUDA, bf16/fp16), else torch's varlen_attn where torch has it, else one SDPA call per example "
+        "(the CPU's fastest); the start-up log names the kernel. Any other value (eager, flash_attention_2, ...) is "
+        "passed to from_pretrained as is; flash_attention_2 without flash_attn or on a CPU is an error before any "
+        "model loads."
+    )
     trust_remote_code: bool = f(False, "Allow model code from the hub/local dir to run. Off by default.")
     lora: Optional[LoraConfig] = f(None, "LoRA adapters through peft; null = full fine-tuning.")
     ref_name_or_path: Optional[str] = f(None, "Reference model for DPO/PPO; defaults to the policy start.")

@@ -63,12 +63,19 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
 
 def attention_for(requested: str) -> str:
-    """``sdpa`` becomes ``sdpa_packed``: identical except that packed rows attend per example."""
-    if requested == "sdpa":
-        from alignkit.models.attention import register
+    """``auto`` and ``sdpa`` become ``sdpa_packed``: SDPA, except that a packed row attends within each example
+    through a varlen kernel or per example (models.attention); a kernel that is not installed is a ConfigError."""
+    from alignkit.models.attention import resolve
 
-        return register()
-    return requested
+    return resolve(requested)  # type: ignore[return-value]
+
+
+def plain_attention(requested: str | None) -> str | None:
+    """What transformers itself is given for parts that never see packed rows: ``auto`` is its ``sdpa``."""
+    from alignkit.models.attention import PACKED_CHOICES, check_installed
+
+    check_installed(requested)
+    return "sdpa" if requested in PACKED_CHOICES else requested
 
 
 def load_causal_lm(
@@ -108,8 +115,10 @@ def vlm_attention(requested: str | None, trust_remote_code: bool, source: str) -
     ``sdpa_packed`` attends per example instead of over a (T, T) block mask of the whole row (2.3x
     faster on a packed shapes micro-batch of 16 rows); the vision tower and the other parts keep the
     requested kernel. transformers takes a dict keyed by sub-config (``text_config``)."""
-    if requested != "sdpa":
-        return requested
+    from alignkit.models.attention import PACKED_CHOICES
+
+    if requested not in PACKED_CHOICES:
+        return plain_attention(requested)
     from transformers import AutoConfig
 
     from alignkit.models.adapters import adapter_base, is_adapter_dir
@@ -117,8 +126,9 @@ def vlm_attention(requested: str | None, trust_remote_code: bool, source: str) -
     config = AutoConfig.from_pretrained(adapter_base(source) if is_adapter_dir(source) else source,
                                         trust_remote_code=trust_remote_code)
     if "text_config" not in getattr(config, "sub_configs", {}):
-        return requested
-    return {"": requested, **{k: requested for k in config.sub_configs}, "text_config": attention_for(requested)}
+        return plain_attention(requested)
+    plain = plain_attention(requested)
+    return {"": plain, **{k: plain for k in config.sub_configs}, "text_config": attention_for(requested)}
 
 
 def _for_training(auto_class: Any, cfg: ModelConfig, name_or_path: str | None, dtype: torch.dtype, trainable: bool,

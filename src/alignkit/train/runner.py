@@ -34,7 +34,7 @@ from alignkit.distributed.strategy import build_strategy
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.errors import ConfigError
 from alignkit.logging import RunLogger, scrub, setup_console
-from alignkit.models import fused
+from alignkit.models import attention, fused
 from alignkit.models.loading import count_parameters
 from alignkit.models.kinds import KINDS
 from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
@@ -83,6 +83,8 @@ class Session:
             # Adam's second moments and tiny gradients drift into subnormal floats, which x86 CPUs
             # process ~100x slower: measured 2 s -> 6 s per step on the tiny model. Flush them to 0.
             torch.set_flush_denormal(True)
+        # flash_attention_2 without flash_attn or off CUDA: one line, before any model loads
+        attention.check_installed(cfg.model.attn_implementation, strategy.device)
         checked = {}
         if env.is_distributed:  # every rank reachable, same versions and decision, before any model is built
             checked = preflight(strategy.backend, plan.strategy, cfg.distributed.preflight_timeout_s)
@@ -101,6 +103,8 @@ class Session:
                         f"{checked['transformers']}, alignkit {checked['alignkit']} and strategy match")
         logger.info(f"Strategy: {plan.strategy} ({plan.reason}); device={self.strategy.device.type}; "
                     f"algorithm={self.cfg.algorithm}")
+        if any(spec.kind != "diffusion" for spec in self.workload.specs):  # a diffusion model has its own attention
+            logger.info(attention.describe(self.cfg.model.attn_implementation, self.strategy.device))
 
     def build_models(self, *, train: bool = True, logger: RunLogger | None = None) -> Models:
         t = self.cfg.training
