@@ -262,9 +262,14 @@ class Window:
         sums, tokens = reduce_sums(self.local, self.local_tokens)
         sums.merge(self.sums)
         elapsed = max(time.perf_counter() - self.start, 1e-9)
-        mem = comm.all_reduce_max(torch.tensor(peak_memory_mb(strategy.device.type)).to(strategy.device)).item()
-        return {"loss": sum(self.losses) / max(1, len(self.losses)), "tokens_per_s": float(tokens) / elapsed,
-                "peak_mem_mb": mem, **sums.means()}
+        mem = comm.all_reduce_max(torch.tensor(peak_memory_mb(strategy.device.type), dtype=torch.float64,
+                                                device=strategy.device))
+        sums.add(" tokens", tokens, 1)  # read back with the metrics: one transfer for the whole log line
+        sums.add(" peak_mem_mb", mem, 1)
+        means = sums.means()
+        tokens, mem = means.pop(" tokens"), means.pop(" peak_mem_mb")
+        return {"loss": sum(self.losses) / max(1, len(self.losses)), "tokens_per_s": tokens / elapsed,
+                "peak_mem_mb": mem, **means}
 
 
 def log_window(log: RunLogger, strategy: Strategy, window: Window, state: TrainState, epoch: float, lr: float,
