@@ -73,3 +73,19 @@ def test_sde_sampler_log_probs_score_again_and_the_lora_base_is_the_reference(mi
         base_mean = step_at(flow, 1)[1]
     assert not torch.allclose(moved_logp, traj.logps[:, 1], atol=1e-4)
     assert not torch.allclose(moved_mean, base_mean, atol=1e-4)
+
+
+def test_the_timestep_stays_float32_under_a_bf16_transformer() -> None:
+    """Issue 39.1: latents go to the text embeddings' dtype (bf16), the timestep does not (diffusers' SD3
+    pipeline and flow_grpo pass fp32 timesteps): bf16 would round 913.35 to 916."""
+    seen = []
+
+    def module(latents, t, embeds, pooled):
+        seen.append(t)
+        return latents
+
+    cond = Conditioning(torch.zeros(2, 3, 4, dtype=torch.bfloat16), torch.zeros(2, 5, dtype=torch.bfloat16))
+    sigma = torch.tensor([0.91335, 0.85769])
+    velocity(module, torch.zeros(2, 4, 2, 2), sigma, cond, guidance=1.0, scale=1000.0)
+    assert seen[0].dtype == torch.float32
+    torch.testing.assert_close(seen[0], sigma * 1000.0)

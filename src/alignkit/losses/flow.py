@@ -52,7 +52,8 @@ def flow_grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, *, clip_r
     * rho = exp(logp - old_logp); policy term = max(-A rho, -A clip(rho, 1 - clip_range, 1 + clip_range));
     * KL term (``beta`` > 0, with ``mean`` / ``ref_mean`` ``(B, ...)`` the SDE step's mean under the policy and
       under the reference, and ``std_t`` ``(B,)``): mean_elements((mean - ref_mean)^2) / (2 std_t^2), flow_grpo's
-      form (the Gaussian KL of the transition is this times -dt: the noise scale, not the transition's std);
+      form: this term equals the Gaussian KL of the transition times (-dt), since the transition's variance is
+      std_t^2 (-dt) (std_t is the noise scale, not the transition's std);
     * loss = sum over the pairs of (policy + beta KL) / ``normalizer`` (pairs of the WHOLE optimizer step / dp_size).
 
     Returns the loss and ``(B,)`` detached per-pair values: ``policy``, ``kl`` (zeros without a reference),

@@ -60,7 +60,9 @@ def velocity(module: nn.Module, latents: Tensor, sigma: Tensor, cond: Conditioni
     unconditional half carries no gradient (flow_grpo's training forward). The latents enter in the text
     embeddings' dtype (the pipeline's); the velocity comes back in the transformer's."""
     latents = latents.to(cond.embeds.dtype)  # fp32 trajectories into a bf16 / fp16 transformer
-    t = sigma.to(latents) * scale
+    # the timestep stays fp32, as diffusers' SD3 pipeline and flow_grpo pass it (its sinusoidal embedding is
+    # computed in fp32): in bf16, 913.35 would become 916 and the model would be conditioned on another time
+    t = sigma.to(device=latents.device, dtype=torch.float32) * scale
     if guidance <= 1.0 or cond.neg_embeds is None:
         return module(latents, t, cond.embeds, cond.pooled)
     both = module(torch.cat([latents, latents]), torch.cat([t, t]), torch.cat([cond.neg_embeds, cond.embeds]),
