@@ -45,6 +45,8 @@ def layer_saved_bytes_per_token(inputs: MemoryInputs) -> int:
     d, p = inputs.policy, inputs.p
     h, i, q, kv = d.hidden, d.intermediate, d.n_heads * d.hd, d.n_kv_heads * d.hd
     full = inputs.lora_r is None
+    if inputs.autocast and full:
+        return _autocast_full_layer_bytes(inputs)
     targets = set() if full else set(inputs.lora_targets)
     lb = DTYPE_BYTES[inputs.lora_dtype]
     cast = not full and inputs.lora_dtype != inputs.param_dtype
@@ -59,6 +61,8 @@ def layer_saved_bytes_per_token(inputs: MemoryInputs) -> int:
         hits = sum(m in targets for m in mods)
         if not hits:
             return 0  # frozen linears need only their weight for the input gradient
+        if inputs.autocast:  # peft's fp32 cast of x is transient: lora_A's autocast copy (p bytes) is what it saves
+            return hits * (inputs.lora_r * p + p * in_features + (mask * in_features if drop else 0))
         per_hit = inputs.lora_r * lb  # lora_A output, saved by lora_B
         if drop:
             per_hit += (lb + mask) * in_features  # dropout output + its mask
@@ -79,6 +83,40 @@ def layer_saved_bytes_per_token(inputs: MemoryInputs) -> int:
             + input_saved(("o",), q, already_saved=True) + mlp)
 
 
+def _autocast_full_layer_bytes(inputs: MemoryInputs) -> int:
+    """Per token: a decoder layer of fp32 weights trained under autocast (alignkit's single / DDP GPU runs).
+
+    The residual stream stays fp32 (fp32 embedding + bf16 linear outputs promote to fp32), so each unfused
+    RMSNorm keeps its fp32 input ``4H``, its fp32 normalised tensor ``4H`` (the weight's grad) and ``rsqrt``;
+    every projection casts its input to the autocast dtype ``p`` itself (autocast caches casts of weights,
+    not of activations): ``3pH`` for q, k, v and ``2pH`` for gate, up. Attention: RoPE promotes q, k to fp32
+    (cos/sin follow the fp32 hidden states), SDPA casts them back (``pQ``, ``pK``), v ``pK``, its output
+    ``pQ`` (o_proj's input, the same storage) and logsumexp ``4 n_heads``. MLP: gate, SiLU, up outputs and
+    their product ``4pI``. (The per-example SDPA of packed rows that the H100 runs used concatenated the outputs,
+    one more ``pQ`` copy: ~2.6% of a layer at the Qwen2.5-0.5B shape, not counted; varlen kernels do not copy.)
+    Fused layers (models/fused.py): each norm keeps only its fp32 input; the MLP keeps gate, up and its input.
+    """
+    d, p = inputs.policy, inputs.p
+    h, i, q, kv = d.hidden, d.intermediate, d.n_heads * d.hd, d.n_kv_heads * d.hd
+    norms = 2 * (4 * h + (0 if inputs.fused_layers else 4 * h) + 4)
+    attn = 3 * p * h + p * (2 * q + 2 * kv) + 4 * d.n_heads
+    mlp = 2 * p * i + p * h if inputs.fused_layers else 2 * p * h + 4 * p * i
+    return norms + attn + mlp
+
+
+def lm_head_backward_bytes(inputs: MemoryInputs, tokens: int) -> int:
+    """The chunked LM head's backward transients at the start of backward (ops/logprobs.py): one chunk's
+    fp32 logits, ``logits - lse`` and its ``exp`` (``3 x 4 x rows x V``), the input's gradient ``pH`` per token,
+    and the head weight's gradient ``pVH`` when the head trains (full fine-tuning: tied or not, it is built in
+    the compute dtype, then cast to the fp32 ``.grad``)."""
+    d, p = inputs.policy, inputs.p
+    if not inputs.chunked_logits or d.head != "lm":
+        return 0
+    rows = min(inputs.logits_chunk_rows, tokens)
+    head_grad = p * d.vocab * d.hidden if inputs.lora_r is None else 0
+    return 3 * 4 * rows * d.vocab + p * d.hidden * tokens + head_grad
+
+
 def activation_breakdown(inputs: MemoryInputs) -> dict[str, int]:
     """Peak activation bytes on one device, by part; the peak is at the start of backward.
 
@@ -97,19 +135,27 @@ def activation_breakdown(inputs: MemoryInputs) -> dict[str, int]:
     per_layer = ACTIVATION_METHODS.get(inputs.activation)(inputs)
     full = inputs.lora_r is None
     if inputs.gradient_checkpointing:
-        layers = d.n_layers * p * d.hidden * n + per_layer * n
+        # each layer's checkpointed input (fp32 under autocast over fp32 weights: the residual stream)
+        res = 4 if inputs.autocast and full else p
+        layers = d.n_layers * res * d.hidden * n + per_layer * n
     else:
         layers = d.n_layers * per_layer * n
         if not full and inputs.activation == "llama":
             layers -= _first_layer_no_grad_bytes(inputs) * n
     # its input, + its output (the LM head's input) and, unfused, the normalised tensor when the norm / head train
     trained = (1 if inputs.fused_layers else 2) * p * d.hidden if full else 0
+    if inputs.autocast:  # fp32 input (+ fp32 normalised tensor when it trains); the chunked head keeps its p-cast input
+        trained = (0 if inputs.fused_layers or not full else 4 * d.hidden) + p * d.hidden
     final_norm = (_norm_input_bytes(inputs) * d.hidden + trained + 4) * n
     if d.head == "mmdit":
         layers, final_norm = _mmdit_ends(inputs, layers)
     v = 0 if inputs.chunked_logits or d.head != "lm" else d.vocab
+    head = lm_head_backward_bytes(inputs, n)
+    if inputs.gradient_checkpointing:
+        # the recomputed layer's set exists only in its own backward, after the head's transients are freed
+        head = max(0, head - per_layer * n)
     return {"layers": layers, "final_norm": final_norm, "logits": (p + 4) * v * n,
-            "logits_backward": 8 * v * n}
+            "logits_backward": 8 * v * n + head}
 
 
 def _mmdit_ends(inputs: MemoryInputs, layers: int) -> tuple[int, int]:
@@ -136,8 +182,10 @@ def _first_layer_no_grad_bytes(inputs: MemoryInputs) -> int:
 
 def _norm_input_bytes(inputs: MemoryInputs) -> int:
     """Bytes per element an RMSNorm keeps of its input: the fp32 upcast (transformers), or the input in its own
-    dtype (``fused_layers``)."""
-    return inputs.p if inputs.fused_layers else 4
+    dtype (``fused_layers``; fp32 under autocast over fp32 weights, whose residual stream is fp32)."""
+    if inputs.fused_layers and not (inputs.autocast and inputs.lora_r is None):
+        return inputs.p
+    return 4
 
 
 @ACTIVATION_METHODS.register("llama")

@@ -10,8 +10,8 @@ How alignkit's runs map onto the estimator:
   while autocast / FSDP mixed precision / DeepSpeed bf16 compute in the compute dtype, which the
   estimator counts as compute-dtype weights + an fp32 master copy (the same 16 bytes/param with AdamW).
 * optimizer: torch AdamW (train/optim.py), fp32 states; ``training.optimizer_impl: auto`` is counted as
-  foreach (a state-sized temporary at step time), the implementation of the sharding engines; the fused
-  one that ``auto`` picks under single/ddp has none, so those estimates err high by that temporary.
+  train/optim.py resolves it: fused (no step temporary) in the ddp column (single / DDP), foreach (a
+  state-sized temporary at step time) under the sharding engines.
 * ``training.fused_layers`` (models/fused.py) is counted where it applies: an explicit single, ddp or fsdp
   strategy; ``strategy: auto`` is counted unfused (it may pick deepspeed), high by what the fusion saves.
 * log-probs are computed in chunks (no ``(B, T, V)`` logits); the workload says how many sequences
@@ -178,13 +178,17 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
     trust = cfg.model.trust_remote_code
     first, *others = workload.trainable
     dtype = compute_dtype(cfg, device)
+    batch = resolve_batch(cfg, n_gpus)
     common: dict[str, Any] = dict(param_dtype=dtype, master_weights_fp32=dtype != "fp32", optimizer="adamw",
                                   optimizer_state_dtype="fp32",
-                                  optimizer_impl="foreach" if cfg.training.optimizer_impl == "auto"
-                                  else cfg.training.optimizer_impl,
+                                  optimizer_impl=cfg.training.optimizer_impl,
                                   gradient_checkpointing=cfg.model.gradient_checkpointing,
                                   fused_layers=fused_layers_on(cfg.training.fused_layers, cfg.distributed.strategy),
-                                  per_device_batch=resolve_batch(cfg, n_gpus).per_device, n_gpus=n_gpus, device=device)
+                                  per_device_batch=batch.per_device, n_gpus=n_gpus, device=device,
+                                  accumulation=batch.accumulation,
+                                  # FSDP's mixed precision and DeepSpeed cast the module itself: no fp32 residual
+                                  autocast=device == "cuda" and dtype != "fp32"
+                                  and cfg.distributed.strategy in ("auto", "single", "ddp"))
     images = {s.role: _image_inputs(cfg, workload, s, _kind_dims(s, trust), **common)
               for s in workload.trainable if s.kind == "diffusion" and not (s is first and policy is not None)}
     dims = policy or (images[first.role].policy if first.role in images else _kind_dims(first, trust))
@@ -219,9 +223,17 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
         seq_len=cfg.data.max_length,
         sequences_per_example=workload.sequences_per_example,
         chunked_logits=True,
+        logits_chunk_rows=first.chunk_size or _chunk_rows(dims.vocab, device),
         **shared,
         **common,
     )
+
+
+def _chunk_rows(vocab: int, device: str) -> int:
+    """The LM head's rows per chunk when the algorithm leaves it to memory: the op's own rule."""
+    from alignkit.ops.logprobs import chunk_rows
+
+    return chunk_rows(max(1, vocab), device)
 
 
 # --------------------------------------------------------------------------- device memory

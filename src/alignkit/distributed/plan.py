@@ -16,7 +16,10 @@ zero3 working set     gathered params of the current + prefetched unit and one u
                       unit (unit = max(decoder layer, embedding matrix)), zero3-family only.
 reference / frozen    ``n_params * bytes(param_dtype)``; sharded ``/n`` only with ``shard_frozen`` under
                       a strategy whose engine shards parameters (:data:`SHARDS_FROZEN`).
-activations           see :func:`activation_breakdown` (saved tensors of a Llama layer).
+activations           see :func:`activation_breakdown` (saved tensors of a Llama layer) for the largest
+                      micro-batch the run draws (``drawn_tokens``, read off its data by ``alignkit estimate``)
+                      or the worst case ``B x sequences x T``; ``autocast`` (the ddp column of a GPU run):
+                      fp32 weights under bf16 autocast, fp32 grads, fp32 residual stream.
 optimizer step temp   ``foreach`` (torch's CUDA default) materialises a state-sized tensor list
                       (``exp_avg_sq.sqrt()``); ``for_loop`` one parameter's worth; ``fused`` 0.
 overhead              CUDA context + allocator fragmentation, 1.5 GB on cuda, 0 on cpu.
@@ -35,6 +38,7 @@ under ``no_grad`` before the policy forward; their transient forward memory is n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -47,7 +51,8 @@ from alignkit.errors import ConfigError
 GB = 10**9
 GIB = 2**30
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 1, "sgd_no_momentum": 0}
-OPTIMIZER_IMPLS = ("fused", "foreach", "for_loop")
+#: "auto" is alignkit's training.optimizer_impl: fused AdamW under single / DDP, foreach under the sharding engines
+OPTIMIZER_IMPLS = ("fused", "foreach", "for_loop", "auto")
 REFERENCE_KINDS = ("none", "model", "lora_base", "precomputed")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 CUDA_OVERHEAD_BYTES = int(1.5e9)
@@ -109,6 +114,13 @@ class MemoryInputs:
     overhead_bytes: int | None = None  # None -> CUDA_OVERHEAD_BYTES on cuda, 0 on cpu
     process_baseline_bytes: int = 0  # cpu: RSS of python + torch + transformers before model build
     reserved_fraction: float = 0.0  # share of the device memory held outside the models (colocated vLLM engine)
+    #: fp32-held weights computed under autocast in param_dtype (alignkit's single / DDP runs on a GPU): full
+    #: fine-tuning keeps an fp32 residual stream and fp32 grads; a LoRA base is held in param_dtype
+    autocast: bool = False
+    logits_chunk_rows: int = 1024  # rows per chunk of the chunked LM head (ops.logprobs.chunk_rows)
+    #: tokens of the largest micro-batch the run draws (all its sequences), read off its data; None = worst case
+    drawn_tokens: int | None = None
+    accumulation: int = 1  # gradient_accumulation_steps: >1 keeps gradients alive across micro-batches
 
     def __post_init__(self) -> None:
         _check(self.param_dtype, list(DTYPE_BYTES), "param_dtype")
@@ -140,7 +152,12 @@ class MemoryInputs:
 
     @property
     def tokens(self) -> int:
-        """Tokens in one micro-batch on one device: ``B * sequences_per_example * T``."""
+        """Tokens in one micro-batch on one device: the largest drawn one when known, else the worst case."""
+        return self.worst_case_tokens if self.drawn_tokens is None else min(self.drawn_tokens, self.worst_case_tokens)
+
+    @property
+    def worst_case_tokens(self) -> int:
+        """``B * sequences_per_example * T``: every sequence at ``max_length``."""
         return self.per_device_batch * self.sequences_per_example * self.seq_len
 
     @property
@@ -179,6 +196,8 @@ class MemoryEstimate:
 def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
     """Per-GPU memory of ``inputs`` under ``strategy`` (see the module docstring for the rules)."""
     _check(strategy, STRATEGIES, "strategy")
+    if inputs.autocast and strategy != "ddp":  # DeepSpeed and FSDP's mixed precision cast the module itself
+        inputs = dataclasses.replace(inputs, autocast=False)
     shard_opt, shard_grads, shard_params, offload = _SHARDING[strategy]
     n, p, d = inputs.n_gpus, inputs.p, inputs.policy
     lora = inputs.lora_r is not None
@@ -190,7 +209,9 @@ def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
 
     weights = d.n_params * p + (n_train * tb if lora else 0)
     master = n_train * 4 if inputs.master_weights_fp32 and tb != 4 else 0
-    grads = n_train * (4 if offload else tb)
+    # under autocast the trained weights are fp32 leaves: their .grad is fp32 (the compute-dtype copies are
+    # the "policy weights" row, held from forward to backward)
+    grads = n_train * (4 if offload or inputs.autocast else tb)
     states = n_train * OPTIMIZER_STATES[inputs.optimizer] * DTYPE_BYTES[inputs.optimizer_state_dtype]
     host = {
         "policy weights": split(weights, shard_params),
@@ -212,18 +233,30 @@ def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
     gpu["frozen pipeline parts"] = sum(m.frozen_parts for m in (d, *inputs.extra_trainable)) * p
     gpu["activations"] = activation_bytes(inputs) + inputs.extra_activation_bytes
     step_temp = 0
-    if not offload and inputs.optimizer_impl == "foreach" and OPTIMIZER_STATES[inputs.optimizer]:
+    impl = inputs.optimizer_impl if inputs.optimizer_impl != "auto" else ("fused" if strategy == "ddp" else "foreach")
+    if not offload and impl == "foreach" and OPTIMIZER_STATES[inputs.optimizer]:
         step_temp = split(n_train * DTYPE_BYTES[inputs.optimizer_state_dtype], shard_opt)
-    elif not offload and inputs.optimizer_impl == "for_loop":  # one parameter's temporary at a time
+    elif not offload and impl == "for_loop":  # one parameter's temporary at a time
         biggest = inputs.lora_r * max(map(sum, d.linear_shapes().values())) if lora else max(
             d.vocab * d.hidden, d.hidden * d.intermediate)
         step_temp = biggest * DTYPE_BYTES[inputs.optimizer_state_dtype]
     gpu["optimizer step temp"] = step_temp
+    if grads_transient(inputs, strategy):  # set_to_none between steps: grads live from backward to the step
+        gpu["optimizer step temp"] += gpu.pop("gradients")
     overhead = inputs.overhead_bytes
     gpu["overhead"] = (CUDA_OVERHEAD_BYTES if inputs.device == "cuda" else 0) if overhead is None else overhead
     if inputs.device == "cpu":
         gpu["process baseline"] = inputs.process_baseline_bytes
     return MemoryEstimate(strategy, gpu, host if offload else {})
+
+
+def grads_transient(inputs: MemoryInputs, strategy: str) -> bool:
+    """True where no engine holds gradient buffers: one CUDA device without DDP (alignkit's single strategy,
+    ``zero_grad(set_to_none=True)``) and no accumulation. The gradients then appear layer by layer as backward
+    frees the activations, so the peak is the larger of the start of backward (activations + the LM head's
+    backward, :func:`~alignkit.distributed.activations.lm_head_backward_bytes`) and the optimizer step (gradients + its temporaries). CPU runs keep the persistent count (their
+    RSS calibration)."""
+    return strategy == "ddp" and inputs.n_gpus == 1 and inputs.accumulation == 1 and inputs.device == "cuda"
 
 
 def _extra_trainable_bytes(inputs: MemoryInputs, split: Any, shard_params: bool, shard_opt: bool,
@@ -322,15 +355,19 @@ _ROWS = ("policy weights", "master weights (fp32)", "gradients", "optimizer stat
 
 
 def format_table(inputs: MemoryInputs, estimates: dict[str, MemoryEstimate],
-                 device_memory_bytes: int | None = None, headroom: float = 0.9) -> str:
-    """Plain-text table: a row per component, a column per strategy, GB = 1e9 bytes."""
+                 device_memory_bytes: int | None = None, headroom: float = 0.9,
+                 worst_case: dict[str, MemoryEstimate] | None = None) -> str:
+    """Plain-text table: a row per component, a column per strategy, GB = 1e9 bytes. ``worst_case``: the same
+    estimates at ``per_device_batch x max_length`` tokens, shown as two more rows when ``estimates`` were sized
+    from the run's largest drawn micro-batch."""
     cols = list(estimates)
     d = inputs.policy
     mode = f"LoRA r={inputs.lora_r} {'+'.join(inputs.lora_targets)}" if inputs.lora_r else "full"
     lines = [f"per-GPU memory in GB (1 GB = 1e9 bytes); policy {d.n_params / 1e9:.2f}B {mode}, "
              f"{inputs.param_dtype}{' + fp32 master' if inputs.master_weights_fp32 else ''}, "
              f"{inputs.optimizer} ({inputs.optimizer_state_dtype} states), n_gpus={inputs.n_gpus}, "
-             f"tokens/micro-batch={inputs.tokens}, GC={'on' if inputs.gradient_checkpointing else 'off'}"]
+             f"tokens/micro-batch={inputs.tokens}" + ("" if worst_case is None else " (largest drawn)")
+             + f", GC={'on' if inputs.gradient_checkpointing else 'off'}"]
     width = max(22, *(len(c) + 2 for c in cols))
     fmt = lambda label, vals: f"{label:<24}" + "".join(f"{v:>{width}}" for v in vals)  # noqa: E731
     lines.append(fmt("component", cols))
@@ -339,6 +376,10 @@ def format_table(inputs: MemoryInputs, estimates: dict[str, MemoryEstimate],
             lines.append(fmt(row, [f"{e.gpu[row] / GB:.1f}" if row in e.gpu else "-"
                                    for e in estimates.values()]))
     lines.append(fmt("total", [f"{e.total / GB:.1f}" for e in estimates.values()]))
+    if worst_case is not None:
+        label = f"worst case ({inputs.worst_case_tokens} tok)"
+        lines.append(fmt("  activations", [f"{worst_case[c].gpu['activations'] / GB:.1f}" for c in cols]))
+        lines.append(fmt(f"  {label}"[:24], [f"{worst_case[c].total / GB:.1f}" for c in cols]))
     if any(e.cpu for e in estimates.values()):
         lines.append(fmt("host RAM per rank", [f"{e.cpu_total / GB:.1f}" if e.cpu else "-"
                                                for e in estimates.values()]))

@@ -20,6 +20,7 @@ from alignkit.distributed.plan import (
     parse_memory,
 )
 from alignkit.errors import ConfigError
+from alignkit.train.drawn_batches import drawn_batches
 
 TABLE_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero3_offload", "fsdp")
 HEADROOM = 0.9
@@ -45,15 +46,25 @@ def estimate_command(config: str, overrides: list[str], *, gpus: int | None = No
         raise ConfigError(f"--gpus must be >= 1, got {n}")
     inputs = memory_inputs(cfg, workload_of(cfg), n_gpus=n, device="cuda", policy=PRESETS[preset] if preset else None,
                            frozen=frozen or [])
+    drawn, why_not = drawn_batches(cfg, n) if preset is None else (None, "--preset: the run's data is not read")
+    if drawn is not None:
+        inputs = dataclasses.replace(inputs, drawn_tokens=drawn.tokens)
     memory = parse_memory(gpu_memory) if gpu_memory else None
     if memory is None:
         probed = probe_device_memory(env)
         memory = probed.bytes_per_rank if probed.device == "cuda" else None
     estimates = {s: estimate(inputs, s) for s in TABLE_STRATEGIES}
+    worst = ({s: estimate(dataclasses.replace(inputs, drawn_tokens=None), s) for s in TABLE_STRATEGIES}
+             if drawn is not None else None)
     lines = [f"# memory estimate: {config} (algorithm {cfg.algorithm}) on {n} GPU(s)"
              + (f" of {memory / GB:.1f} GB" if memory else ""),
              f"# {describe(inputs)}",
-             format_table(inputs, estimates, memory, HEADROOM)]
+             "# activations sized from " + (
+                 f"the largest micro-batch this run draws: {drawn.tokens} tokens ({drawn.micro_batches} micro-batches "
+                 f"of {drawn.examples} examples replayed, {'packed' if drawn.packed else 'padded'}); worst case "
+                 f"{inputs.worst_case_tokens} tokens beside it" if drawn is not None else
+                 f"the worst case, {inputs.worst_case_tokens} tokens per micro-batch ({why_not})"),
+             format_table(inputs, estimates, memory, HEADROOM, worst_case=worst)]
     setting = cfg.distributed.shard_frozen
     if inputs.shard_frozen and any(frozen_bytes(e) for e in estimates.values()):
         lines.append(f"frozen models counted sharded under {', '.join(s for s in estimates if s in SHARDS_FROZEN)}: "
