@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from alignkit.errors import ConfigError
-from alignkit.rollout.vllm_engine import VLLMEngine, merged_weights, requests_of
+from alignkit.rollout.vllm_engine import VLLMEngine, engine_dtype, merged_weights, requests_of
 
 
 def test_requests_group_consecutive_prompts_with_seeds_from_torch() -> None:
@@ -72,3 +72,13 @@ def test_the_weight_sync_sees_every_optimizer_step(impl: str) -> None:
     model(torch.randn(2, 4)).pow(2).sum().backward()
     opt.step()
     assert _fingerprint(model) != before
+
+
+def test_engine_dtype_follows_the_runs_compute_dtype() -> None:
+    """vllm.dtype auto: a bf16 run's fp32 master weights decode in bf16 (no fp32 GEMMs under bf16), an fp32 run
+    (the CPU's auto) in the parameters' dtype; an explicit value is kept."""
+    fp32, bf16 = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).bfloat16()
+    assert engine_dtype("auto", fp32, "bf16") == "bfloat16" and engine_dtype("auto", fp32, "fp16") == "float16"
+    assert engine_dtype("auto", fp32, "auto") == "float32"  # CPU: auto computes in fp32
+    assert engine_dtype("auto", bf16, "fp32") == "bfloat16"  # a bf16-held model stays bf16
+    assert engine_dtype("float32", fp32, "bf16") == "float32"

@@ -52,7 +52,9 @@ class VLLMConfig:
     max_model_len: int = f(0, "Longest prompt + completion the engine serves; 0 = data.max_length + "
                            "rollout.max_new_tokens.", ge=0)
     kv_cache_mb: int = f(256, "CPU: KV cache size in MiB (vLLM's CPU backend sizes it by bytes, not a share).", gt=0)
-    dtype: str = f("auto", "Engine dtype: auto = the policy's; float32 / bfloat16 / float16.")
+    dtype: str = f("auto", "Engine dtype: auto = the run's compute dtype where it is bf16 / fp16 (a bf16 run's fp32 "
+                   "master weights decode in bf16, as its autocast forward computes), else the policy's parameter "
+                   "dtype; float32 / bfloat16 / float16.")
     importance_sampling: bool = f(
         True, "Correct the loss for the mismatch between vLLM's and the trainer's sampling probabilities: each "
         "token's loss is weighted by pi_trainer / pi_vllm, truncated (TRL's vllm_importance_sampling_correction).")
@@ -137,11 +139,24 @@ def check_cpu_head_size(config: Any) -> None:
                           "hf, or a model with 64-wide heads (alignkit tiny-model --size micro64)")
 
 
-def _llm(model: nn.Module, tokenizer: Any, settings: VLLMConfig, max_model_len: int) -> Any:
+def engine_dtype(setting: str, model: nn.Module, run_dtype: str) -> str:
+    """vLLM's dtype name for ``vllm.dtype`` = ``setting``: as given, or for ``auto`` the run's compute dtype
+    (``model.dtype`` = ``run_dtype`` on the model's device) where it is half precision, else the parameters' own:
+    under bf16 the engine must not run fp32 GEMMs on the fp32 master weights."""
+    if setting != "auto":
+        return setting
+    from alignkit.distributed.strategy.base import pick_compute_dtype
+
+    param = next(model.parameters())
+    compute = pick_compute_dtype(run_dtype, param.device)
+    return str(compute if compute != torch.float32 else param.dtype).removeprefix("torch.")
+
+
+def _llm(model: nn.Module, tokenizer: Any, settings: VLLMConfig, max_model_len: int, run_dtype: str = "auto") -> Any:
     """The process's vLLM engine for ``model``'s architecture (built once: config + tokenizer written to a
-    temp dir, random weights that the first sync replaces)."""
+    temp dir, random weights that the first sync replaces); ``run_dtype``: the run's ``model.dtype``."""
     config = model.get_base_model().config if hasattr(model, "peft_config") else model.config
-    dtype = settings.dtype if settings.dtype != "auto" else str(next(model.parameters()).dtype).removeprefix("torch.")
+    dtype = engine_dtype(settings.dtype, model, run_dtype)
     device = next(model.parameters()).device
     key = json.dumps([config.to_json_string(), asdict(settings), max_model_len, dtype, str(device)], sort_keys=True)
     if key not in _LLMS:
@@ -209,10 +224,12 @@ def run_requests(llm: Any, requests: list[Request], params: dict[str, Any], prog
 class VLLMEngine:
     """vLLM behind the engine interface (module docstring): colocated, or the client of an ``alignkit vllm-serve``
     process (``settings.server_url``). ``settings``: the ``vllm:`` section; ``max_model_len``: the longest prompt +
-    completion (0: the section's value, else the model's own limit)."""
+    completion (0: the section's value, else the model's own limit); ``run_dtype``: the run's ``model.dtype``
+    (``vllm.dtype: auto`` follows its compute dtype)."""
 
-    def __init__(self, tokenizer: Any, settings: VLLMConfig | None = None, max_model_len: int = 0) -> None:
-        self.tokenizer, self.settings = tokenizer, settings or VLLMConfig()
+    def __init__(self, tokenizer: Any, settings: VLLMConfig | None = None, max_model_len: int = 0,
+                 run_dtype: str = "auto") -> None:
+        self.tokenizer, self.settings, self.run_dtype = tokenizer, settings or VLLMConfig(), run_dtype
         self.server = None
         if self.settings.server_url:
             from alignkit.rollout.vllm_server import Client
@@ -236,7 +253,7 @@ class VLLMEngine:
             raise ConfigError("vllm.server_url: one training process talks to a vLLM server here; with several "
                               "processes leave it empty (a colocated engine per rank)")
         return cls(tokenizer, cfg.section(VLLMConfig),
-                   cfg.data.max_length + cfg.section(RolloutConfig).max_new_tokens)
+                   cfg.data.max_length + cfg.section(RolloutConfig).max_new_tokens, cfg.model.dtype)
 
     def _wake(self, model: nn.Module, tags: list[str] | None) -> bool:
         """GPU sleep mode: wake the engine's ``tags`` memory (None: all); whether sleep mode is on."""
@@ -250,7 +267,7 @@ class VLLMEngine:
         push; whether it pushed. The first colocated call builds the engine."""
         if self.llm is None and self.server is None:
             limit = self.max_model_len or getattr(getattr(model, "config", None), "max_position_embeddings", 2048)
-            self.llm = _llm(model, self.tokenizer, self.settings, limit)
+            self.llm = _llm(model, self.tokenizer, self.settings, limit, self.run_dtype)
         mark = (id(self.llm), id(model), _fingerprint(model))
         if mark == self._synced:
             return False
