@@ -9,6 +9,7 @@ run; and, on CUDA (``gpu``), packed == padded in bf16 through whichever kernel `
 from __future__ import annotations
 
 import collections
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -136,12 +137,13 @@ def _reference_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: t
     assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k)
     bounds = cu_q.tolist()
     outs = [F.scaled_dot_product_attention(*(x[s:e].transpose(0, 1) for x in (q, k, v)), is_causal=True,
-                                           enable_gqa=gqa).transpose(0, 1) for s, e in zip(bounds[:-1], bounds[1:])]
+                                           enable_gqa=gqa).transpose(0, 1) for s, e in itertools.pairwise(bounds)]
     return torch.cat(outs)
 
 
 def _fake_torch_varlen(takes_gqa: bool) -> Any:
-    def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), **kw):  # type: ignore[no-untyped-def]
+    def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None,  # type: ignore[no-untyped-def]
+                    window_size=(-1, -1), **kw):
         assert window_size == (-1, 0) and max_q == max_k == max(LENGTHS) and q.is_contiguous()
         assert ("enable_gqa" in kw) == takes_gqa
         if not takes_gqa:
@@ -195,6 +197,21 @@ def test_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert attention.packed_kernel(cuda) == attention.PER_EXAMPLE
 
 
+def test_vlm_scorer_language_model_attends_packed(micro_llava: Path) -> None:
+    """A LLaVA reward model's language model reads the packed boundaries too (and gets the empty prepared mask),
+    its vision tower keeps transformers' SDPA."""
+    from alignkit.models.scalar import load_scalar_model
+
+    hf = load_scalar_model(ModelConfig(name_or_path=str(micro_llava)), trainable=False)
+    cfg = hf.config
+    assert (cfg.text_config._attn_implementation, cfg.vision_config._attn_implementation) == (attention.NAME, "sdpa")
+    assert attention.uses_packed_attention(hf)
+    inputs = attention.packed_model_inputs(hf, {"packed_seq_lens": (2, 3)}, torch.device("cpu"))
+    assert inputs["attention_mask"].shape == (1, 1, 5, 0)
+    padded = {"attention_mask": torch.ones(1, 5)}  # a padded batch (no lengths) keeps its own mask
+    assert attention.packed_model_inputs(hf, padded, torch.device("cpu")) is padded
+
+
 # ------------------------------------------------------------------ auto and the one-line errors
 def test_auto_is_the_default_and_names_its_kernel() -> None:
     from alignkit.models.loading import attention_for, plain_attention
@@ -203,7 +220,8 @@ def test_auto_is_the_default_and_names_its_kernel() -> None:
     assert attention_for("auto") == attention_for("sdpa") == attention.NAME
     assert attention_for("eager") == "eager" and plain_attention("auto") == "sdpa"
     line = attention.describe("auto", torch.device("cpu"))
-    assert line.startswith("Attention: sdpa_packed (model.attn_implementation=auto)") and "SDPA per example on cpu" in line
+    assert line.startswith("Attention: sdpa_packed (model.attn_implementation=auto)")
+    assert "SDPA per example on cpu" in line
     assert "transformers' own" in attention.describe("eager", torch.device("cpu"))
 
 
@@ -226,7 +244,7 @@ def test_start_up_log_names_the_attention(micro_model: Path, tmp_path: Path) -> 
 def test_flash_attention_2_that_cannot_run_is_one_line(micro_model: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """On a CPU, and without flash_attn on a GPU: a ConfigError of one line, before any model loads."""
-    import alignkit.train.runner as runner
+    from alignkit.train import runner
 
     monkeypatch.setattr(runner, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ConfigError, match=r"flash_attention_2 needs a CUDA GPU .* choose auto") as e:

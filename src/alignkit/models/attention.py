@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +37,7 @@ FLASH_ATTN, TORCH_VARLEN, PER_EXAMPLE = "flash_attn varlen", "torch varlen_attn"
 HALF = (torch.float16, torch.bfloat16)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def flash_varlen() -> Callable[..., torch.Tensor] | None:
     """flash-attention's ``flash_attn_varlen_func``, or None when the package is not installed."""
     if importlib.util.find_spec("flash_attn") is None:
@@ -48,7 +49,7 @@ def flash_varlen() -> Callable[..., torch.Tensor] | None:
     return flash_attn_varlen_func
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_varlen() -> tuple[Callable[..., torch.Tensor], bool] | None:
     """(``torch.nn.attention.varlen.varlen_attn``, whether it takes ``enable_gqa``), or None before torch has it."""
     try:
@@ -58,7 +59,7 @@ def torch_varlen() -> tuple[Callable[..., torch.Tensor], bool] | None:
     return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _flash_capable(index: int) -> bool:
     """Ampere or newer: what both varlen kernels need."""
     return torch.cuda.get_device_capability(index) >= (8, 0)

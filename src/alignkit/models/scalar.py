@@ -20,7 +20,7 @@ from torch import nn
 from alignkit.config.schema import ModelConfig
 from alignkit.errors import ModelError
 from alignkit.models.adapters import adapter_base, attach_adapter, is_adapter_dir
-from alignkit.models.loading import apply_lora, attention_for, enable_checkpointing, plain_attention, quiet_load_report
+from alignkit.models.loading import apply_lora, attention_for, enable_checkpointing, quiet_load_report, vlm_attention
 from alignkit.models.policy import final_hidden
 from alignkit.ops.segments import last_positions
 
@@ -95,9 +95,9 @@ def load_scalar_model(
     if vlm:
         register_llava_scorer()
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code, "num_labels": 1}
-    if cfg.attn_implementation:  # a VLM's packed rows: transformers' own masks (models.loading.load_vlm)
-        attn = plain_attention if vlm else attention_for
-        kwargs["attn_implementation"] = attn(cfg.attn_implementation)
+    if cfg.attn_implementation:  # a VLM: sdpa_packed for its language model alone (models.loading.vlm_attention)
+        kwargs["attn_implementation"] = (vlm_attention(cfg.attn_implementation, cfg.trust_remote_code, str(path))
+                                         if vlm else attention_for(cfg.attn_implementation))
     with quiet_load_report():
         model, info = AutoModelForSequenceClassification.from_pretrained(
             adapter_base(path) if adapter else path, output_loading_info=True, **kwargs
