@@ -134,6 +134,31 @@ def test_chunked_frozen_weight_lora_case():
     torch.testing.assert_close(hidden.grad, ref_h.grad, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_chunked_frozen_head_grad_in_forward(temperature, with_entropy):
+    """A frozen head (LoRA) computes the hidden states' gradient basis in the forward: same values and
+    gradients as the naive tempered log-softmax, ignored rows 0, float64 gradcheck; under no_grad it keeps
+    nothing of the kind (nothing to differentiate)."""
+    hidden, weight, b, targets = _inputs(11, 9, 4, torch.float64)
+    targets[[1, 6]] = IGNORE_INDEX
+    hidden.requires_grad_()
+    fn = lambda h: chunked_token_logps(h, weight, targets, bias=b, chunk_size=4, temperature=temperature,  # noqa: E731
+                                       with_entropy=with_entropy)
+    out = fn(hidden)
+    out = out[0] if with_entropy else out
+    keep = targets != IGNORE_INDEX
+    ref = torch.log_softmax((hidden @ weight.T + b) / temperature, -1).gather(-1, targets.clamp(min=0)[:, None])
+    ref = torch.where(keep, ref.squeeze(1), 0.0)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    upstream = torch.randn(11, dtype=torch.float64)
+    grad, = torch.autograd.grad((out * upstream).sum(), hidden)
+    grad_ref, = torch.autograd.grad((ref * upstream).sum(), hidden)
+    torch.testing.assert_close(grad, grad_ref, rtol=0, atol=1e-12)
+    assert torch.all(grad[~keep] == 0)
+    assert torch.autograd.gradcheck(lambda h: fn(h)[0] if with_entropy else fn(h), (hidden,))
+
+
 def test_chunked_frozen_hidden_trains_weight_only():
     hidden, weight, b, targets = _inputs(10, 9, 4, torch.float64)
     weight.requires_grad_()
@@ -208,7 +233,8 @@ def test_chunk_rows_by_memory():
 
 def test_auto_chunks_and_one_logits_recompute(monkeypatch):
     """chunk_size=0 takes chunk_rows' rows; forward + backward compute each chunk's logits twice (forward,
-    the one recompute in backward) plus one matmul each for grad hidden and grad weight."""
+    the one recompute in backward) plus one matmul each for grad hidden and grad weight; a frozen head none
+    in backward."""
     n, v, h = 20, 50, 4
     monkeypatch.setattr(logprobs, "CHUNK_BYTES_CPU", 8 * v * 4)  # 8 rows per chunk: 8 + 8 + 4
     hidden, weight, b, targets = _inputs(n, v, h, torch.float64)
@@ -224,6 +250,19 @@ def test_auto_chunks_and_one_logits_recompute(monkeypatch):
     grads = [s for op, s in rec.ops[forward_ops:] if op in mm and s[-1] == h]
     assert sorted(grads) == sorted([(8, h), (8, h), (4, h)] + [(v, h)] * 3)  # dL/dh per chunk, dL/dW accumulated
     torch.testing.assert_close(out, _naive(hidden, weight, targets, b), rtol=0, atol=1e-10)
+
+    # a frozen head (LoRA): per chunk one logits GEMM and one for the gradient basis, all in the forward
+    hidden = hidden.detach().requires_grad_()
+    weight, b = weight.detach(), b.detach()
+    with _ShapeRecorder() as rec:
+        out = chunked_token_logps(hidden, weight, targets, bias=b)
+        forward_ops = len(rec.ops)
+        out.sum().backward()
+    gemms = [(i < forward_ops, s) for i, (op, s) in enumerate(rec.ops) if op in mm]
+    assert gemms == [(True, (8, v)), (True, (8, h)), (True, (8, v)), (True, (8, h)), (True, (4, v)), (True, (4, h))]
+    with torch.no_grad(), _ShapeRecorder() as rec:  # a reference forward: the logits GEMMs only
+        chunked_token_logps(hidden, weight, targets, bias=b)
+    assert [s for op, s in rec.ops if op in mm] == [(8, v), (8, v), (4, v)]
 
 
 def test_shape_recorder_catches_the_naive_path():

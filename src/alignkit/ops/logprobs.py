@@ -154,7 +154,10 @@ class _ChunkedLinearLogps(torch.autograd.Function):
     """``log_softmax((hidden @ weight.T + bias) / T)[targets]`` without an (N, V) tensor, fwd or bwd.
 
     Saves only ``hidden``, ``weight``, ``bias``, the targets and one log-sum-exp per row; backward
-    recomputes each chunk's logits (one extra matmul per chunk, the price of the memory saving). The
+    recomputes each chunk's logits (one extra matmul per chunk, the price of the memory saving). With a frozen
+    head (``eager_grad_h``: LoRA, only ``hidden`` trains) there is nothing to recompute: the forward keeps the
+    ``(N, H)`` basis ``(onehot - softmax(z)) / T @ W`` of each row's gradient, and backward scales it by
+    ``grad_out`` (a row scale commutes with the matmul): 2 GEMMs per chunk in all instead of 3. The
     temperature divides each chunk's float32 logits (skipped at 1.0, so offline numbers are unchanged);
     with ``with_entropy`` the forward also returns each row's exact entropy of that softmax, computed from
     the same chunk (no gradient: a metric).
@@ -162,7 +165,7 @@ class _ChunkedLinearLogps(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int,
-                temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
+                temperature: float, with_entropy: bool, eager_grad_h: bool) -> tuple[Tensor, Tensor]:
         acc = _acc_dtype(hidden.dtype)
         valid = targets != IGNORE_INDEX
         safe = torch.where(valid, targets, torch.zeros_like(targets))
@@ -170,6 +173,7 @@ class _ChunkedLinearLogps(torch.autograd.Function):
         lse = torch.empty(n, dtype=acc, device=hidden.device)
         picked = torch.empty_like(lse)
         entropy = torch.zeros(n if with_entropy else 0, dtype=acc, device=hidden.device)
+        basis = torch.empty_like(hidden) if eager_grad_h else None
         # autocast was resolved by the caller; backward must recompute exactly these logits
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, n, chunk_size):
@@ -177,10 +181,15 @@ class _ChunkedLinearLogps(torch.autograd.Function):
                 logits = _chunk_logits(hidden[start:stop], weight, bias, acc, temperature)
                 lse[start:stop] = torch.logsumexp(logits, dim=-1)
                 picked[start:stop] = logits.gather(1, safe[start:stop, None]).squeeze(1)
-                if with_entropy:  # H = lse - sum_v p_v z_v  (p = softmax(z), z the tempered logits)
-                    p = torch.exp(logits - lse[start:stop, None])
+                if with_entropy or basis is not None:
+                    p = torch.exp(logits - lse[start:stop, None])  # softmax(z), z the tempered logits
+                if with_entropy:  # H = lse - sum_v p_v z_v
                     entropy[start:stop] = lse[start:stop] - (p * logits).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, safe, valid, lse)
+                if basis is not None:  # d log p(y) / d hidden = (onehot(y) - softmax(z)) / T @ W, in place on p
+                    p.neg_().scatter_add_(1, safe[start:stop, None], p.new_ones(stop - start, 1))
+                    basis[start:stop] = (p.div_(temperature) if temperature != 1.0 else p).to(hidden.dtype) @ weight
+        ctx.eager_grad_h = basis is not None
+        ctx.save_for_backward(*((basis, valid) if basis is not None else (hidden, weight, bias, safe, valid, lse)))
         ctx.chunk_size, ctx.temperature = chunk_size, temperature
         ctx.mark_non_differentiable(entropy)
         zero = torch.zeros_like(lse)
@@ -189,6 +198,10 @@ class _ChunkedLinearLogps(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: Tensor, _grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
+        if ctx.eager_grad_h:  # frozen head: the forward's basis, scaled per row
+            basis, valid = ctx.saved_tensors
+            g = torch.where(valid, grad_out.to(_acc_dtype(basis.dtype)), 0.0)
+            return (basis * g[:, None]).to(basis.dtype), None, None, None, None, None, None, None
         hidden, weight, bias, safe, valid, lse = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         g_all = torch.where(valid, grad_out.to(lse.dtype), torch.zeros_like(lse))
@@ -213,7 +226,7 @@ class _ChunkedLinearLogps(torch.autograd.Function):
                     grad_h[start:stop] = grad_logits @ weight
                 if grad_w is not None:
                     grad_w.addmm_(grad_logits.t(), h)
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, acc: torch.dtype, temperature: float) -> Tensor:
@@ -274,8 +287,11 @@ def chunked_token_logps(
     if not (hidden.dtype == weight.dtype and (bias is None or bias.dtype == weight.dtype)):
         raise ValueError(f"hidden ({hidden.dtype}), weight ({weight.dtype}) and bias must share one dtype")
     rows = chunk_size or chunk_rows(weight.shape[0], hidden.device)
+    # a frozen head under autograd (LoRA): the hidden states' gradient is computed in the forward, no recompute
+    frozen_head = not weight.requires_grad and (bias is None or not bias.requires_grad)
+    eager = torch.is_grad_enabled() and hidden.requires_grad and frozen_head
     flat, entropy = _ChunkedLinearLogps.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1),
-                                              rows, float(temperature), with_entropy)
+                                              rows, float(temperature), with_entropy, eager)
     if with_entropy:
         return flat.view(targets.shape), entropy.view(targets.shape)
     return flat.view(targets.shape)
