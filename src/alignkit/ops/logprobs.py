@@ -250,7 +250,8 @@ def chunked_token_logps(
 
     Peak extra memory is one ``(chunk_size, V)`` float32 chunk in forward and in backward; nothing of
     shape ``(N, V)`` is created or saved. Each chunk's logits are computed once in forward and once more in
-    backward (the one recompute), never kept. ``hidden`` and ``weight`` may each require grad or not (LoRA:
+    backward (the one recompute), never kept; with a frozen head (weight and bias without grad, hidden with)
+    not again: the hidden states' gradient is computed in the forward. ``hidden`` and ``weight`` may each require grad or not (LoRA:
     frozen head). Rows whose target is ``IGNORE_INDEX`` give 0 and get zero gradient (cheaper still:
     pass only the rows you need, ``hidden[mask]``).
 
