@@ -72,6 +72,23 @@ def test_a_new_field_is_never_a_model_input() -> None:
     batch.add_inputs({"pixel_values": torch.zeros(1, 3, 4, 4)})
     moved = batch.to(torch.device("cpu"))
     assert set(model_inputs(moved)) == {"input_ids", "pixel_values"} == set(model_inputs(batch))
-    assert set(moved.fields()) == {"targets", "advantages"}
+    # the targets' flat positions, computed on the host as the batch leaves it: a field too
+    assert set(moved.fields()) == {"targets", "advantages", "target_index"}
     with pytest.raises(TypeError, match="needs an alignkit Batch"):
         model_inputs({"input_ids": torch.ones(1, 2)})  # a plain dict cannot say which keys are inputs
+
+
+def test_a_batch_leaving_the_host_carries_its_target_positions() -> None:
+    """Batch.to adds the flat positions of the targets (computed on the host, where it costs no sync), and
+    at_targets picks with them what the boolean mask picks."""
+    from alignkit.constants import IGNORE_INDEX
+    from alignkit.data.batch import at_targets
+
+    targets = torch.tensor([[IGNORE_INDEX, 5, 6, IGNORE_INDEX], [7, IGNORE_INDEX, IGNORE_INDEX, 8]])
+    batch = Batch({"input_ids": torch.ones(2, 4, dtype=torch.long)}, {"targets": targets})
+    values = torch.arange(16.0).reshape(2, 4, 2)
+    by_mask = at_targets(batch, values)
+    moved = batch.to(torch.device("cpu"))
+    assert moved["target_index"].tolist() == [1, 2, 4, 7]
+    assert torch.equal(at_targets(moved, values), by_mask)
+    assert torch.equal(at_targets(moved, targets), torch.tensor([5, 6, 7, 8]))

@@ -13,6 +13,8 @@ from typing import Any, Mapping
 
 import torch
 
+from alignkit.constants import IGNORE_INDEX
+
 
 class Batch(dict):
     """A micro-batch: every tensor by name; :attr:`input_keys` are the model's inputs among them."""
@@ -55,6 +57,12 @@ class Batch(dict):
         return out
 
     def to(self, device: torch.device) -> "Batch":
+        """The batch on ``device``; a batch leaving the host first adds the flat positions of its targets
+        (``target_index``, a field), which the host computes at no cost and the device could only find with
+        a boolean mask, i.e. a sync (:func:`select_targets`)."""
+        targets = self.get("targets")
+        if isinstance(targets, torch.Tensor) and targets.device.type == "cpu" and "target_index" not in self:
+            self["target_index"] = (targets.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
         return self.map(lambda t: t.to(device, non_blocking=True))
 
     def __reduce__(self) -> Any:  # DataLoader workers pickle batches: keep the split
@@ -73,3 +81,17 @@ def model_inputs(batch: Batch) -> dict[str, Any]:
                         f"{type(batch).__name__} with keys {sorted(batch)}")
     return batch.model_inputs()
 
+
+
+def select_targets(x: torch.Tensor, targets: torch.Tensor, target_index: torch.Tensor | None) -> torch.Tensor:
+    """``x`` ``(B, T, ...)`` at the positions whose target is not IGNORE_INDEX, ``(N, ...)`` in row-major order:
+    an ``index_select`` of the host-computed ``target_index`` (:meth:`Batch.to`) when there is one; else a
+    boolean mask, whose size only the device knows (a host sync: for batches that never left the host)."""
+    if target_index is None:
+        return x[targets != IGNORE_INDEX]
+    return x.reshape(-1, *x.shape[2:]).index_select(0, target_index)
+
+
+def at_targets(batch: Batch | dict[str, Any], x: torch.Tensor) -> torch.Tensor:
+    """:func:`select_targets` with the batch's own targets and target index."""
+    return select_targets(x, batch["targets"], batch.get("target_index"))

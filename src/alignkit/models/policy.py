@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from alignkit.constants import IGNORE_INDEX
-from alignkit.data.batch import Batch, model_inputs
+from alignkit.data.batch import Batch, at_targets, model_inputs, select_targets
 from alignkit.models.attention import packed_model_inputs
 from alignkit.models.loading import split_lm
 from alignkit.models.vlm import image_free_anchor
@@ -46,13 +46,14 @@ class CausalLMLogps(nn.Module):
         self.chunk_size = chunk_size
 
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
-                with_entropy: bool = False, liger_nll: bool = False,
+                with_entropy: bool = False, liger_nll: bool = False, target_index: torch.Tensor | None = None,
                 **inputs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """log p(targets) at every position whose target is not IGNORE_INDEX, under ``softmax(logits / temperature)``.
 
         input_ids, targets: (B, T); ``inputs``: any other model inputs (attention_mask,
-        position_ids, pixel_values, ...). ``temperature`` and ``with_entropy`` are arguments of the call,
-        never batch inputs (1.0: the model's own distribution, as offline algorithms use it). Returns (N,)
+        position_ids, pixel_values, ...); ``target_index``: the batch's host-computed flat positions of the
+        targets (``Batch.to``), so picking them needs no boolean mask (a device sync). ``temperature`` and
+        ``with_entropy`` are arguments of the call, never batch inputs (1.0: the model's own distribution, as offline algorithms use it). Returns (N,)
         float32 in row-major order of those positions; with ``with_entropy`` also (N,) the exact entropy of
         the tempered next-token distribution at each of them (no gradient), from the same LM-head chunks.
         With ``liger_nll`` instead the scalar float32 sum of ``-log p(targets)`` through Liger-Kernel's fused
@@ -60,13 +61,13 @@ class CausalLMLogps(nn.Module):
         """
         backbone, head = split_lm(self.hf_model)
         hidden = final_hidden(backbone, self.hf_model, input_ids, inputs)  # (B, T, H)
-        keep = targets != IGNORE_INDEX
+        hidden, targets = (select_targets(x, targets, target_index) for x in (hidden, targets))
         if liger_nll:
             from alignkit.models.liger import liger_nll_sum
 
-            return liger_nll_sum(hidden[keep], head.weight, targets[keep], bias=getattr(head, "bias", None))
+            return liger_nll_sum(hidden, head.weight, targets, bias=getattr(head, "bias", None))
         return chunked_token_logps(
-            hidden[keep], head.weight, targets[keep], bias=getattr(head, "bias", None), chunk_size=self.chunk_size,
+            hidden, head.weight, targets, bias=getattr(head, "bias", None), chunk_size=self.chunk_size,
             temperature=temperature, with_entropy=with_entropy,
         )
 
@@ -75,18 +76,20 @@ def forward_logps(model: nn.Module, batch: Batch, *, temperature: float = 1.0,
                   with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``(N,)`` log-probs of the batch's targets (row-major over non-ignored positions) under ``logits /
     temperature``; with ``with_entropy`` the pair (log-probs, ``(N,)`` entropies) (``CausalLMLogps.forward``)."""
-    return model(targets=batch["targets"], temperature=temperature, with_entropy=with_entropy, **model_inputs(batch))
+    return model(targets=batch["targets"], temperature=temperature, with_entropy=with_entropy,
+                 target_index=batch.get("target_index"), **model_inputs(batch))
 
 
 def forward_liger_nll(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Scalar float32 sum of ``-log p`` over the batch's targets through Liger's fused head loss
     (``CausalLMLogps.forward`` with ``liger_nll``): what ``-forward_logps(model, batch).sum()`` computes."""
-    return model(targets=batch["targets"], liger_nll=True, **model_inputs(batch))
+    return model(targets=batch["targets"], liger_nll=True, target_index=batch.get("target_index"),
+                 **model_inputs(batch))
 
 
 def sequence_sums(token_logps: torch.Tensor, batch: Batch) -> torch.Tensor:
     """``(S,)`` sums of ``(N,)`` target log-probs per sequence (``seq_index``; S = ``len(response_lengths)``)."""
-    seq = batch["seq_index"][batch["targets"] != IGNORE_INDEX]
+    seq = at_targets(batch, batch["seq_index"])
     return segment_sum(token_logps, seq, int(batch["response_lengths"].shape[0]))
 
 
@@ -104,4 +107,5 @@ def token_values(model: nn.Module, batch: Batch) -> torch.Tensor:
     """``(N,)`` a scalar-head model's value at every target position (a PPO critic's V(s_t)), in the
     row-major order of :func:`forward_logps`."""
     return model(seq_index=batch["seq_index"], num_seqs=int(batch["response_lengths"].shape[0]),
-                 positions=batch["targets"] != IGNORE_INDEX, **model_inputs(batch))
+                 positions=batch["targets"] != IGNORE_INDEX, target_index=batch.get("target_index"),
+                 **model_inputs(batch))

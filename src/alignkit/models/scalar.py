@@ -47,18 +47,22 @@ class ScalarHeadModel(nn.Module):
         self.hf_model = hf_model
 
     def forward(self, input_ids: torch.Tensor, seq_index: torch.Tensor, num_seqs: int,
-                positions: torch.Tensor | None = None, **inputs: Any) -> torch.Tensor:
+                positions: torch.Tensor | None = None, target_index: torch.Tensor | None = None,
+                **inputs: Any) -> torch.Tensor:
         """Scores ``(S,)`` float32 of the S sequences in ``seq_index`` (``(B, T)``, -1 = pad);
         ``inputs``: any other model inputs (attention_mask, position_ids, pixel_values, ...).
 
         Only the S hidden states that are scored go through the head. With ``positions`` (a ``(B, T)``
         bool mask) the head scores every marked position instead, ``(N,)`` in row-major order: a PPO
-        critic's per-token values V(s_t), read where the policy predicts token t + 1.
+        critic's per-token values V(s_t), read where the policy predicts token t + 1; ``target_index``: the
+        same positions as flat indices computed on the host (no boolean mask, no sync).
         """
         backbone, head = split_scalar(self.hf_model)
         hidden = final_hidden(backbone, self.hf_model, input_ids, inputs)  # (B, T, H)
         if positions is not None:
-            return head(hidden[positions]).squeeze(-1).float()
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            picked = hidden[positions] if target_index is None else flat.index_select(0, target_index)
+            return head(picked).squeeze(-1).float()
         last = last_positions(seq_index, num_seqs)  # (S,)
         picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, last)  # (S, H)
         return head(picked).squeeze(-1).float()

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from alignkit.constants import IGNORE_INDEX
-from alignkit.data.batch import Batch
+from alignkit.data.batch import Batch, at_targets
 
 #: per-token fields a sample may carry (one float per completion token)
 TOKEN_FIELDS = ("old_logps", "ref_logps", "advantages", "returns", "values", "cost_advantages", "cost_returns",
@@ -61,12 +61,12 @@ def completion_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def flat(batch: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     """A per-token field as ``(N,)`` in the row-major order of ``forward_logps``."""
-    return batch[name][completion_mask(batch)]
+    return at_targets(batch, batch[name])
 
 
 def token_seq(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """``(N,)`` the sequence (row) of each completion token."""
-    return batch["seq_index"][completion_mask(batch)]
+    return at_targets(batch, batch["seq_index"])
 
 
 def per_sequence(values: torch.Tensor, batch: dict[str, torch.Tensor]) -> list[list[float]]:
