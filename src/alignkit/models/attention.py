@@ -183,9 +183,9 @@ def uses_packed_attention(model: torch.nn.Module) -> bool:
 
 def sdpa_mask_without_sync(*args: Any, **kwargs: Any) -> Any:
     """transformers' ``sdpa_mask``, minus its read-back: with a padding mask it asks the device whether the
-    mask is all ones (``_ignore_causal_mask_sdpa``: two host syncs per forward) to skip it. alignkit's
-    collators pass no ``attention_mask`` when a batch has no padding (the host knows), so a mask that is
-    given is built as it is, and a missing one still takes SDPA's ``is_causal`` path."""
+    mask is all ones (``_ignore_causal_mask_sdpa``: two host syncs per forward) to skip it. A padded batch
+    almost always has padding, so a given mask is built as it is (no question asked; a batch without padding
+    pays a mask it could have skipped), and a missing one still takes SDPA's ``is_causal`` path."""
     from transformers.masking_utils import sdpa_mask
 
     if kwargs.get("attention_mask") is not None:
