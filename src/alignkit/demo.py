@@ -58,7 +58,9 @@ def run_demo(output_dir: Path, *, max_steps: int | None = None, size: str = "mic
     if not (model_dir / "config.json").is_file():
         build_tiny_model(model_dir, size=size, seed=0)
         log.info(f"Built a random {size} Llama and its tokenizer in {model_dir}")
-    overrides = [f"output_dir={output_dir / 'sft'}", f"model.name_or_path={model_dir}"]
+    # a second demo moves the first one's run aside to sft.old-N (said in the log) instead of being refused
+    overrides = [f"output_dir={output_dir / 'sft'}", f"model.name_or_path={model_dir}",
+                 "checkpoint.overwrite_output_dir=true"]
     if max_steps is not None:
         overrides.append(f"training.max_steps={max_steps}")
     cfg = load_config(resource_path("demo_sft.yaml"), overrides)

@@ -277,6 +277,11 @@ class CheckpointConfig:
         "e.g. a DPO run from an SFT checkpoint; without it resuming a checkpoint of another algorithm, model or "
         "data is an error."
     )
+    overwrite_output_dir: bool = f(
+        False, "A new run (no resume_from, or resume_weights_only) into an output_dir that holds another run "
+        "(logged steps, checkpoints, a final model): false = refuse in one line; true = first rename that folder "
+        "to OUTPUT_DIR.old-N beside it (moved aside, nothing deleted: remove it yourself when not needed)."
+    )
     save_final: bool = f(True, "Write the final model to output_dir/final.")
     save_each_epoch: bool = f(False, "Also write the model at the end of every epoch to output_dir/epoch_N/ (Hugging "
                               "Face format; the adapter alone with LoRA), besides the step checkpoints.")

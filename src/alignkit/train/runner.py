@@ -44,6 +44,7 @@ from alignkit.train.checkpoint import resolve_resume, role_dir
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
 from alignkit.train.optim import build_optimizer, optimizer_impl
+from alignkit.train.output_dir import check_reuse
 from alignkit.train.run_plan import RunPlan, plan_run
 
 if TYPE_CHECKING:
@@ -280,7 +281,9 @@ def open_stream(cfg: RunConfig, algo: OfflineAlgorithm | OnlineAlgorithm, strate
 
 
 def run_train(cfg: RunConfig) -> TrainResult:
-    if read_env().is_main:  # only rank 0 writes
+    moved = None
+    if read_env().is_main:  # only rank 0 writes; another run's folder is refused (or moved aside) first
+        moved = check_reuse(cfg)
         check_output_dir(Path(cfg.output_dir))
     session = Session.start(cfg)
     strategy, algo = session.strategy, session.algo
@@ -288,6 +291,8 @@ def run_train(cfg: RunConfig) -> TrainResult:
     logger = RunLogger(is_main=strategy.is_main, output_dir=out, report_to=cfg.logging.report_to,
                        run_name=cfg.logging.run_name, wandb_project=cfg.logging.wandb_project,
                        progress_bar=cfg.logging.progress_bar, config=to_dict(cfg))
+    if moved:
+        logger.info(moved)
     session.announce(logger)
     if strategy.is_main:
         import yaml

@@ -1,0 +1,57 @@
+"""A newcomer's mistakes end in one line (issue 42 points 1-3): a new run into another run's output_dir,
+a model folder holding only a tokenizer, a LoRA target the model lacks, a text model given to flow_grpo,
+GRPO-family estimators with one generation per prompt."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import REPO, assert_ok, run_cli
+from tests.integration.test_bad_input_cli import one_error_line, train
+
+
+def steps(out: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_new_run_into_a_used_output_dir_is_refused_and_loses_nothing(sft_config: dict[str, Any],
+                                                                     tmp_path: Path) -> None:
+    out = Path(sft_config["output_dir"])
+    assert_ok(train(sft_config, tmp_path, training__max_steps=2, checkpoint__save_steps=1))
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert steps(out) == [1, 2]
+
+    line = one_error_line(train(sft_config, tmp_path))  # the same config again
+    assert re.search(rf"output_dir '{re.escape(str(out))}' holds a run of sft \(metrics\.jsonl, 2 checkpoints up to "
+                     r"checkpoint-2, latest\): resume with checkpoint\.resume_from=latest, or choose a new output_dir,"
+                     r" or set checkpoint\.overwrite_output_dir=true \(moves that run to .*/run\.old-1\)$", line), line
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+    dpo = train(sft_config, tmp_path, algorithm="dpo", data__train="builtin:pref_train.jsonl")
+    assert "holds a run of sft" in one_error_line(dpo)
+
+    # resuming is the same run going on
+    assert_ok(train(sft_config, tmp_path, training__max_steps=3, checkpoint__resume_from="latest"))
+    assert steps(out) == [1, 2, 3]
+
+    # the explicit overwrite moves the old run aside whole, and the new run logs from step 1 alone
+    proc = train(sft_config, tmp_path, checkpoint__overwrite_output_dir=True)
+    assert_ok(proc)
+    aside = tmp_path / "run.old-1"
+    assert f"moved the previous run (a run of sft) to {aside}" in proc.stderr
+    assert steps(aside) == [1, 2, 3] and (aside / "checkpoint-2").is_dir()
+    assert steps(out) == [1]
+
+
+def test_demo_runs_twice(tmp_path: Path) -> None:
+    """``alignkit demo`` twice into one folder: the second moves the first run aside instead of refusing."""
+    out = tmp_path / "demo"
+    args = ["demo", "--output-dir", str(out), "--size", "micro", "--max-steps", "1"]
+    assert_ok(run_cli(args))
+    proc = run_cli(args)
+    assert_ok(proc)
+    assert f"moved the previous run (a run of sft) to {out / 'sft.old-1'}" in proc.stderr
+    assert steps(out / "sft") == steps(out / "sft.old-1") == [1, 1]  # one run each: a train row and an eval row
