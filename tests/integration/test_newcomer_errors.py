@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import REPO, assert_ok, run_cli
 from tests.integration.test_bad_input_cli import one_error_line, train
 
@@ -55,3 +57,15 @@ def test_demo_runs_twice(tmp_path: Path) -> None:
     assert_ok(proc)
     assert f"moved the previous run (a run of sft) to {out / 'sft.old-1'}" in proc.stderr
     assert steps(out / "sft") == steps(out / "sft.old-1") == [1, 1]  # one run each: a train row and an eval row
+
+
+@pytest.mark.parametrize("algorithm,command", [("grpo", "validate"), ("rloo", "train"), ("dr_grpo", "validate")])
+def test_one_generation_per_prompt_is_refused_at_config_load(algorithm: str, command: str, micro_model: Path) -> None:
+    """Zero advantages, zero gradients, a run to the end that learns nothing: refused before anything loads."""
+    args = [command, str(REPO / "configs" / "grpo.yaml"), f"algorithm={algorithm}", f"model.name_or_path={micro_model}"]
+    line = one_error_line(run_cli([*args, "rollout.num_generations=1"]))
+    assert line == (f"alignkit: error: rollout.num_generations: 1 gives {algorithm} zero advantages (each completion "
+                    "is its own group's mean), so nothing would train; use 2 or more (e.g. 8), or algorithm: ppo, "
+                    "whose learned value baseline works with one completion per prompt"), line
+    if command == "validate":
+        assert_ok(run_cli([*args, "rollout.num_generations=2"]))

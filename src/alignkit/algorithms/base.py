@@ -129,6 +129,11 @@ class Algorithm(ABC):
         self.tokenizer = tokenizer
 
     @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        """Settings this algorithm cannot train with although each key is valid alone: raise a one-line
+        ``ConfigError``. Called at config load (so ``alignkit validate`` says it too), before anything is read."""
+
+    @classmethod
     def reserved_memory_fraction(cls, cfg: RunConfig) -> float:
         """Share of each accelerator's memory the run holds outside its models (a colocated rollout engine);
         the memory planner leaves it out of what the training state may use."""

@@ -31,6 +31,7 @@ from alignkit.algorithms.online import Aggregation, OnlineAlgorithm, RolloutConf
 from alignkit.algorithms.reward import RewardConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
+from alignkit.errors import ConfigError
 from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate
 from alignkit.models.roles import Models, ModelSpec
@@ -73,6 +74,15 @@ class GroupRelative(OnlineAlgorithm):
         self.reference = grpo_reference(cfg)
         self.aggregation = g.loss_aggregation if g.loss_aggregation != "auto" else (
             "constant" if self.estimator == "dr_grpo" else "sequence_mean")
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        """One completion per prompt is its own group's mean: every advantage is 0 (rloo: no other completion
+        to leave out), so a run would train nothing while reporting rewards."""
+        if cfg.section(RolloutConfig).num_generations < 2:
+            raise ConfigError(f"rollout.num_generations: 1 gives {cls.estimator} zero advantages (each completion is "
+                              "its own group's mean), so nothing would train; use 2 or more (e.g. 8), or algorithm: "
+                              "ppo, whose learned value baseline works with one completion per prompt")
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:

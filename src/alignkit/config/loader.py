@@ -278,6 +278,7 @@ def validate(cfg: RunConfig) -> None:
     rf = cfg.checkpoint.resume_from
     if rf not in (None, "latest") and not Path(rf).exists():
         raise ConfigError(f"checkpoint.resume_from: {rf!r} does not exist (use null, latest or a checkpoint path)")
+    ALGORITHMS.get(cfg.algorithm).check_config(cfg)
 
 
 #: old dotted key -> its replacement; read with a FutureWarning (resolved configs saved before the rename)
