@@ -13,6 +13,9 @@ them.
 
 from __future__ import annotations
 
+import signal
+from pathlib import Path
+
 
 class UserError(Exception):
     """Bad input from the user (config, data, files, environment): the message is one line that
@@ -62,3 +65,18 @@ class TrainingError(UserError, RuntimeError):
 
 
 __all__ = ["ConfigError", "DataError", "ModelError", "TrainingError", "UnknownNameError", "UserError"]
+
+
+class Interrupted(Exception):
+    """Not an error: training stopped early on a signal (Ctrl-C, a scheduler's SIGTERM) at ``step``, after
+    saving ``checkpoint`` (``checkpoint.save_on_interrupt``, :mod:`alignkit.train.interrupt`). The CLI says so
+    in one line with the resume command and exits 128 + the signal."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}")
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's status for a process ended by the signal: 130 for SIGINT, 143 for SIGTERM."""
+        return 128 + self.signum

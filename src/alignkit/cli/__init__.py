@@ -1,7 +1,8 @@
 """The ``alignkit`` command: train | launch | validate | estimate | eval | migrate | score | merge-lora | demo | tiny-model | data synth | plot.
 
 User errors (bad config, bad data, missing files) end with one line ``alignkit: error: ...`` and exit
-status 2; set ALIGNKIT_DEBUG=1 for the traceback. Anything else is a bug and keeps its traceback.
+status 2; set ALIGNKIT_DEBUG=1 for the traceback. A run stopped by Ctrl-C or SIGTERM ends with one line
+naming the checkpoint it saved and the resume command, and exits 130 / 143. Anything else is a bug and keeps its traceback.
 Under a launcher an error every rank raises alike is printed once, by local rank 0 (:func:`leave_to_rank0`).
 Each command lives in a module of this package with a ``register(subparsers)`` function.
 """
@@ -15,7 +16,7 @@ import time
 from typing import Callable
 
 from alignkit.cli import generate_command, migrate_command, plot_command, run_commands, tool_commands
-from alignkit.errors import UserError
+from alignkit.errors import Interrupted, UserError
 
 #: what is reported as one line; everything else is a bug and shows its traceback
 USER_ERRORS = (UserError, FileNotFoundError)
@@ -125,4 +126,27 @@ def main(argv: list[str] | None = None) -> int:
             who = f"(rank {local_rank()}) "
         print(f"alignkit: error: {who}{e}", file=sys.stderr)
         return _finish(2)
+    except Interrupted as e:  # checkpoint.save_on_interrupt: saved at a step's end on every rank
+        if local_rank() == 0:
+            print(interrupted_line(e, args), file=sys.stderr)
+        return _finish(e.exit_code)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (start-up, the final save): nothing to resume
+        if os.environ.get("ALIGNKIT_DEBUG"):
+            raise
+        if local_rank() == 0:
+            print("alignkit: interrupted; nothing saved (outside the training loop, or checkpoint.save_on_interrupt=false)",
+                  file=sys.stderr)
+        return _finish(130)
     return _finish(code)
+
+
+def interrupted_line(e: Interrupted, args: argparse.Namespace) -> str:
+    """The one line an interrupted run ends with: where it stopped, what it saved, how to go on."""
+    import shlex
+
+    if e.checkpoint is None:
+        return f"alignkit: {e}; nothing saved"
+    overrides = [o for o in getattr(args, "overrides", []) if not o.startswith("checkpoint.resume_from=")]
+    command = shlex.join(["alignkit", args.command, args.config, *overrides, "checkpoint.resume_from=latest"])
+    how = " (under the same launcher)" if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 else ""
+    return f"alignkit: {e}: saved {e.checkpoint}; resume with{how}: {command}"

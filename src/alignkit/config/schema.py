@@ -285,6 +285,10 @@ class CheckpointConfig:
     save_final: bool = f(True, "Write the final model to output_dir/final.")
     save_each_epoch: bool = f(False, "Also write the model at the end of every epoch to output_dir/epoch_N/ (Hugging "
                               "Face format; the adapter alone with LoRA), besides the step checkpoints.")
+    save_on_interrupt: bool = f(
+        True, "Ctrl-C or SIGTERM (a scheduler's preemption) during training: save a checkpoint at the end of the "
+        "current step (online: iteration) and exit 130 / 143 with one line naming it and the resume command "
+        "(checkpoint.resume_from=latest); a second signal stops at once. false = the signal's usual effect.")
 
 
 @dataclass

@@ -25,6 +25,7 @@ from alignkit.distributed.strategy.base import Strategy
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
 from alignkit.train.evaluate import evaluate
+from alignkit.train.interrupt import InterruptWatch, stop_if_requested
 from alignkit.train.optim import build_scheduler
 from alignkit.train.run_plan import RunPlan
 from alignkit.train.step import (
@@ -93,25 +94,28 @@ class OfflineTrainer:
         log.start_progress(steps.total, initial=state.step)
         batches = self._micro_batches(state)
         self.models.train()
-        while state.step < steps.total:
-            lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
-            result = self._step(next(batches))
-            state.step += 1
-            guard.observe(state.step, result)
-            losses.append(result.loss)
-            window.add(result)
-            extra = algo.on_step_end(Context(self.models, self.strategy, state.step, LazyMetrics(result)))
-            log.advance({"loss": result.loss})
-            if state.step % cfg.logging.logging_steps == 0 or state.step == steps.total:
-                metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra,
-                                     algo.console_keys)
-            if self._due(cfg.training.eval_steps, state.step):
-                eval_metrics = self._evaluate(state.step)
-            if self._due(cfg.checkpoint.save_steps, state.step):
-                self._save(state)
-            if cfg.checkpoint.save_each_epoch and state.consumed >= self.order.usable():
-                self.checkpointer.save_final(self.out / f"epoch_{state.epoch + 1}", dump_yaml(cfg),
-                                             f"the model of epoch {state.epoch + 1}")
+        with InterruptWatch(cfg.checkpoint.save_on_interrupt) as watch:
+            while state.step < steps.total:
+                lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
+                result = self._step(next(batches))
+                state.step += 1
+                guard.observe(state.step, result)
+                losses.append(result.loss)
+                window.add(result)
+                extra = algo.on_step_end(Context(self.models, self.strategy, state.step, LazyMetrics(result)))
+                log.advance({"loss": result.loss})
+                if state.step % cfg.logging.logging_steps == 0 or state.step == steps.total:
+                    metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra,
+                                         algo.console_keys)
+                if self._due(cfg.training.eval_steps, state.step):
+                    eval_metrics = self._evaluate(state.step)
+                if self._due(cfg.checkpoint.save_steps, state.step):
+                    self._save(state)
+                if cfg.checkpoint.save_each_epoch and state.consumed >= self.order.usable():
+                    self.checkpointer.save_final(self.out / f"epoch_{state.epoch + 1}", dump_yaml(cfg),
+                                                 f"the model of epoch {state.epoch + 1}")
+                if state.step < steps.total:  # a signal: a checkpoint here, then stop (all ranks alike)
+                    stop_if_requested(watch, state, self.checkpointer, self._save, log)
         if self.eval_set:
             eval_metrics = self._evaluate(state.step)
         final_dir = self.checkpointer.finish(lambda: self._save(state), save_steps=cfg.checkpoint.save_steps,
@@ -205,8 +209,8 @@ class OfflineTrainer:
         self.log.log_metrics(step, metrics, prefix="eval/")
         return metrics
 
-    def _save(self, state: TrainState) -> None:
+    def _save(self, state: TrainState) -> Path:
         state.algo = self.algo.state_dict()
         if self.stream is not None:
             state.stream = comm.all_gather_object(self.stream.state())
-        self.checkpointer.save(state)
+        return self.checkpointer.save(state)

@@ -38,6 +38,7 @@ from alignkit.models.roles import Models
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.engine import SamplingParams, build_engine
 from alignkit.rollout.experience import Sample, micro_batches
+from alignkit.train.interrupt import InterruptWatch, stop_if_requested
 from alignkit.train.offline_loop import TrainResult
 from alignkit.train.optim import build_scheduler
 from alignkit.train.run_plan import RunPlan
@@ -94,42 +95,45 @@ class OnlineTrainer:
             eval_metrics = self._evaluate(0)  # where the policy starts: the curve's first point
         log.start_progress(total, initial=state.step)
         self.models.train()
-        while state.step < total:
-            lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
-            experience, rollout_s = self._rollout(state)
-            samples, stats = experience.samples, experience.stats
-            start = time.perf_counter()
-            results = []
-            for _ in range(self.cfg.section(RolloutConfig).update_epochs):
-                if state.step >= total:
-                    break
-                results.append(self._step(samples))
-                state.step += 1
-                self.algo.on_optimizer_step(Context(self.models, self.strategy, state.step))
-                guard.observe(state.step, results[-1])
-                losses.append(results[-1].loss)
-            update_s = time.perf_counter() - start
-            result = results[-1]
-            stats.add("rollout_s", rollout_s, 1)
-            stats.add("update_s", update_s, 1)
-            stats.add("train_tokens_per_s", sum(r.tokens for r in results) / max(update_s, 1e-9), 1)
-            self._add_times(stats, rollout_s, self._phases_s, update_s)
-            tail = time.perf_counter()
-            for r in results:
-                window.add(r)
-            window.sums.merge(stats)  # identical on every rank already: not reduced again
-            extra = self.algo.on_step_end(Context(self.models, self.strategy, state.step,
-                                                  {**result.metrics, **stats.means()}))
-            log.advance({"loss": result.loss, "reward": stats.means().get("reward_mean", math.nan)})
-            if self._crossed(cfg.logging.logging_steps, state.step, len(results)) or state.step == total:
-                metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra)
-                self._log_samples(state.step, samples)
-            self._tail_s["log"], tail = time.perf_counter() - tail, time.perf_counter()
-            if self.eval_prompts and self._crossed(cfg.training.eval_steps, state.step, len(results)) and state.step < total:
-                eval_metrics = self._evaluate(state.step)
-            if self._crossed(cfg.checkpoint.save_steps, state.step, len(results)) and state.step < total:
-                self._save(state)
-            self._tail_s["eval_save"] = time.perf_counter() - tail
+        with InterruptWatch(cfg.checkpoint.save_on_interrupt) as watch:
+            while state.step < total:
+                lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
+                experience, rollout_s = self._rollout(state)
+                samples, stats = experience.samples, experience.stats
+                start = time.perf_counter()
+                results = []
+                for _ in range(self.cfg.section(RolloutConfig).update_epochs):
+                    if state.step >= total:
+                        break
+                    results.append(self._step(samples))
+                    state.step += 1
+                    self.algo.on_optimizer_step(Context(self.models, self.strategy, state.step))
+                    guard.observe(state.step, results[-1])
+                    losses.append(results[-1].loss)
+                update_s = time.perf_counter() - start
+                result = results[-1]
+                stats.add("rollout_s", rollout_s, 1)
+                stats.add("update_s", update_s, 1)
+                stats.add("train_tokens_per_s", sum(r.tokens for r in results) / max(update_s, 1e-9), 1)
+                self._add_times(stats, rollout_s, self._phases_s, update_s)
+                tail = time.perf_counter()
+                for r in results:
+                    window.add(r)
+                window.sums.merge(stats)  # identical on every rank already: not reduced again
+                extra = self.algo.on_step_end(Context(self.models, self.strategy, state.step,
+                                                      {**result.metrics, **stats.means()}))
+                log.advance({"loss": result.loss, "reward": stats.means().get("reward_mean", math.nan)})
+                if self._crossed(cfg.logging.logging_steps, state.step, len(results)) or state.step == total:
+                    metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra)
+                    self._log_samples(state.step, samples)
+                self._tail_s["log"], tail = time.perf_counter() - tail, time.perf_counter()
+                if self.eval_prompts and self._crossed(cfg.training.eval_steps, state.step, len(results)) and state.step < total:
+                    eval_metrics = self._evaluate(state.step)
+                if self._crossed(cfg.checkpoint.save_steps, state.step, len(results)) and state.step < total:
+                    self._save(state)
+                self._tail_s["eval_save"] = time.perf_counter() - tail
+                if state.step < total:  # a signal: a checkpoint at this iteration's end, then stop
+                    stop_if_requested(watch, state, self.checkpointer, self._save, log)
         if self.eval_prompts:
             eval_metrics = self._evaluate(state.step)
         final_dir = self.checkpointer.finish(
@@ -230,9 +234,9 @@ class OnlineTrainer:
                                      "advantage": s["advantages"][0] if s.get("advantages") else None,
                                      **s.get("log", {})}, ensure_ascii=False) + "\n")
 
-    def _save(self, state: TrainState) -> None:
+    def _save(self, state: TrainState) -> Path:
         state.algo = self.algo.state_dict()
-        self.checkpointer.save(state, lambda folder: self.algo.save_files(folder, Context(self.models, self.strategy, state.step)))
+        return self.checkpointer.save(state, lambda folder: self.algo.save_files(folder, Context(self.models, self.strategy, state.step)))
 
 
 def check_groups(plan: RunPlan, cfg: RunConfig) -> None:

@@ -312,6 +312,7 @@ class Checkpointer:
         self.out, self.strategy, self.models, self.batch = out, strategy, models, batch
         self.config_yaml, self.tokenizer, self.limit, self.log = config_yaml, tokenizer, save_total_limit, log
         self.resumed: Path | None = None
+        self.saved: tuple[int, Path] | None = None  # (step, folder) of the last checkpoint this run wrote
 
     def tokenizer_of(self, role: str) -> Any:
         """The run's tokenizer for a trained role of the primary role's kind; None for one of another kind (flow_rtpo's
@@ -336,6 +337,7 @@ class Checkpointer:
                                     tokenizer={r: self.tokenizer_of(r) for r in self.models.handles},
                                     save_total_limit=self.limit, extra=extra)
         self.log.info(f"Saved checkpoint {path}")
+        self.saved = (state.step, path)
         return path
 
     def resume(self, resume_from: str | None, *, weights_only: bool = False) -> TrainState:
