@@ -148,3 +148,13 @@ def test_sigterm_mid_online_run_then_resume_equals_an_uninterrupted_run(micro_mo
     assert logged_steps(out) == list(range(1, STEPS + 1))
     got, want = final_weights(out), final_weights(straight_out)
     assert max((got[k] - want[k]).abs().max().item() for k in want) == 0.0
+
+
+def test_ctrl_c_with_save_on_interrupt_off_is_one_line_and_130(micro_model: Path, tmp_path: Path) -> None:
+    """checkpoint.save_on_interrupt=false: Ctrl-C stops at once (no checkpoint), one line, no traceback."""
+    out = tmp_path / "run"
+    proc = interrupt([sys.executable, str(WORKER), "0.3", *args(micro_model, out, "checkpoint.save_on_interrupt=false")],
+                     out, signal.SIGINT)
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("alignkit: interrupted; nothing saved now")
+    assert not list(out.glob("checkpoint-*"))

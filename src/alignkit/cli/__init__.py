@@ -2,7 +2,8 @@
 
 User errors (bad config, bad data, missing files) end with one line ``alignkit: error: ...`` and exit
 status 2; set ALIGNKIT_DEBUG=1 for the traceback. A run stopped by Ctrl-C or SIGTERM ends with one line
-naming the checkpoint it saved and the resume command, and exits 130 / 143. Anything else is a bug and keeps its traceback.
+naming the checkpoint it saved and the resume command, and exits 130 / 143. Anything else is a bug and keeps
+its traceback.
 Under a launcher an error every rank raises alike is printed once, by local rank 0 (:func:`leave_to_rank0`).
 Each command lives in a module of this package with a ``register(subparsers)`` function.
 """
@@ -134,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("ALIGNKIT_DEBUG"):
             raise
         if local_rank() == 0:
-            print("alignkit: interrupted; nothing saved (outside the training loop, or checkpoint.save_on_interrupt=false)",
-                  file=sys.stderr)
+            print("alignkit: interrupted; nothing saved now (outside the training loop, or "
+                  "checkpoint.save_on_interrupt=false); checkpoints written before resume exactly with "
+                  "checkpoint.resume_from=latest", file=sys.stderr)
         return _finish(130)
     return _finish(code)
 
