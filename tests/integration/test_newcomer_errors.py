@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +70,32 @@ def test_one_generation_per_prompt_is_refused_at_config_load(algorithm: str, com
                     "whose learned value baseline works with one completion per prompt"), line
     if command == "validate":
         assert_ok(run_cli([*args, "rollout.num_generations=2"]))
+
+
+def test_a_model_folder_with_only_a_tokenizer_is_one_line(sft_config: dict[str, Any], micro_model: Path,
+                                                          tmp_path: Path) -> None:
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    for f in micro_model.glob("tokenizer*"):
+        shutil.copy(f, tok / f.name)
+    proc = train(sft_config, tmp_path, model__name_or_path=str(tok))
+    assert one_error_line(proc) == (
+        f"alignkit: error: model '{tok}': no config.json in this folder (it holds tokenizer.json, tokenizer_config.json)"
+        ": a model folder holds config.json and weights, as save_pretrained or `alignkit tiny-model DIR` writes them")
+    assert "Preparing" not in proc.stderr  # said before the data are read
+
+
+def test_a_lora_target_the_model_lacks_is_one_line(sft_config: dict[str, Any], tmp_path: Path) -> None:
+    line = one_error_line(train(sft_config, tmp_path, model__lora={"r": 4, "target_modules": ["q_proj", "qkv_proj"]}))
+    assert line == ("alignkit: error: model.lora.target_modules: qkv_proj names no module of this LlamaForCausalLM; its "
+                    "linear layers: down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"), line
+
+
+def test_a_text_model_given_to_flow_grpo_is_one_line(micro_model: Path, tmp_path: Path) -> None:
+    proc = run_cli(["train", str(REPO / "configs" / "flow_grpo.yaml"), f"model.name_or_path={micro_model}",
+                    f"output_dir={tmp_path / 'run'}", "training.max_steps=1"])
+    line = one_error_line(proc)
+    assert line == (f"alignkit: error: model '{micro_model}': not a diffusers pipeline folder (no model_index.json; it "
+                    "holds a transformers model): this algorithm trains a text-to-image pipeline such as Stable "
+                    "Diffusion 3.5 (a hub id, or `alignkit tiny-model --arch sd3 DIR` for a tiny one)"), line
+    assert "sentencepiece" not in proc.stderr

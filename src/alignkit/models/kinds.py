@@ -44,6 +44,10 @@ class ModelKind:
     def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
         raise NotImplementedError(f"model kind {self.name!r} does not build models")
 
+    def check_source(self, source: str) -> None:
+        """A one-line ModelError where the local folder ``source`` cannot hold a model of this kind, said before
+        any tokenizer, data or weights load; by default nothing (a plugin kind saves in a format of its own)."""
+
     def tokenizer(self, cfg: ModelConfig) -> Any:
         """The tokenizer (or processor) a run with this kind as its policy reads its data with; by default
         ``model.tokenizer`` or the model's own (a diffusers kind would read its pipeline's)."""
@@ -95,6 +99,12 @@ def register_kind(name: str) -> Any:
 class CausalLMKind(ModelKind):
     """A causal LM whose forward returns per-token log-probs (:class:`~alignkit.models.policy.CausalLMLogps`)."""
 
+    def check_source(self, source: str) -> None:
+        """A transformers model or peft adapter folder (config.json or adapter_config.json, and weights)."""
+        from alignkit.models.sources import check_model_folder
+
+        check_model_folder(source)
+
     def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
         from alignkit.models.adapters import load_lm
         from alignkit.models.policy import CausalLMLogps
@@ -137,6 +147,8 @@ class VisionLMKind(CausalLMKind):
 @register_kind("scalar")
 class ScalarKind(ModelKind):
     """A sequence-scoring model (reward / cost / value head) on an LM or VLM backbone."""
+
+    check_source = CausalLMKind.check_source  # the same transformers folders
 
     def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
         from alignkit.models.scalar import ScalarHeadModel, load_scalar_model
@@ -184,6 +196,20 @@ class DiffusionKind(ModelKind):
         if spec.trainable and cfg.gradient_checkpointing:  # each joint block recomputed in backward
             pipe.transformer.enable_gradient_checkpointing()
         return FlowPolicy(pipe, lora=spec.trainable and spec.lora)
+
+    def check_source(self, source: str) -> None:
+        """A diffusers pipeline folder has model_index.json; a text model given to flow_grpo would otherwise fail
+        reading its tokenizer, with a traceback that asks to install sentencepiece."""
+        from pathlib import Path
+
+        from alignkit.errors import ModelError
+
+        path = Path(source).expanduser()
+        if path.is_dir() and not (path / "model_index.json").is_file():
+            what = "a transformers model" if (path / "config.json").is_file() else "no model"
+            raise ModelError(f"model {source!r}: not a diffusers pipeline folder (no model_index.json; it holds {what}): "
+                             "this algorithm trains a text-to-image pipeline such as Stable Diffusion 3.5 (a hub id, or "
+                             "`alignkit tiny-model --arch sd3 DIR` for a tiny one)")
 
     def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
         """The pipeline's transformer (trained) and frozen parts, read from its component configs

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -160,6 +161,7 @@ def apply_lora(model: nn.Module, cfg: ModelConfig, task_type: str = "CAUSAL_LM")
     from peft import LoraConfig, get_peft_model
 
     assert cfg.lora is not None
+    check_lora_targets(model, cfg.lora.target_modules, model.named_modules())
     if cfg.gradient_checkpointing:
         # With frozen embeddings the checkpointed blocks would see inputs without grad.
         model.enable_input_require_grads()
@@ -172,6 +174,26 @@ def apply_lora(model: nn.Module, cfg: ModelConfig, task_type: str = "CAUSAL_LM")
     )
     with quiet_peft():
         return upcast_trainable(get_peft_model(model, lcfg))
+
+
+#: ``model.lora.target_modules``' default: attention projections most decoders (not all) name so
+LORA_DEFAULT = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def check_lora_targets(model: nn.Module, targets: list[str], modules: Iterable[tuple[str, nn.Module]]) -> None:
+    """Each of ``targets`` must name (peft's rule: the whole name or its last dotted parts) a module among
+    ``modules`` (``named_modules()`` of the part that gets adapters), else one line naming the missing ones and
+    the model's linear layers; peft itself fails with a 50-line traceback when none match and skips a typo
+    silently when others do. The default list passes where one of its names matches (e.g. OPT's out_proj)."""
+    from alignkit.errors import ModelError
+
+    modules = list(modules)
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n, _ in modules)]
+    if not missing or (list(targets) == LORA_DEFAULT and len(missing) < len(targets)):
+        return
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"})
+    raise ModelError(f"model.lora.target_modules: {', '.join(missing)} name{'s' if len(missing) == 1 else ''} no "
+                     f"module of this {type(model).__name__}; its linear layers: {', '.join(linear)}")
 
 
 def upcast_trainable(model: nn.Module) -> nn.Module:

@@ -66,6 +66,31 @@ def translate(e: BaseException, source: str) -> ModelError | None:
     return None
 
 
+#: what says a folder holds weights: plain or sharded (their index) checkpoints, a peft adapter's file
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.safetensors.index.json", "*.bin.index.json")
+
+
+def listing(path: Path, limit: int = 6) -> str:
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "") or "nothing"
+
+
+def check_model_folder(source: str) -> None:
+    """A local ``source`` that is no saved transformers model or peft adapter (config.json or adapter_config.json
+    and weights): one line naming what the folder holds, before the tokenizer, the data and the weights load
+    (transformers' own error comes after all of that, as a 40-line traceback). A hub id passes."""
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        return  # a hub id, or a missing path: translate() words that when loading
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+        raise ModelError(f"model {source!r}: no config.json in this folder (it holds {listing(path)}): a model "
+                         "folder holds config.json and weights, as save_pretrained or `alignkit tiny-model DIR` "
+                         "writes them")
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHTS):
+        raise ModelError(f"model {source!r}: no weights in this folder (no *.safetensors or *.bin; it holds "
+                         f"{listing(path)})")
+
+
 @contextlib.contextmanager
 def model_errors(source: str) -> Iterator[None]:
     """Around loading ``source`` (a local directory or a hub id): a missing or unreachable model and a

@@ -264,9 +264,10 @@ def lora_on_language_model(model: nn.Module, cfg: ModelConfig, also_train: Itera
     saved with the adapter (``task_type`` SEQ_CLS adds the score head)."""
     from peft import LoraConfig, get_peft_model
 
-    from alignkit.models.loading import quiet_peft, upcast_trainable
+    from alignkit.models.loading import check_lora_targets, quiet_peft, upcast_trainable
 
     assert cfg.lora is not None
+    check_lora_targets(model, cfg.lora.target_modules, ((n, m) for n, m in model.named_modules() if "language_model" in n))
     targets = "|".join(re.escape(t) for t in cfg.lora.target_modules)
     saved = {"projector": "multi_modal_projector", "vision_tower": "vision_tower"}
     lcfg = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,

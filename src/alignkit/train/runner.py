@@ -75,6 +75,9 @@ class Session:
         progress.configure(is_main=env.is_main, mode=cfg.logging.progress_bar)
         algo_cls = ALGORITHMS.get(cfg.algorithm)
         workload = workload_of(cfg)
+        for spec in workload.specs:  # a folder that holds no model of its kind: one line before any work
+            if spec.loaded:
+                KINDS.get(spec.kind).check_source(spec.source)
         plan = plan_run(cfg, env, workload)
         strategy = configured_strategy(cfg, env, plan)
         strategy.setup()
