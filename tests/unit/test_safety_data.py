@@ -9,6 +9,7 @@ import pytest
 
 from alignkit.config.schema import DataConfig
 from alignkit.constants import IGNORE_INDEX
+from alignkit.data.collate import PACKED_KEYS
 from alignkit.data.io import DataError, Row
 from alignkit.data.safety import SafetyData, prompt_ids, safety_row
 from alignkit.models.policy import model_inputs
@@ -78,7 +79,8 @@ def test_examples_and_batch(tok, tmp_path: Path) -> None:
     assert batch["reward"].tolist() == [1.0, 1.0, 2.0, 2.0]  # cached scores, read back by their own names
     assert batch["cost"].tolist() == [0.5, 0.5, -0.5, -0.5]
     assert data.loss_units(batch) == 2
-    assert set(model_inputs(batch)) == {"input_ids", "position_ids"}  # nothing else reaches the forward
+    # nothing else reaches the forward: the packed row and its host-side boundaries (data.collate.PACKED_KEYS)
+    assert set(model_inputs(batch)) == {"input_ids", "position_ids", *PACKED_KEYS}
 
 
 def test_chat_prompt_ids_match_training(tok) -> None:
