@@ -44,7 +44,7 @@ def test_new_run_into_a_used_output_dir_is_refused_and_loses_nothing(sft_config:
     proc = train(sft_config, tmp_path, checkpoint__overwrite_output_dir=True)
     assert_ok(proc)
     aside = tmp_path / "run.old-1"
-    assert f"moved the previous run (a run of sft) to {aside}" in proc.stderr
+    assert f"moved the previous run of sft to {aside}" in proc.stderr
     assert steps(aside) == [1, 2, 3] and (aside / "checkpoint-2").is_dir()
     assert steps(out) == [1]
 
@@ -56,7 +56,7 @@ def test_demo_runs_twice(tmp_path: Path) -> None:
     assert_ok(run_cli(args))
     proc = run_cli(args)
     assert_ok(proc)
-    assert f"moved the previous run (a run of sft) to {out / 'sft.old-1'}" in proc.stderr
+    assert f"moved the previous run of sft to {out / 'sft.old-1'}" in proc.stderr
     assert steps(out / "sft") == steps(out / "sft.old-1") == [1, 1]  # one run each: a train row and an eval row
 
 

@@ -87,4 +87,4 @@ def check_reuse(cfg: RunConfig) -> str | None:
     except OSError as e:  # e.g. output_dir is a mount point
         raise ConfigError(f"checkpoint.overwrite_output_dir: cannot move the run in {str(path)!r} aside to "
                           f"{aside} ({e.strerror or e}); move it yourself or choose a new output_dir") from None
-    return f"output_dir: moved the previous run ({what}) to {aside} (checkpoint.overwrite_output_dir)"
+    return f"output_dir: moved the previous {what.removeprefix('a ')} to {aside} (checkpoint.overwrite_output_dir)"
