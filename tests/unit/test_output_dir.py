@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from alignkit.config import load_config
+from alignkit.config import RunConfig, load_config
 from alignkit.errors import ConfigError
 from alignkit.train.output_dir import aside_path, check_reuse, run_algorithm, run_marks
 
 
-def config(out: Path, *extra: str):  # noqa: ANN201 - a RunConfig
+def config(out: Path, *extra: str) -> RunConfig:
     return load_config(None, ["model.name_or_path=m", "data.train=builtin:sft_train.jsonl",
                               "training.per_device_batch_size=1", f"output_dir={out}", *extra])
 
