@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from alignkit.config.schema import LoraConfig as LoraSection
 from alignkit.config.schema import ModelConfig
 
 log = logging.getLogger("alignkit")
@@ -177,7 +178,7 @@ def apply_lora(model: nn.Module, cfg: ModelConfig, task_type: str = "CAUSAL_LM")
 
 
 #: ``model.lora.target_modules``' default: attention projections most decoders (not all) name so
-LORA_DEFAULT = ["q_proj", "k_proj", "v_proj", "o_proj"]
+LORA_DEFAULT = LoraSection().target_modules
 
 
 def check_lora_targets(model: nn.Module, targets: list[str], modules: Iterable[tuple[str, nn.Module]]) -> None:
