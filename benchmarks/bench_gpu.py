@@ -158,9 +158,11 @@ def run_child(cmd: list[str], env: dict[str, str], timeout: float, log_path: Pat
         try:
             rc = proc.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             rc = -9
+        finally:  # a timeout, or this process stopped (SIGTERM / Ctrl-C): the child's whole group goes too
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     text = log_path.read_text(encoding="utf-8", errors="replace")
     tail = [x[:300] for x in text.splitlines() if x.strip()][-6:]
     return {"rc": rc, "wall_s": round(time.perf_counter() - t0, 1), "timed_out": rc == -9, "tail": tail if rc else [],
@@ -334,6 +336,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds run_child, which stops its child
     if not a.trl_python:
         a.trl_python = sys.executable
         if a.device == "cpu" and not a.skip_trl:

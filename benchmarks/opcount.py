@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -54,7 +55,7 @@ def hook_steps(result: dict[str, Any]) -> list[int]:
     return [b - a for a, b in zip(s, s[1:])]
 
 
-def measure(name: str, work: Path, trl_python: str) -> dict[str, Any]:
+def measure(name: str, work: Path, trl_python: str, resume: bool = False) -> dict[str, Any]:
     v = next(x for x in VARIANTS if x["name"] == name)
     wl, paths = WORKLOADS["deep"], {"model": work / "model", "data": work / "data", "prompts": work / "prompts.jsonl"}
     counts = {}
@@ -67,6 +68,9 @@ def measure(name: str, work: Path, trl_python: str) -> dict[str, Any]:
         else:
             py, target = trl_python, [str(HERE / "gpu_trl.py"), json.dumps(trl_spec(v, wl, paths, work / f"{tag}.json", steps=n))]
         res = work / f"{tag}.opcount.json"
+        if resume and res.exists() and json.loads(res.read_text()).get("status") == 0:
+            counts[n] = json.loads(res.read_text())
+            continue
         r = run_child([py, str(HERE / "gpu_probe.py"), "--opcount", str(res), "--"] + target,
                       child_env("cpu", None, v["side"] == "alignkit"), 1200, work / f"{tag}.log", work)
         log(f"{tag}: rc={r['rc']} {r['wall_s']} s {r['last_line'][:120]}")
@@ -103,9 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(HERE / "results" / f"opcount-{time.strftime('%Y%m%d-%H%M%S')}"))
     p.add_argument("--trl-python", default="", help="default: benchmarks/results/.venv-trl (built if missing)")
     p.add_argument("--skip-trl", action="store_true")
+    p.add_argument("--resume", action="store_true", help="reuse the counts of runs OUT/work already holds")
     p.add_argument("--keep", default="", help="an earlier opcount.json: its rows not measured now go into the table "
                    "(TRL's rows do not change when alignkit does)")
     a = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds run_child, which stops its child
     names = [n for n in a.only.split(",") if n and not (a.skip_trl and n.startswith("trl"))]
     out = Path(a.out).resolve()
     work = out / "work"
@@ -121,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if r["rc"]:
             log(f"setup {cmd[0]} failed: {r['tail']}")
             return 1
-    rows = {n: measure(n, work, trl_python) for n in names}
+    rows = {n: measure(n, work, trl_python, a.resume) for n in names}
     kept = json.loads(Path(a.keep).read_text()) if a.keep else {"rows": {}}
     rows = {n: rows.get(n) or kept["rows"][n] for n in RUNS if n in rows or n in kept["rows"]}
     commit = __import__("subprocess").run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],
