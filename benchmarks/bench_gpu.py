@@ -264,6 +264,7 @@ class Bench:
         if r is not None and r["rc"] and probe:  # the speed row matters more than the profile: once more without
             log(f"{name}: failed under the profiler; again without it")
             probe, cmd = [], [py] + target
+            shutil.rmtree(self.work / "runs" / name, ignore_errors=True)  # alignkit refuses a used output_dir
             r = self.child(name, cmd, alignkit=v["side"] == "alignkit")
         if r is None:
             return {"skipped": "time budget"}
