@@ -261,13 +261,14 @@ class Window:
         """Mean loss, tokens/s, peak memory (max over ranks) and the metric means of the window."""
         sums, tokens = reduce_sums(self.local, self.local_tokens)
         sums.merge(self.sums)
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
         mem = comm.all_reduce_max(torch.tensor(peak_memory_mb(strategy.device.type), dtype=torch.float64,
                                                 device=strategy.device))
         sums.add(" tokens", tokens, 1)  # read back with the metrics: one transfer for the whole log line
         sums.add(" peak_mem_mb", mem, 1)
         means = sums.means()
         tokens, mem = means.pop(" tokens"), means.pop(" peak_mem_mb")
+        # timed after the read-back: the window's device work has finished, none of it falls into the next window
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
         return {"loss": sum(self.losses) / max(1, len(self.losses)), "tokens_per_s": tokens / elapsed,
                 "peak_mem_mb": mem, **means}
 
