@@ -116,9 +116,9 @@ def barrier() -> None:
 def stack_on_one_device(values: list[torch.Tensor]) -> torch.Tensor:
     """``(N,)`` float64 of 0-d ``values`` that may sit on the CPU and one accelerator: stacked on the
     accelerator, so reading them back is one transfer."""
-    device = next((v.device for v in values if v.device.type != "cpu"), torch.device("cpu"))
     if not values:
         return torch.zeros(0, dtype=torch.float64)
+    device = next((v.device for v in values if v.device.type != "cpu"), torch.device("cpu"))
     return torch.stack([v.reshape(()).to(device, torch.float64) for v in values])
 
 

@@ -120,9 +120,10 @@ class OnlineTrainer:
                 for r in results:
                     window.add(r)
                 window.sums.merge(stats)  # identical on every rank already: not reduced again
+                iteration = stats.means()  # one read-back of the iteration's statistics
                 extra = self.algo.on_step_end(Context(self.models, self.strategy, state.step,
-                                                      {**result.metrics, **stats.means()}))
-                log.advance({"loss": result.loss, "reward": stats.means().get("reward_mean", math.nan)})
+                                                      {**result.metrics, **iteration}))
+                log.advance({"loss": result.loss, "reward": iteration.get("reward_mean", math.nan)})
                 if self._crossed(cfg.logging.logging_steps, state.step, len(results)) or state.step == total:
                     metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra)
                     self._log_samples(state.step, samples)
