@@ -30,16 +30,13 @@ from alignkit.train.optim import build_scheduler
 from alignkit.train.run_plan import RunPlan
 from alignkit.train.step import (
     Checkpointer,
-    LazyMetrics,
     NonfiniteGuard,
-    StepResult,
     TrainState,
-    Window,
     accumulate,
     log_window,
     optimizer_step,
-    step_result,
 )
+from alignkit.train.step_metrics import LazyMetrics, StepResult, Window, step_result
 
 
 @dataclass

@@ -45,14 +45,12 @@ from alignkit.train.run_plan import RunPlan
 from alignkit.train.step import (
     Checkpointer,
     NonfiniteGuard,
-    StepResult,
     TrainState,
-    Window,
     accumulate,
     log_window,
     optimizer_step,
-    step_result,
 )
+from alignkit.train.step_metrics import StepResult, Window, step_result
 
 
 class OnlineTrainer:
