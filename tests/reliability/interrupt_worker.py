@@ -26,7 +26,10 @@ def ranks() -> None:
             os.kill(os.getpid(), signal.SIGTERM)
         dist.barrier()
         after = watch.requested()
-    print(json.dumps({"rank": rank, "before": before, "after": after, "per_call_us": per_call_us}), flush=True)
+    # one write of the whole line: unbuffered (PYTHONUNBUFFERED), print writes the text and its newline apart, and the
+    # two ranks' lines could interleave on the shared pipe
+    sys.stdout.write(json.dumps({"rank": rank, "before": before, "after": after, "per_call_us": per_call_us}) + "\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 
