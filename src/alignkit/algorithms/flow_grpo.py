@@ -259,16 +259,21 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
                         scores: dict[str, torch.Tensor]) -> MetricSums:
         """Advantages from the gathered ``scores["reward"]`` (per prompt or global statistics, clamped), the
         same on every rank; each unit gets its image's (this rank's slice)."""
-        o, G = self.opts, self.cfg.section(RolloutConfig).num_generations
-        reward = scores["reward"]
+        o, reward = self.opts, scores["reward"]
+        G, mine_images = self.image_groups(ctx)
         adv = redteam_advantages(reward, G, statistics=o.statistics, scale_rewards="batch" if o.global_std else "group",
                                  clip=o.adv_clip_max)
         self.advantages = adv  # (global,): flow_rtpo's attacks.jsonl
-        mine, rewards = adv[ctx.mine].tolist(), reward[ctx.mine].tolist()
+        mine, rewards = adv[mine_images].tolist(), reward[mine_images].tolist()
         for s in samples:
             s["advantage"] = torch.tensor(mine[s["image"]])
             s["log"] = {"reward": rewards[s["image"]], "advantage": mine[s["image"]]}
         return group_stats(reward, adv, G)
+
+    def image_groups(self, ctx: RolloutContext) -> tuple[int, slice]:
+        """(images per advantage group, this rank's slice of the gathered images): a prompt's num_generations
+        and ``ctx.mine`` (flow_rtpo's image policy: the images of one attack, ``images_per_attack`` per row)."""
+        return self.cfg.section(RolloutConfig).num_generations, ctx.mine
 
     # ------------------------------------------------------------------ update
     def collate(self, samples: list[Sample]) -> Batch:
