@@ -85,6 +85,17 @@ def test_bad_values_are_named(override: str, pattern: str) -> None:
         cfg_from(BASE, [override])
 
 
+def test_null_on_an_optional_list_is_none() -> None:
+    """`data.eval=null` (issue 42.4) was refused ("expected a list of a string"); a list whose default is empty
+    takes null as none, a list with a default of its own still wants a list, and the line names the inner key."""
+    assert cfg_from(BASE, ["data.eval=null"]).data.eval == []
+    assert cfg_from({**BASE, "data": {**BASE["data"], "eval": None}}).data.eval == []
+    with pytest.raises(ConfigError, match=r"^model.lora.target_modules: expected a list of strings, got None$"):
+        cfg_from(BASE, ["model.lora.r=8", "model.lora.target_modules=null"])
+    with pytest.raises(ConfigError, match=r"^data.train: required"):
+        cfg_from(BASE, ["data.train=null"])
+
+
 def test_batch_arithmetic() -> None:
     cfg = cfg_from(BASE, ["training.gradient_accumulation_steps=2"])
     plan = resolve_batch(cfg, 2)

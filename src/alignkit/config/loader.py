@@ -73,6 +73,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 # ---------------------------------------------------------------- typed conversion
 
 
+_PLURAL = {int: "integers", float: "numbers", bool: "true/false values", str: "strings"}
+
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -80,7 +83,8 @@ def _type_name(tp: Any) -> str:
     if origin in (Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if origin is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+        item = typing.get_args(tp)[0]
+        return f"a list of {'mappings' if dataclasses.is_dataclass(item) else _PLURAL.get(item) or _type_name(item)}"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
     return {int: "an integer", float: "a number", bool: "true/false", str: "a string", type(None): "null"}.get(
@@ -94,9 +98,10 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        for arg in args:
-            if arg is type(None):
-                continue
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:  # Optional[X]: X's own error names the inner key (model.lora.target_modules)
+            return _convert(value, options[0], key)
+        for arg in options:
             try:
                 return _convert(value, arg, key)
             except ConfigError:
@@ -163,6 +168,12 @@ def _check_range(value: Any, meta: dict[str, Any], key: str) -> None:
         raise ConfigError(f"{key}: must be a finite number, got {value!r}")
 
 
+def _empty_by_default(fld: dataclasses.Field) -> bool:
+    """An optional list: its default is the empty list (a list with a default of its own is not optional)."""
+    factory = fld.default_factory
+    return factory is not dataclasses.MISSING and factory() == []
+
+
 def build_dataclass(cls: type, raw: dict[str, Any], prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
@@ -186,10 +197,24 @@ def build_dataclass(cls: type, raw: dict[str, Any], prefix: str = "") -> Any:
         if name not in raw:
             continue
         key = f"{prefix}.{name}" if prefix else name
+        if raw[name] is None and _empty_by_default(fld):  # `data.eval=null`: an optional list, none
+            kwargs[name] = []
+            continue
         value = _convert(raw[name], hints[name], key)
         _check_range(value, dict(fld.metadata), key)
         kwargs[name] = value
-    return cls(**kwargs)
+    built = cls(**kwargs)
+    built.__dict__[_GIVEN] = frozenset(kwargs)  # not a field: to_dict and == ignore it
+    return built
+
+
+_GIVEN = "_given_keys"
+
+
+def given_keys(cfg: Any) -> frozenset[str]:
+    """The fields of a config dataclass that its YAML (or an override) set, the others holding their defaults;
+    empty for one built in code. A section whose default depends on another section's value reads it."""
+    return cfg.__dict__.get(_GIVEN, frozenset())
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -275,6 +300,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(
             f"logging.report_to: unknown sink(s) {sorted(unknown_sinks)}; choose from console, jsonl, tensorboard, wandb"
         )
+    if cfg.hub.push_to_hub and not cfg.checkpoint.save_final:
+        raise ConfigError("hub.push_to_hub: needs checkpoint.save_final=true (the push uploads output_dir/final)")
     rf = cfg.checkpoint.resume_from
     if rf not in (None, "latest") and not Path(rf).exists():
         raise ConfigError(f"checkpoint.resume_from: {rf!r} does not exist (use null, latest or a checkpoint path)")
