@@ -189,6 +189,10 @@ class TrainingConfig:
     )
     seed: int = f(42, "Seed for data order, init of new heads and dropout.")
     eval_steps: Optional[int] = f(None, "Evaluate every N optimizer steps (and at the end).", gt=0)
+    eval_before_train: bool = f(
+        True, "With an eval set: evaluate the untrained model before the first step, logged as step 0 (eval/*), "
+        "so every eval curve starts at the starting value. Not repeated by a resumed run; the step-0 eval leaves "
+        "the random state alone, so training is the same with it off.")
     eval_batch_size: Optional[int] = f(None, "Per-device eval batch; defaults to per_device_batch_size.", gt=0)
     nonfinite: Literal["skip", "stop"] = f(
         "skip", "A loss or gradient norm that is not finite on any rank: skip = that optimizer step is dropped "
@@ -302,6 +306,31 @@ class LoggingConfig:
 
 
 @dataclass
+class HubConfig:
+    push_to_hub: bool = f(
+        False, "At the end of the run (rank 0, after output_dir/final is saved) upload final/ with its model card "
+        "to the Hugging Face Hub repo hub.repo_id (created if missing). The token comes from huggingface_hub's "
+        "usual places (HF_TOKEN, or `hf auth login`); a failed push is one line and the run still exits 0, "
+        "its files complete.")
+    repo_id: Optional[str] = f(None, "The Hub model repo, org/name (or name: under your account); "
+                               "required by push_to_hub.")
+    private: bool = f(False, "Create the repo private (an existing repo keeps its visibility).")
+    revision: Optional[str] = f(None, "Branch to push to; null = the repo's default branch (main).")
+
+    def __post_init__(self) -> None:
+        if self.push_to_hub and not self.repo_id:
+            raise ConfigError("hub.repo_id: required when hub.push_to_hub is true (org/name, or name for your "
+                              "own account)")
+        if self.repo_id is not None:
+            from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+            try:
+                validate_repo_id(self.repo_id)
+            except HFValidationError as e:
+                raise ConfigError(f"hub.repo_id: {e}") from None
+
+
+@dataclass
 class RunConfig:
     algorithm: str = f("sft", "Which algorithm to run (sft, ...).")
     plugins: list[str] = f([], "Python modules imported before the config is read, e.g. [my_pkg.my_algo]: they "
@@ -313,6 +342,7 @@ class RunConfig:
     distributed: DistributedConfig = subsection(DistributedConfig, "Strategy and process group.")
     checkpoint: CheckpointConfig = subsection(CheckpointConfig, "Saving and resuming.")
     logging: LoggingConfig = subsection(LoggingConfig, "Metrics sinks.")
+    hub: HubConfig = subsection(HubConfig, "Publishing the final model to the Hugging Face Hub.")
     #: per-algorithm sections (``dpo``, ``reward``, ``sft``, ...) by YAML key; see config/sections.py
     sections: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils.data import DataLoader
@@ -49,6 +49,17 @@ def evaluate(algo: OfflineAlgorithm, models: Models, eval_set: list[Example], st
     for role, mode in was_training.items():
         models.handles[role].module.train(mode)
     return comm.reduce_metrics(sums.sums, sums.counts)
+
+
+def evaluate_at_start(run: Callable[[int], dict[str, float]], *, enabled: bool, step: int) -> dict[str, float]:
+    """``training.eval_before_train``: the eval of the untrained model, logged as step 0 by ``run`` (the loop's
+    own eval), so eval curves start where training starts. Not on a resumed run (``step`` > 0: its step 0 is
+    in its metrics.jsonl already). Under a forked CPU random state: a DataLoader draws its base seed from the
+    global generator, and training must not depend on whether this eval ran."""
+    if not enabled or step != 0:
+        return {}
+    with torch.random.fork_rng(devices=[]):
+        return run(0)
 
 
 def pick_model(cfg: RunConfig, model_dir: str | None) -> str:

@@ -24,7 +24,7 @@ from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
-from alignkit.train.evaluate import evaluate
+from alignkit.train.evaluate import evaluate, evaluate_at_start
 from alignkit.train.interrupt import InterruptWatch, stop_if_requested
 from alignkit.train.optim import build_scheduler
 from alignkit.train.run_plan import RunPlan
@@ -87,7 +87,7 @@ class OfflineTrainer:
         window, losses = Window(), []
         guard = NonfiniteGuard(cfg.training.nonfinite, cfg.training.max_nonfinite_steps, log)
         metrics: dict[str, float] = {}
-        eval_metrics: dict[str, float] = {}
+        eval_metrics = evaluate_at_start(self._evaluate, enabled=cfg.training.eval_before_train, step=state.step)
         log.start_progress(steps.total, initial=state.step)
         batches = self._micro_batches(state)
         self.models.train()

@@ -38,6 +38,7 @@ from alignkit.models.roles import Models
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.engine import SamplingParams, build_engine
 from alignkit.rollout.experience import Sample, micro_batches
+from alignkit.train.evaluate import evaluate_at_start
 from alignkit.train.interrupt import InterruptWatch, stop_if_requested
 from alignkit.train.offline_loop import TrainResult
 from alignkit.train.optim import build_scheduler
@@ -89,8 +90,8 @@ class OnlineTrainer:
             self.algo.load_files(self.checkpointer.resumed, Context(self.models, self.strategy, state.step))
         window, losses, metrics, eval_metrics = Window(), [], {}, {}
         guard = NonfiniteGuard(cfg.training.nonfinite, cfg.training.max_nonfinite_steps, log)
-        if self.eval_prompts and cfg.training.eval_steps and state.step == 0:
-            eval_metrics = self._evaluate(0)  # where the policy starts: the curve's first point
+        if self.eval_prompts:  # where the policy starts: the eval curves' first point
+            eval_metrics = evaluate_at_start(self._evaluate, enabled=cfg.training.eval_before_train, step=state.step)
         log.start_progress(total, initial=state.step)
         self.models.train()
         with InterruptWatch(cfg.checkpoint.save_on_interrupt) as watch:

@@ -1,0 +1,60 @@
+"""Runs logged from step 0 (``training.eval_before_train``): the untrained model's eval is metrics.jsonl's
+first row, equal to ``alignkit eval`` of the starting model; training is the same with it off; a resumed run
+does not log step 0 again."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alignkit.config import load_config
+from alignkit.train.evaluate import run_eval
+from alignkit.train.runner import run_train
+from tests.conftest import write_config
+
+
+def rows(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def eval_config(sft_config: dict[str, Any]) -> dict[str, Any]:
+    sft_config["data"].update({"eval": "builtin:sft_eval.jsonl", "max_eval_examples": 12})
+    sft_config["checkpoint"] = {"save_final": False, "save_steps": 2}
+    return sft_config
+
+
+def test_step_zero_is_the_untrained_eval_and_training_is_the_same_without_it(eval_config: dict[str, Any],
+                                                                              tmp_path: Path) -> None:
+    cfg = load_config(write_config(tmp_path / "c.yaml", eval_config), [])
+    untrained = run_eval(copy.deepcopy(cfg), show=False)
+    run_train(cfg)
+    out = Path(eval_config["output_dir"])
+    logged = rows(out)
+    assert logged[0]["step"] == 0 and "loss" not in logged[0]  # an eval row: no train loss before a step
+    assert logged[0]["eval/loss"] == pytest.approx(untrained["loss"], rel=1e-6)
+    assert logged[0]["eval/loss"] > logged[-1]["eval/loss"]  # the curve starts above where it ends
+    assert [r["step"] for r in logged if "eval/loss" in r] == [0, 4]
+
+    off = dict(eval_config, output_dir=str(tmp_path / "off"))
+    run_train(load_config(write_config(tmp_path / "off.yaml", off), ["training.eval_before_train=false"]))
+    logged_off = rows(tmp_path / "off")
+    assert [r["step"] for r in logged_off if "eval/loss" in r] == [4]
+    train_losses = [r["loss"] for r in logged if "loss" in r]
+    assert train_losses == [r["loss"] for r in logged_off if "loss" in r]  # the step-0 eval left the random state alone
+    assert logged[-1]["eval/loss"] == logged_off[-1]["eval/loss"]
+
+
+def test_a_resumed_run_does_not_log_step_zero_again(eval_config: dict[str, Any], tmp_path: Path) -> None:
+    path = write_config(tmp_path / "c.yaml", eval_config)
+    out = Path(eval_config["output_dir"])
+    run_train(load_config(path, []))
+    first = rows(out)
+    run_train(load_config(path, [f"checkpoint.resume_from={out / 'checkpoint-2'}"]))
+    again = rows(out)
+    assert [r["step"] for r in again] == [0, 1, 2, 3, 4, 4]  # eval 0, train 1-4, eval 4
+    assert again[:3] == first[:3] and again[-1]["eval/loss"] == pytest.approx(first[-1]["eval/loss"], rel=1e-5)
