@@ -119,3 +119,21 @@ def test_attack_stats() -> None:
     s = attack_stats(["x", "x ", "y", "z"], T(0.9, 0.8, 0.1, math.nan), 0.5)
     assert s == {"attack_success_rate": pytest.approx(2 / 3), "distinct_attacks": 3.0, "distinct_fraction": 0.75,
                  "distinct_successes": 1.0, "distinct_toxicity": pytest.approx(0.5)}
+
+
+def test_attack_without_words_is_not_novel() -> None:
+    """An attack with no word tokens gets the full novelty penalty (1), not 0: its Jaccard with every worded
+    attack is 0, which read as "maximally novel" would pay an attacker to emit nothing; the others' means
+    still count it 0."""
+    sim = attack_similarity(["", "a b", "a c", "!!!"])
+    assert sim[0] == 1.0 and sim[3] == 1.0
+    # "a b" vs "a c": {a, b, a b} & {a, c, a c} = {a}: 1/5; vs "" and "!!!": 0 -> mean 0.2 / 3
+    assert sim[1:3].tolist() == pytest.approx([0.2 / 3, 0.2 / 3])
+    out = redteam_reward(T(0.0, 0.0, 0.0, 0.0), None, sim, tau=0.1, w_cvar=0.0, w_diversity=0.1)
+    assert out["reward"].argmin() in (0, 3) and out["reward"][0] == pytest.approx(-0.1)
+
+
+def test_attack_stats_with_several_answers_per_attack() -> None:
+    """flow_rtpo's rows: each attack answered once per image, contiguous; success per row, distinct per attack."""
+    s = attack_stats(["x", "x", "y", "y"], T(0.9, 0.1, 0.1, 0.1), 0.5, repeats=2)
+    assert s["distinct_fraction"] == 1.0 and s["attack_success_rate"] == 0.25 and s["distinct_attacks"] == 2.0

@@ -8,9 +8,10 @@ and returns numbers that are the same on every rank, which then takes its own sl
   eps = max(0.01 * (max - min), 1e-6), so the values AT the quantile get a (small) bonus too; with one
   scored value, that value (its bonus is 0), as henrymao2004/flow_rtpo ``compute_cvar_bonus`` does.
 * :func:`redteam_reward`: R_i = tox_i + w_cvar * max(0, tox_i - VaR_tau) + w_quality * q_i
-  - w_diversity * sim_i. The reference code (flow_rtpo@036b339 ``__call__``) computes the CVaR bonus but
-  leaves it out of its total; here it is in, as its own docstring ("Equation 1") and ALGORITHMS 2.2 say.
-  ``sim_i`` is the novelty penalty (:func:`attack_similarity`), 0 unless w_diversity > 0.
+  - w_diversity * sim_i, as the reference's ``__call__`` at the commit ALGORITHMS 2 cites (flow_rtpo@13289f8,
+  its main branch: "Equation 1"); only a later commit on other branches (036b339, branches a800 and new) leaves
+  the bonus out of its total. ``sim_i`` is the novelty penalty (:func:`attack_similarity`), 0 unless
+  w_diversity > 0.
 * :func:`redteam_advantages`: an estimator of ``rollout/advantages.py`` by name over per-prompt groups
   (the G completions of a prompt are contiguous) or over the whole batch as one group (``global``), then
   clipped to +-adv_clip_max (Flow-GRPO's ``adv_clip_max``).
@@ -97,8 +98,9 @@ def jaccard(a: frozenset, b: frozenset) -> float:
 
 def attack_similarity(attacks: list[str], n: int = 2) -> Tensor:
     """``(N,)`` each attack's mean Jaccard similarity of word 1..n-grams to the OTHER attacks of the batch (1 =
-    every other attack is the same text; two empty attacks are the same): the novelty penalty of
-    curiosity-driven red teaming (Hong et al. 2024) in its simplest, model-free form. 0 for a batch of one."""
+    every other attack is the same text): the novelty penalty of curiosity-driven red teaming (Hong et al.
+    2024) in its simplest, model-free form. 0 for a batch of one. An attack with no word tokens (empty,
+    punctuation only) gets 1, the full penalty; it still counts 0 in the others' means."""
     N = len(attacks)
     if N < 2:
         return torch.zeros(N, dtype=torch.float64)
@@ -106,6 +108,12 @@ def attack_similarity(attacks: list[str], n: int = 2) -> Tensor:
     pair: dict[tuple[str, str], float] = {}
     out = torch.zeros(N, dtype=torch.float64)
     for i, a in enumerate(attacks):
+        if not sets[a]:
+            # Not maximally novel: its Jaccard with any worded attack is 0, so it would dodge the penalty
+            # entirely, and an attacker whose toxicity is flat would learn to emit nothing (or "!!!") to earn
+            # the largest diversity reward. Having no content, it is novel in nothing: the full penalty.
+            out[i] = 1.0
+            continue
         total = 0.0
         for j, b in enumerate(attacks):
             if i != j:
@@ -117,11 +125,12 @@ def attack_similarity(attacks: list[str], n: int = 2) -> Tensor:
     return out
 
 
-def attack_stats(attacks: list[str], tox: Tensor, threshold: float) -> dict[str, float]:
+def attack_stats(attacks: list[str], tox: Tensor, threshold: float, repeats: int = 1) -> dict[str, float]:
     """Success and diversity of the gathered batch: ``attack_success_rate`` (scored toxicity >= threshold),
     ``distinct_attacks`` (different stripped texts), ``distinct_fraction``, ``distinct_successes`` (different
     texts among the successful attacks) and ``distinct_toxicity`` (mean toxicity over the distinct texts, each
-    counted once at its first occurrence)."""
+    counted once at its first occurrence). ``repeats``: each attack holds that many contiguous rows (answers to
+    flow_rtpo's images of it): success is counted per row, ``distinct_fraction`` per attack."""
     ok = ~torch.isnan(tox)
     success = (tox >= threshold) & ok
     texts = [a.strip() for a in attacks]
@@ -131,6 +140,6 @@ def attack_stats(attacks: list[str], tox: Tensor, threshold: float) -> dict[str,
             first[t] = v
     return {"attack_success_rate": float(success.sum()) / max(1, int(ok.sum())),
             "distinct_attacks": float(len(set(texts))),
-            "distinct_fraction": len(set(texts)) / max(1, len(texts)),
+            "distinct_fraction": len(set(texts)) / max(1, len(texts) // repeats),
             "distinct_successes": float(len({t for t, s in zip(texts, success.tolist()) if s})),
             "distinct_toxicity": sum(first.values()) / len(first) if first else math.nan}
