@@ -37,6 +37,7 @@ class LaunchPlan:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)  # added to the inherited environment
     notes: list[str] = field(default_factory=list)
+    processes: int = 1  # over every node: what the effective batch is multiplied by
 
     def shell(self) -> str:
         """The command as one POSIX shell line, environment additions first (copy-pasteable)."""
@@ -81,7 +82,7 @@ def build_launch(config: str, overrides: list[str], *, nproc_per_node: int | Non
         raise LaunchError(f"--nproc-per-node and --nnodes must be >= 1, got {nproc} and {nnodes}")
     if not 0 <= node_rank < nnodes:
         raise LaunchError(f"--node-rank {node_rank} is outside [0, --nnodes {nnodes})")
-    plan = LaunchPlan(argv=[])
+    plan = LaunchPlan(argv=[], processes=nproc * nnodes)
     if nnodes > 1:
         if not master_addr:
             raise LaunchError("--nnodes > 1 needs --master-addr (the address of node 0, the same on every node)")

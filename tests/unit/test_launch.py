@@ -112,3 +112,23 @@ def test_bat_scripts_do_not_use_their_own_path_after_shift(script) -> None:
     assert any("-m alignkit launch" in line for line in code)
     sh = script.with_suffix(".sh")
     assert sh.is_file(), f"{script.name} has no .sh twin"
+
+
+def test_launch_says_the_batch_grows_with_the_processes(micro_model, tmp_path) -> None:
+    """Issue 42.5: a per-device batch under N processes is N times the one-process batch, and an epoch N times
+    fewer optimizer steps; `launch` says so in one line (with the steps per epoch), and not for a global batch."""
+    from tests.conftest import assert_ok, run_cli
+
+    base = ["configs/sft.yaml", f"model.name_or_path={micro_model}", "data.max_train_examples=100",
+            "training.per_device_batch_size=4", "training.gradient_accumulation_steps=2"]
+    proc = run_cli(["launch", "--nproc-per-node", "4", "--nnodes", "2", "--node-rank", "0", "--master-addr", "h",
+                    "--dry-run", *base], cwd=REPO)
+    assert_ok(proc)
+    # 100 examples / 8 ranks = 12 each = 3 micro-batches of 4 -> 2 steps; one rank: 25 micro-batches -> 13 steps
+    assert ("alignkit launch: effective batch 64 = per_device 4 x accumulation 2 x 8 processes (8 on one process): "
+            "2 optimizer steps per epoch (13 on one); set training.global_batch_size") in proc.stderr
+    proc = run_cli(["launch", "--nproc-per-node", "2", "--dry-run", *base[:3], "training.global_batch_size=8",
+                    "training.per_device_batch_size=null"],
+                   cwd=REPO)
+    assert_ok(proc)
+    assert "effective batch" not in proc.stderr

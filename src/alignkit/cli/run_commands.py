@@ -37,10 +37,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from alignkit.launch import build_launch, run_launch
 
     # one error line here, not one per rank after start-up; rank 0 says the alias notes once, later
-    load_config(args.config, args.overrides, notes=False)
+    cfg = load_config(args.config, args.overrides, notes=False)
     plan = build_launch(args.config, args.overrides, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                         node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
                         launcher=args.launcher)
+    from alignkit.train.plan_cli import batch_growth_note
+
+    note = batch_growth_note(cfg, plan.processes)
+    plan.notes += [note] if note else []
     return run_launch(plan, dry_run=args.dry_run)
 
 

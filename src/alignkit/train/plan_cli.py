@@ -6,10 +6,13 @@ import dataclasses
 
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.config import dump_yaml, load_config
+from alignkit.config.loader import resolve_batch
+from alignkit.config.schema import RunConfig
 from alignkit.distributed.env import read_env
 from alignkit.distributed.strategy.base import pick_backend, pick_compute_dtype, pick_device
+from alignkit.errors import UserError
 from alignkit.models.loading import load_tokenizer
-from alignkit.train.run_plan import plan_run
+from alignkit.train.run_plan import plan_run, plan_steps
 
 
 def print_plan(config: str, overrides: list[str], *, world_size: int | None = None) -> None:
@@ -59,3 +62,25 @@ def print_plan(config: str, overrides: list[str], *, world_size: int | None = No
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+
+
+def batch_growth_note(cfg: RunConfig, processes: int) -> str | None:
+    """``alignkit launch``'s line when the batch is given per device (no ``training.global_batch_size``): the
+    effective batch is per_device x accumulation x processes, so N processes take N times fewer optimizer steps
+    per epoch than one (with the learning rate of the one, unless ``training.lr_scaling``). None when the batch is
+    global or one process runs."""
+    if cfg.training.global_batch_size is not None or processes == 1:
+        return None
+    one, many = resolve_batch(cfg, 1), resolve_batch(cfg, processes)
+    line = (f"effective batch {many.global_batch} = per_device {many.per_device} x accumulation {many.accumulation} "
+            f"x {processes} processes ({one.global_batch} on one process)")
+    if not cfg.data.streaming:
+        try:  # the epoch's length needs the tokenized data (validate's count); unreadable here = left out
+            algo = ALGORITHMS.get(cfg.algorithm)(cfg, load_tokenizer(cfg.model))
+            n_train = len(algo.data.build_dataset(cfg.data.train, "train"))
+            per_epoch = [plan_steps(n_train, b.per_device, b.accumulation, b.world_size, cfg.training).per_epoch
+                         for b in (many, one)]
+            line += f": {per_epoch[0]} optimizer steps per epoch ({per_epoch[1]} on one)"
+        except (UserError, OSError):
+            pass
+    return line + "; set training.global_batch_size to keep the batch whatever the processes"
