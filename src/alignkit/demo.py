@@ -10,7 +10,7 @@ vocabulary) needs several times more steps to get past the answer format.
 
 from __future__ import annotations
 
-import copy
+import json
 import logging
 import time
 from pathlib import Path
@@ -47,8 +47,17 @@ def judge_accuracy(model_dir: Path, rows: list[dict[str, Any]], *, max_new_token
     return out
 
 
+def step_zero_eval(metrics: Path) -> dict[str, float]:
+    """The run's eval of the untrained model (``training.eval_before_train``: metrics.jsonl's step-0 row): the
+    "before" loss without loading and evaluating the model a second time."""
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if row.get("step") == 0:
+            return row
+    return {}
+
+
 def run_demo(output_dir: Path, *, max_steps: int | None = None, size: str = "micro", n_judge: int = 90) -> dict[str, Any]:
-    from alignkit.train.evaluate import run_eval
     from alignkit.train.runner import run_train
 
     setup_console(True)
@@ -67,8 +76,8 @@ def run_demo(output_dir: Path, *, max_steps: int | None = None, size: str = "mic
     eval_rows = [r.data for r in read_rows(cfg.data.eval[0])][:n_judge]
 
     before = judge_accuracy(model_dir, eval_rows)
-    before_loss = run_eval(copy.deepcopy(cfg), model_dir=str(model_dir), show=False).get("loss", float("nan"))
     result = run_train(cfg)
+    before_loss = step_zero_eval(Path(cfg.output_dir) / "metrics.jsonl").get("eval/loss", float("nan"))
     final = Path(cfg.output_dir) / "final"
     after = judge_accuracy(final, eval_rows)
     first_loss = result.losses[0] if result.losses else float("nan")

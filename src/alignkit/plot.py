@@ -8,7 +8,9 @@ value (a non-finite number, see :meth:`alignkit.logging.RunLogger.log_metrics`) 
 line, marked with an ``x`` on the step axis; a step logged twice (a run resumed from a checkpoint
 older than its last log line) keeps its last value. Panels come in this order: loss, lr, grad_norm,
 tokens_per_s; then ``eval/*``; then the algorithm's own metrics (rewards, kl, nll, ...) as they
-first appear; peak_mem_mb last.
+first appear; peak_mem_mb last. A panel repeating an earlier one (one quantity under two related names,
+equal in every run: :func:`drop_repeats`) is left out and named in the earlier one's title. The legend
+names the runs (several) and the smoothing of a long series (faint as logged, bold a moving average).
 
 Only matplotlib's object API is used (``Figure`` on the Agg canvas, never ``pyplot``): nothing
 needs a display, and a caller's own pyplot figures and backend are left alone. No torch here.
@@ -41,7 +43,7 @@ FLOW_ALGORITHMS = ("flow_grpo", "flow_rtpo")
 #: ratio, the advantages; then the timings (FLOW_TIMES); globs as in ``--metrics``
 FLOW_ORDER = ("reward_mean", "reward/*", "cvar_bonus_mean", "var", "kl", "approx_kl", "clip_fraction", "ratio",
               "policy_loss", "advantage_*", "reward_std", "frac_reward_zero_std", "reward_scored")
-FLOW_TIMES = ("sample_s", "rollout_s", "update_s")
+FLOW_TIMES = ("sample_s", "rollout_s", "update_s", "time/*")
 #: token throughputs, always 0 in a flow_grpo run (it trains on images): no panels there
 NO_TOKENS = ("tokens_per_s", "train_tokens_per_s")
 #: drawn on a log y-axis when all their values are positive and span more than two decades
@@ -175,7 +177,8 @@ def _flow_order(names: list[str]) -> list[str]:
         for pat in FLOW_ORDER:
             ordered += [m for m in names if fnmatch.fnmatchcase(m, prefix + pat) and m not in ordered
                         and (prefix or not m.startswith("image/"))]
-    times = [m for prefix in ("", "image/") for t in FLOW_TIMES for m in names if m == prefix + t]
+    times = [m for prefix in ("", "image/") for t in FLOW_TIMES for m in names
+             if fnmatch.fnmatchcase(m, prefix + t) and m not in ordered]
     return ordered + [m for m in names if m not in ordered and m not in times] + times
 
 
@@ -220,9 +223,43 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path | None = None,
     data = [read_metrics(f, nm) for f, nm in zip(files, run_names(runs))]
     available = [m for run in data for m in run.series]
     panels = select_metrics(available, metrics, [run.algorithm for run in data])
+    panels, repeats = drop_repeats(data, panels) if metrics is None else (panels, {})
     path = Path(out) if out is not None else default_out(runs)
-    _draw(data, panels, path, _image_format(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draw_figure(data, panels, repeats).savefig(path, format=_image_format(path))
     return Plotted(path, panels)
+
+
+def drop_repeats(runs: Sequence[RunMetrics], panels: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """The panels less those repeating an earlier one: one quantity logged under two names (a flow run's
+    ``reward_mean``, ``reward/main`` and ``reward/main/shapes_colour`` with a single scorer; ``update_s`` and
+    ``time/update_s``), i.e. related names (:func:`_family`) whose series are equal in every run. Returns the
+    panels kept and, for each kept panel, the names it stands for (said in its title)."""
+    kept: list[str] = []
+    repeats: dict[str, list[str]] = {}
+    for name in panels:
+        same = next((k for k in kept if _related(k, name) and _same_series(runs, k, name)), None)
+        if same is None:
+            kept.append(name)
+        else:
+            repeats.setdefault(same, []).append(name)
+    return kept, repeats
+
+
+def _related(a: str, b: str) -> bool:
+    """Names of one quantity: equal, or one a path under the other, once ``time/`` and ``_mean`` are set aside."""
+    fa, fb = (m.removeprefix("time/").removesuffix("_mean") for m in (a, b))
+    return fa == fb or fb.startswith(fa + "/") or fa.startswith(fb + "/")
+
+
+def _same_series(runs: Sequence[RunMetrics], a: str, b: str) -> bool:
+    both = [r for r in runs if a in r.series and b in r.series]
+    if not both or any((a in r.series) != (b in r.series) for r in runs):
+        return False
+    import numpy as np
+
+    return all(r.series[a][0] == r.series[b][0] and np.array_equal(r.series[a][1], r.series[b][1], equal_nan=True)
+               for r in both)
 
 
 def _image_format(path: Path) -> str:
@@ -234,48 +271,54 @@ def _image_format(path: Path) -> str:
     return fmt
 
 
-def _draw(runs: list[RunMetrics], panels: list[str], path: Path, fmt: str) -> None:
+def draw_figure(runs: list[RunMetrics], panels: list[str], repeats: dict[str, list[str]] | None = None) -> Any:
+    """The matplotlib ``Figure`` of ``panels`` (not saved). Its legend names the runs (several) and, where a
+    panel is smoothed, says how: faint = as logged, bold = the moving average and its window."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     n = len(panels)
     ncols = n if n <= 3 else min(MAX_COLUMNS, math.ceil(math.sqrt(n)))  # 4 panels: 2 x 2; 10: 4 x 3
     nrows = math.ceil(n / ncols)
-    header = 0.5 + (0.35 * math.ceil(len(runs) / 4) if len(runs) > 1 else 0.0)
-    width = max(PANEL_INCHES[0] * ncols, 7.0)  # room for the title and the footnote above and below one panel
-    fig = Figure(figsize=(width, PANEL_INCHES[1] * nrows + header), dpi=100, layout="constrained")
+    width = max(PANEL_INCHES[0] * ncols, 7.0)  # room for the title and the legend above one panel
+    fig = Figure(figsize=(width, PANEL_INCHES[1] * nrows + 0.5 + 0.35 * math.ceil((len(runs) + 2) / 4)),
+                 dpi=100, layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).flat
     # ten colours, then the same colours dashed, then dotted
     styles = [(f"C{i % 10}", ("-", "--", ":")[i // 10 % 3]) for i in range(len(runs))]
     steps = [s for run in runs for m in panels if m in run.series for s in run.series[m][0]]
     lo, hi = min(steps), max(steps)
     pad = 0.03 * (hi - lo) if hi > lo else 0.5
-    smoothed = 0
+    windows: set[int] = set()
     for i, name in enumerate(panels):
-        smoothed = max(smoothed, _panel(axes[i], name, runs, styles))
+        windows |= _panel(axes[i], name, runs, styles, (repeats or {}).get(name, []))
         axes[i].set_xlim(lo - pad, hi + pad)
         if i + ncols >= n:  # the lowest panel of its column
             axes[i].set_xlabel("step")
     for ax in axes[n:]:
         ax.remove()
+    handles = [] if len(runs) == 1 else [Line2D([], [], color=c, ls=ls, lw=2, label=_label(run))
+                                         for run, (c, ls) in zip(runs, styles)]
     if len(runs) == 1:
         fig.suptitle(f"{_label(runs[0])}: {runs[0].file}", fontsize=12)
-    else:
-        handles = [Line2D([], [], color=c, ls=ls, lw=2, label=_label(run)) for run, (c, ls) in zip(runs, styles)]
-        fig.legend(handles=handles, loc="outside upper center", ncols=min(len(runs), 4), frameon=False, fontsize=11)
-    if smoothed:
-        fig.supxlabel(f"bold: centred moving average of up to {smoothed} logged points; faint: as logged",
-                      fontsize=9, color="0.35")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format=fmt)
+    if windows:
+        k = f"{max(windows)}" if len(windows) == 1 else f"up to {max(windows)}"
+        handles += [Line2D([], [], color="0.3", lw=0.8, alpha=0.4, label="faint: as logged"),
+                    Line2D([], [], color="0.3", lw=1.6, label=f"bold: centred moving average of {k} logged points")]
+    if handles:
+        fig.legend(handles=handles, loc="outside upper center", ncols=min(len(handles), 4), frameon=False,
+                   fontsize=10)
+    return fig
 
 
-def _panel(ax: Any, name: str, runs: list[RunMetrics], styles: list[tuple[str, str]]) -> int:
-    """One metric of every run that logged it; returns the moving-average window used (0: none)."""
+def _panel(ax: Any, name: str, runs: list[RunMetrics], styles: list[tuple[str, str]],
+           repeats: Sequence[str] = ()) -> set[int]:
+    """One metric of every run that logged it (``repeats``: further names of the same series, said in the
+    title); returns the moving-average windows used (none: not smoothed)."""
     from matplotlib.ticker import MaxNLocator
 
     finite: list[float] = []
-    gaps = smoothed = 0
+    gaps, smoothed = 0, set()
     for run, (color, ls) in zip(runs, styles):
         if name not in run.series:
             continue
@@ -285,16 +328,17 @@ def _panel(ax: Any, name: str, runs: list[RunMetrics], styles: list[tuple[str, s
         elif len(steps) < SMOOTH_FROM or name == "lr":
             ax.plot(steps, values, color=color, ls=ls, lw=1.4)
         else:  # noisy logged values: faint as logged, bold a moving average
-            smoothed = _window(len(steps))
+            k = _window(len(steps))
+            smoothed.add(k)
             ax.plot(steps, values, color=color, ls=ls, lw=0.8, alpha=0.3)
-            ax.plot(steps, moving_average(values, smoothed), color=color, ls=ls, lw=1.6)
+            ax.plot(steps, moving_average(values, k), color=color, ls=ls, lw=1.6)
         nan_steps = [s for s, v in zip(steps, values) if math.isnan(v)]
         if nan_steps:  # where the line breaks: x marks on the step axis
             ax.plot(nan_steps, [0.0] * len(nan_steps), "x", color=color, ms=6, mew=1.5,
                     transform=ax.get_xaxis_transform(), clip_on=False)
         gaps += len(nan_steps)
         finite += [v for v in values if math.isfinite(v)]
-    ax.set_title(name, fontsize=11)
+    ax.set_title(" = ".join([name, *repeats]), fontsize=11 if not repeats else 9)
     if gaps:
         ax.set_title(f"{gaps} non-finite", loc="right", fontsize=8, color="0.35")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 2.5, 5, 10]))

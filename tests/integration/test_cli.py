@@ -126,6 +126,9 @@ def test_demo_smoke(tmp_path: Path) -> None:
                  "held-out accuracy/add (greedy, judged)"):
         assert line in text, line
     rows = [json.loads(x) for x in (out / "sft" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "loss" in r][-1] == 3
+    # its curves start where training starts: the untrained eval at step 0, the first step's loss
+    assert [r["step"] for r in rows if "loss" in r] == [1, 3] and [r["step"] for r in rows if "eval/loss" in r] == [0, 3]
+    before = next(line for line in text.splitlines() if line.startswith("held-out loss")).split()[-2]
+    assert before == f"{rows[0]['eval/loss']:.3f}"  # the demo's "before" is the run's step-0 eval
     assert (out / "sft" / "final" / "model.safetensors").is_file()
     assert (out / "model-micro" / "tokenizer.json").is_file()

@@ -152,21 +152,25 @@ def test_flow_runs_plot_reward_terms_kl_clipping_and_image_panels(micro_sd3: Pat
         "checkpoint.save_final=false", "logging.report_to=[jsonl]"]))
     assert is_png(out / "plots" / "summary.png")
     _, panels = plot_runs([out], tmp_path / "flow.png")
-    assert panels[:9] == ["loss", "lr", "grad_norm", "reward_mean", "reward/main", "reward/main/shapes_colour",
-                          "cvar_bonus_mean", "var", "kl"]
+    # one scorer, w_cvar 0: reward_mean = reward/main = reward/main/shapes_colour, one panel; update_s = time/update_s
+    assert panels[:7] == ["loss", "lr", "grad_norm", "reward_mean", "cvar_bonus_mean", "var", "kl"]
     assert panels.index("kl") < panels.index("clip_fraction") < panels.index("ratio") < panels.index("advantage_std")
-    assert panels[-4:] == ["sample_s", "rollout_s", "update_s", "peak_mem_mb"]
-    assert not {"tokens_per_s", "train_tokens_per_s"} & set(panels)
-    # flow_rtpo: the attacker's metrics unprefixed, the image policy's under image/
+    times = panels[panels.index("rollout_s"):]
+    assert times[:5] == ["rollout_s", "update_s", "time/sample_s", "time/score_s", "time/rollout_other_s"]
+    assert times[-1] == "peak_mem_mb" and "time/update_s" not in times
+    assert not {"tokens_per_s", "train_tokens_per_s", "sample_s"} & set(panels)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert not any("tokens_per_s" in key for row in rows for key in row)  # images: no token throughput logged
+    # flow_rtpo: the attacker's metrics unprefixed, the image policy's under image/
     rtpo = tmp_path / "rtpo"
     rtpo.mkdir()
     (rtpo / "config.yaml").write_text("algorithm: flow_rtpo\n", encoding="utf-8")
-    flow = ("reward_mean", "kl", "clip_fraction", "sample_s", "reward/main/shapes_colour")
+    flow = ("reward_mean", "kl", "clip_fraction", "reward/main/shapes_colour")
     mixed = [{"step": r["step"], "loss": r["loss"], "tokens_per_s": 50.0, "reward_mean": r["reward_mean"],
-              "kl": 0.1, "loss/image_policy": r["loss"], **{f"image/{k}": r[k] for k in flow}} for r in rows]
+              "kl": 0.1, "loss/image_policy": 2 * r["loss"], "image/sample_s": r["rollout_s"],
+              **{f"image/{k}": r[k] for k in flow}} for r in rows]
     (rtpo / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mixed), encoding="utf-8")
     path, panels = plot_runs([rtpo], tmp_path / "rtpo.png")
     assert is_png(path)
-    assert panels == ["loss", "tokens_per_s", "reward_mean", "kl", "image/reward_mean", "image/reward/main/shapes_colour",
+    assert panels == ["loss", "tokens_per_s", "reward_mean", "kl", "image/reward_mean",  # = image/reward/main/...
                       "image/kl", "image/clip_fraction", "loss/image_policy", "image/sample_s"]

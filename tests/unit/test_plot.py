@@ -160,3 +160,41 @@ def test_end_of_run_plot_never_raises(tmp_path: Path, alignkit_log: list[tuple[i
     assert plot_after_run(run, ["jsonl"]) is None
     level, msg = alignkit_log[-1]
     assert level == logging.WARNING and msg.startswith(f"Warning: could not plot {run / 'metrics.jsonl'}: DataError:")
+
+
+def test_repeated_panels_are_dropped_and_named_in_the_kept_title(tmp_path: Path) -> None:
+    """One quantity under related names (a flow run's reward_mean = reward/main = reward/main/shapes_colour with
+    one scorer; update_s = time/update_s) is one panel; unrelated names with equal values (kl and clip_fraction
+    both 0) and related names that differ somewhere stay."""
+    from alignkit.plot import draw_figure, drop_repeats
+
+    rows = [{"step": s, "loss": 1.0 / s, "reward_mean": 0.1 * s, "reward/main": 0.1 * s,
+             "reward/main/shapes_colour": 0.1 * s, "reward/quality": 0.1 * s if s < 3 else 0.0, "kl": 0.0,
+             "clip_fraction": 0.0, "update_s": 2.0 + s, "time/update_s": 2.0 + s} for s in range(1, 4)]
+    run = read_metrics(write_run(tmp_path / "flow", rows) / "metrics.jsonl")
+    panels, repeats = drop_repeats([run], order_metrics(list(run.series)))
+    assert panels == ["loss", "reward_mean", "reward/quality", "kl", "clip_fraction", "update_s"]
+    assert repeats == {"reward_mean": ["reward/main", "reward/main/shapes_colour"], "update_s": ["time/update_s"]}
+    titles = [ax.get_title() for ax in draw_figure([run], panels, repeats).axes]
+    assert titles[1] == "reward_mean = reward/main = reward/main/shapes_colour" and titles[-1] == "update_s = time/update_s"
+    # equal in one run only: both kept; asked for by --metrics: both kept
+    other = read_metrics(write_run(tmp_path / "b", [dict(r, **{"reward/main": 0.5}) for r in rows]) / "metrics.jsonl")
+    assert "reward/main" in drop_repeats([run, other], ["reward_mean", "reward/main"])[0]
+    assert plot_runs([tmp_path / "flow"], tmp_path / "sel.png", metrics=["reward*"]).panels == [
+        "reward_mean", "reward/main", "reward/main/shapes_colour", "reward/quality"]
+
+
+def test_the_legend_names_the_overlaid_runs_and_the_smoothing(tmp_path: Path) -> None:
+    from alignkit.plot import draw_figure
+
+    short = read_metrics(write_run(tmp_path / "x" / "sft", [train_row(s) for s in range(1, 6)]) / "metrics.jsonl")
+    long = read_metrics(write_run(tmp_path / "y" / "dpo", [train_row(s) for s in range(1, 201)]) / "metrics.jsonl")
+    short.name, long.name = run_names([tmp_path / "x" / "sft", tmp_path / "y" / "dpo"])
+
+    def legend(runs: list[Any]) -> list[str]:
+        fig = draw_figure(runs, ["loss", "lr"])
+        return [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+
+    assert legend([short, long]) == ["sft", "dpo", "faint: as logged", "bold: centred moving average of 5 logged points"]
+    assert legend([short]) == []  # one run: its name is the title, nothing is smoothed
+    assert legend([long])[-1] == "bold: centred moving average of 5 logged points"

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -221,12 +220,12 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
     def rollout(self, ctx: RolloutContext) -> Experience:
         o = self.opts
         prompts = [row["prompt"] for row in ctx.rows]
-        start = time.perf_counter()
-        traj, images, cond = self.render(ctx, prompts, [f"sample:{i}" for i in range(ctx.mine.start, ctx.mine.stop)],
-                                         steps=o.num_inference_steps, noise_level=o.noise_level, step=self.step)
-        sample_s = time.perf_counter() - start
-        local = self.scores(ctx, prompts, images, o.placement)
-        scores = gather_scores({k: v.tolist() for k, v in local.items()})
+        with ctx.timed("sample"):  # time/sample_s, time/score_s: the rollout's phases, as a text policy's
+            traj, images, cond = self.render(ctx, prompts, [f"sample:{i}" for i in range(ctx.mine.start, ctx.mine.stop)],
+                                             steps=o.num_inference_steps, noise_level=o.noise_level, step=self.step)
+        with ctx.timed("score"):
+            local = self.scores(ctx, prompts, images, o.placement)
+            scores = gather_scores({k: v.tolist() for k, v in local.items()})
         main, quality = weighted_term(self.scorer_list, scores, "main"), weighted_term(self.scorer_list, scores, "quality")
         assert main is not None
         terms = redteam_reward(main, quality, tau=o.tau, w_cvar=o.w_cvar, w_quality=o.w_quality if quality is not None else 0.0)
@@ -240,7 +239,6 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
             ok = values[~torch.isnan(values)]
             stats.add(f"{name}_mean" if "/" not in name else name, float(ok.mean()) if ok.numel() else math.nan, 1)
         stats.add("var", terms["var"], 1)
-        stats.add("sample_s", sample_s, 1)
         return Experience(samples, gathered, stats)
 
     def units_of(self, traj: Any, cond: Conditioning, prompts: list[str]) -> list[Sample]:

@@ -298,6 +298,9 @@ class CheckpointConfig:
 @dataclass
 class LoggingConfig:
     logging_steps: int = f(10, "Log metrics every N optimizer steps.", gt=0)
+    logging_first_step: bool = f(
+        False, "Also log the first optimizer step (an online run: its first iteration), whose loss is the untrained "
+        "model's on the first batch, so the training curves start where training starts (the demo sets it).")
     report_to: list[str] = f(["console", "jsonl"], "Any of console, jsonl, tensorboard, wandb.")
     run_name: Optional[str] = f(None, "Name for W&B / TensorBoard; defaults to output_dir's name.")
     wandb_project: str = f("alignkit", "W&B project (W&B runs offline when WANDB_MODE=offline).")

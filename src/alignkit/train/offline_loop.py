@@ -101,7 +101,7 @@ class OfflineTrainer:
                 window.add(result)
                 extra = algo.on_step_end(Context(self.models, self.strategy, state.step, LazyMetrics(result)))
                 log.advance({"loss": result.loss})
-                if state.step % cfg.logging.logging_steps == 0 or state.step == steps.total:
+                if self._log_due(state.step):
                     metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra,
                                          algo.console_keys)
                 if self._due(cfg.training.eval_steps, state.step):
@@ -196,6 +196,10 @@ class OfflineTrainer:
     def _due(self, every: int | None, step: int) -> bool:
         """Whether a periodic action (eval, save) falls on ``step``; the last step has its own."""
         return bool(every) and step % every == 0 and step < self.steps.total
+
+    def _log_due(self, step: int) -> bool:
+        first = step == 1 and self.cfg.logging.logging_first_step
+        return first or step % self.cfg.logging.logging_steps == 0 or step == self.steps.total
 
     def _evaluate(self, step: int) -> dict[str, float]:
         if not self.eval_set:

@@ -123,7 +123,8 @@ class OnlineTrainer:
                 extra = self.algo.on_step_end(Context(self.models, self.strategy, state.step,
                                                       {**result.metrics, **iteration}))
                 log.advance({"loss": result.loss, "reward": iteration.get("reward_mean", math.nan)})
-                if self._crossed(cfg.logging.logging_steps, state.step, len(results)) or state.step == total:
+                first = state.step == len(results) and cfg.logging.logging_first_step  # a fresh run's first iteration
+                if first or self._crossed(cfg.logging.logging_steps, state.step, len(results)) or state.step == total:
                     metrics = log_window(log, self.strategy, window, state, self._epoch(state), lr, result, extra)
                     self._log_samples(state.step, samples)
                 self._tail_s["log"], tail = time.perf_counter() - tail, time.perf_counter()

@@ -133,5 +133,7 @@ class Window:
         tokens, mem = means.pop(" tokens"), means.pop(" peak_mem_mb")
         # timed after the read-back: the window's device work has finished, none of it falls into the next window
         elapsed = max(time.perf_counter() - self.start, 1e-9)
-        return {"loss": sum(self.losses) / max(1, len(self.losses)), "tokens_per_s": tokens / elapsed,
-                "peak_mem_mb": mem, **means}
+        # a throughput of no tokens (flow_grpo trains on images) is no metric: not logged rather than 0
+        throughput = {"tokens_per_s": tokens / elapsed} if tokens else {}
+        means = {k: v for k, v in means.items() if not (k.endswith("tokens_per_s") and v == 0.0)}
+        return {"loss": sum(self.losses) / max(1, len(self.losses)), **throughput, "peak_mem_mb": mem, **means}
