@@ -9,6 +9,7 @@ from alignkit.algorithms.flow_grpo import FlowGRPO
 from alignkit.algorithms.flow_rtpo import FlowRTPO
 from alignkit.algorithms.flow_sft import FlowSFT
 from alignkit.algorithms.grpo import GRPO, RLOO, DrGRPO
+from alignkit.algorithms.kto import KTO
 from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.algorithms.orpo import ORPO
 from alignkit.algorithms.ppo import PPO, PPOLag
@@ -22,7 +23,8 @@ from alignkit.config.sections import ALGORITHMS, register_algorithm
 from alignkit.models.roles import Workload
 
 for _name, _cls in (("sft", SFT), ("reward_model", RewardModel), ("cost_model", CostModel), ("dpo", DPO),
-                    ("safe_dpo", SafeDPO), ("vlm_sft", VLMSFT), ("flow_sft", FlowSFT), ("orpo", ORPO)):
+                    ("safe_dpo", SafeDPO), ("vlm_sft", VLMSFT), ("flow_sft", FlowSFT), ("orpo", ORPO),
+                    ("kto", KTO)):
     register_algorithm(_name)(_cls)
 for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam, FlowGRPO, FlowRTPO):  # the online loop's algorithms
     register_algorithm(_online.name)(_online)

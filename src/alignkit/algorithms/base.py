@@ -160,6 +160,11 @@ class Algorithm(ABC):
         before a resume restores weights); ``train_set`` / ``eval_set``: the examples (offline) or prompt rows
         (online). E.g. DPO caches reference log-probs in the examples; online algorithms zero dropout."""
 
+    def before_step(self, ctx: Context, group: list[Batch]) -> None:
+        """Called by the offline loop before it accumulates an optimizer step's micro-batches (this rank's,
+        still on the host): a statistic of the whole step that every micro-batch's loss shares (KTO's
+        reference point z0). Every rank calls it at the same point, so it may reduce across ranks (``comm``)."""
+
     def on_step_end(self, ctx: Context) -> dict[str, float]:
         """After each optimizer step (offline) or each iteration's updates (online), with ``ctx.metrics``
         reduced over every rank (e.g. a dual update); returns extra metrics to log."""
