@@ -122,6 +122,7 @@ class OfflineTrainer:
 
     def _step(self, group: list[Batch]) -> StepResult:
         data, strategy, models = self.algo.data, self.strategy, self.models
+        self.algo.before_step(Context(models, strategy), group)
         losses, sums, tokens = accumulate(strategy, models, group, self.algo.loss, data.loss_units, data.tokens_in)
         norms, dropped, role_sums = optimizer_step(strategy, models, self.cfg.training.max_grad_norm, losses)
         return step_result(strategy, models, role_sums, sums, tokens, norms, dropped)
