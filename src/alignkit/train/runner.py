@@ -40,6 +40,7 @@ from alignkit.models.kinds import KINDS
 from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
 from alignkit.models.liger import check_liger
 from alignkit.plot import plot_after_run
+from alignkit.train.hub_push import publish
 from alignkit.train.checkpoint import resolve_resume, role_dir
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
@@ -322,7 +323,10 @@ def run_train(cfg: RunConfig) -> TrainResult:
         if algo.memory_table:
             logger.info(memory_table(cfg, session.workload, strategy))
         result = OfflineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
+    plot = None
     if cfg.logging.plot and strategy.is_main:  # a failure here is a warning line: the run has finished
-        plot_after_run(out, cfg.logging.report_to)
+        plot = plot_after_run(out, cfg.logging.report_to)
+    if strategy.is_main and result.final_dir is not None:  # the card shows the plot; then hub.push_to_hub
+        publish(cfg, result.final_dir, plot, logger)
     logger.info(f"Run finished: outputs in {out}")
     return result

@@ -29,6 +29,7 @@ from alignkit.errors import ConfigError, TrainingError
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
 from alignkit.train import checkpoint as ckpt
+from alignkit.train.model_card import write_model_card
 from alignkit.train.resume import compare, fast_forward, saved_config, schedule_changed
 from alignkit.train.step_metrics import StepResult, Window
 
@@ -307,4 +308,5 @@ class Checkpointer:
             self.strategy.save_model(handle, target, self.tokenizer_of(role))
             if self.strategy.is_main:  # how it was trained (e.g. `alignkit score` reads the data format)
                 (target / "config.yaml").write_text(config_yaml, encoding="utf-8")
+                write_model_card(target, config_yaml, self.out, what=what, role=None if i == 0 else role)
         self.log.info(f"Saved {what} to {final_dir}")

@@ -1,0 +1,61 @@
+"""``hub.push_to_hub``: the run's ``final/`` (weights or adapter, tokenizer, resolved config, model card, summary
+plot) uploaded to the Hugging Face Hub through ``huggingface_hub`` at the end of the run.
+
+Rank 0 only, after the save is complete and the card is final. Publishing is the last courtesy of a finished
+run, never a reason to lose it: without a token, without the network, or when the Hub refuses, the push is one
+line naming why and the command that uploads the same folder later, and the run exits 0 with its files as they
+were. The token is huggingface_hub's own (``HF_TOKEN``, or ``hf auth login``'s) and is never logged;
+``HF_ENDPOINT`` names another Hub (a mirror, or a test's fake one).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from alignkit.config import RunConfig
+from alignkit.config.loader import dump_yaml
+from alignkit.config.schema import HubConfig
+from alignkit.logging import RunLogger
+from alignkit.train.model_card import write_model_card
+
+
+def publish(cfg: RunConfig, final_dir: Path, plot: Path | None, log: RunLogger) -> None:
+    """The end of a run, on rank 0 once ``final_dir`` is saved: its card rewritten to show the run's summary plot
+    (drawn after the save), then the push when ``hub.push_to_hub``."""
+    if plot is not None:
+        write_model_card(final_dir, dump_yaml(cfg), Path(cfg.output_dir), plot=plot)
+    if cfg.hub.push_to_hub:
+        push_final(final_dir, cfg.hub, log, algorithm=cfg.algorithm)
+
+
+def push_final(final_dir: Path, hub: HubConfig, log: RunLogger, *, algorithm: str) -> str | None:
+    """Create ``hub.repo_id`` if missing and upload ``final_dir`` into it; returns the commit's URL, or None after
+    one line saying why it was not pushed. Never raises for the Hub's sake (a KeyboardInterrupt still stops)."""
+    from huggingface_hub import HfApi, get_token
+
+    flags = (" --private" if hub.private else "") + (f" --revision {hub.revision}" if hub.revision else "")
+    later = f"the model is complete in {final_dir}; upload it later with: hf upload {hub.repo_id} {final_dir}{flags}"
+    if not get_token():
+        log.info(f"Hub push skipped: no Hugging Face token (set HF_TOKEN or run `hf auth login`); {later}")
+        return None
+    # the endpoint read now, not when huggingface_hub was first imported (transformers imports it early)
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
+    try:
+        api.create_repo(hub.repo_id, private=hub.private, exist_ok=True)
+        if hub.revision:
+            api.create_branch(hub.repo_id, branch=hub.revision, exist_ok=True)
+        info = api.upload_folder(repo_id=hub.repo_id, folder_path=final_dir, revision=hub.revision,
+                                 commit_message=f"alignkit {algorithm}: {final_dir.parent.name}/{final_dir.name}")
+    except Exception as e:  # noqa: BLE001 - any failure of the push is reported, the finished run stands
+        log.info(f"Hub push to {hub.repo_id} at {api.endpoint} failed ({failure(e)}); {later}")
+        return None
+    log.info(f"Pushed {final_dir} to the Hub: {info.commit_url}")
+    return str(info.commit_url)
+
+
+def failure(error: BaseException) -> str:
+    """The error in one line: its type and the first line of its message (a Hub error's first line is its status
+    and URL; the request's headers, where the token is, are never part of it)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__

@@ -1,0 +1,101 @@
+"""The model card's pieces (header fields, the best eval step, masked secrets) and the ``hub:`` section's checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from alignkit.config import load_config
+from alignkit.errors import ConfigError
+from alignkit.train.model_card import base_model, write_model_card
+
+BASE = {"algorithm": "sft", "model": {"name_or_path": "m"}, "data": {"train": ["builtin:sft_train.jsonl"]},
+        "training": {"per_device_batch_size": 1}}
+
+
+def _card(folder: Path, cfg: dict[str, Any], rows: list[dict[str, Any]] = ()) -> Any:
+    from huggingface_hub import ModelCard
+
+    run = folder.parent
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ModelCard.load(write_model_card(folder, yaml.safe_dump(cfg), run))
+
+
+def test_adapter_card_names_peft_the_hub_base_and_only_hub_datasets(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "final"
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    local = tmp_path / "rows.jsonl"
+    local.write_text("{}\n")
+    cfg = {"algorithm": "dpo", "model": {"name_or_path": "Org/Base-1B"},
+           "data": {"train": ["org/prefs", "builtin:dpo_train.jsonl", str(local)]},
+           "logging": {"wandb_api_key": "sk-very-secret"}}
+    card = _card(folder, cfg, [{"step": 1, "loss": 0.5}])
+    assert card.data.library_name == "peft" and card.data.base_model == "Org/Base-1B"
+    assert card.data.datasets == ["org/prefs"] and {"alignkit", "dpo", "lora"} <= set(card.data.tags)
+    assert "AutoPeftModelForCausalLM" in card.text and "[Org/Base-1B](https://huggingface.co/Org/Base-1B)" in card.text
+    assert "sk-very-secret" not in card.text and "wandb_api_key: '***'" in card.text
+    assert "Training loss at the last logged step (1): 0.5." in card.text
+
+
+def test_best_step_follows_each_metric_direction(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "final"
+    folder.mkdir(parents=True)
+    rows = [{"step": 0, "eval/loss": 3.0, "eval/accuracy": 0.5}, {"step": 5, "eval/loss": 1.0, "eval/accuracy": 0.7},
+            {"step": 9, "eval/loss": 2.0, "eval/accuracy": 0.9}]
+    text = _card(folder, BASE, rows).text
+    assert "| metric | final (step 9) | best by `eval/loss` (step 5) |" in text
+    assert "| eval/loss | 2 | 1 |" in text and "| eval/accuracy | 0.9 | 0.7 |" in text
+    # no loss logged: the accuracy ranks the steps, higher first
+    text = _card(folder, BASE, [{k: v for k, v in r.items() if k != "eval/loss"} for r in rows]).text
+    assert "best by `eval/accuracy` (step 9)" in text and "| eval/accuracy | 0.9 | 0.9 |" in text
+    # no metrics.jsonl (logging without jsonl): no results section, still a card
+    (tmp_path / "run" / "metrics.jsonl").unlink()
+    assert "## Results" not in write_model_card(folder, yaml.safe_dump(BASE), tmp_path / "run").read_text()
+
+
+def test_base_model_of_a_local_folder(tmp_path: Path) -> None:
+    cache = tmp_path / "hub" / "models--Org--Model-7B" / "snapshots" / "abc123"
+    cache.mkdir(parents=True)
+    assert base_model(str(cache)) == ("Org/Model-7B", {})
+    plain = tmp_path / "my-model"
+    plain.mkdir()
+    assert base_model(str(plain)) == (None, {})  # a local path is never a base_model
+    (plain / "README.md").write_text("---\nlicense: mit\nbase_model: org/origin\n---\n")
+    hub, meta = base_model(str(plain))
+    assert hub == "org/origin" and meta["license"] == "mit"
+    assert base_model("not a hub id!") == (None, {})
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["hub.push_to_hub=true"], "hub.repo_id: required when hub.push_to_hub is true"),
+    (["hub.repo_id=a/b/c"], "hub.repo_id: Repo id must be in the form 'repo_name' or 'namespace/repo_name'"),
+    (["hub.push_to_hub=true", "hub.repo_id=me/x", "checkpoint.save_final=false"],
+     "hub.push_to_hub: needs checkpoint.save_final=true"),
+])
+def test_hub_section_bad_input_is_one_line(tmp_path: Path, overrides: list[str], message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    with pytest.raises(ConfigError) as err:
+        load_config(path, overrides)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_push_without_a_token_sends_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    from alignkit.config.schema import HubConfig
+    from alignkit.train import hub_push
+
+    lines: list[str] = []
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    monkeypatch.setattr(huggingface_hub, "HfApi", lambda **_: pytest.fail("no request without a token"))
+    log = type("Log", (), {"info": staticmethod(lines.append)})()
+    hub = HubConfig(push_to_hub=True, repo_id="me/x", private=True)
+    assert hub_push.push_final(tmp_path, hub, log, algorithm="sft") is None
+    assert lines == [f"Hub push skipped: no Hugging Face token (set HF_TOKEN or run `hf auth login`); the model is "
+                     f"complete in {tmp_path}; upload it later with: hf upload me/x {tmp_path} --private"]
