@@ -59,7 +59,7 @@ def test_exploding_run_stops_with_one_line_and_finite_checkpoints(micro_model: P
     assert all(torch.isfinite(w).all() for w in weights.values())
     steps = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
     assert steps[-1] == stop_step - 1 and latest.parent.name == f"checkpoint-{stop_step - 1}"  # none after the stop
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]  # no evals
     assert rows[stop_step - 2]["loss"] is None or not math.isfinite(rows[stop_step - 2]["loss"]) or policy == "stop"
 
 
