@@ -57,7 +57,8 @@ def test_demo_runs_twice(tmp_path: Path) -> None:
     proc = run_cli(args)
     assert_ok(proc)
     assert f"moved the previous run of sft to {out / 'sft.old-1'}" in proc.stderr
-    assert steps(out / "sft") == steps(out / "sft.old-1") == [1, 1]  # one run each: a train row and an eval row
+    # one run each: the untrained eval, a train row and an eval row
+    assert steps(out / "sft") == steps(out / "sft.old-1") == [0, 1, 1]
 
 
 @pytest.mark.parametrize("algorithm,command", [("grpo", "validate"), ("rloo", "train"), ("dr_grpo", "validate")])
