@@ -108,10 +108,13 @@ def run_script(path: Path, *, nproc: int = 1, timeout: int = 300, args: list[str
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
 
 
-def run_nodes(cmds: list[list[str]], *, timeout: int = 300, cwd: Path | None = None) -> list[tuple[str, str]]:
-    """The commands of several "nodes" on this machine, together; each must exit 0; (stdout, stderr) of each."""
-    nodes = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=child_env())
-             for c in cmds]
+def run_nodes(cmds: list[list[str]], *, timeout: int = 300, cwd: Path | None = None,
+              envs: list[dict[str, str]] | None = None) -> list[tuple[str, str]]:
+    """The commands of several "nodes" on this machine, together (``envs``: each one's environment, default
+    ``child_env()``); each must exit 0; (stdout, stderr) of each."""
+    envs = envs or [child_env() for _ in cmds]
+    nodes = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=e)
+             for c, e in zip(cmds, envs)]
     try:
         results = [n.communicate(timeout=timeout) for n in nodes]
     finally:

@@ -16,6 +16,7 @@ Facts it relies on (docs/ENGINES_ON_CPU.md):
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -70,13 +71,14 @@ def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def build_launch(config: str, overrides: list[str], *, nproc_per_node: int | None = None, nnodes: int = 1,
-                 node_rank: int = 0, master_addr: str | None = None, master_port: int | None = None,
+def build_launch(config: str, overrides: list[str], *, nproc_per_node: int | None = None, nnodes: int | None = 1,
+                 node_rank: int | None = 0, master_addr: str | None = None, master_port: int | None = None,
                  launcher: str = "torchrun", gpus: int | None = None) -> LaunchPlan:
     """The launcher command for ``alignkit train CONFIG OVERRIDES`` (``gpus``: for tests; None = probe)."""
     if launcher not in LAUNCHERS:
         raise LaunchError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
     gpus = _cuda_count() if gpus is None else gpus
+    nnodes, node_rank = 1 if nnodes is None else nnodes, 0 if node_rank is None else node_rank  # None: not given
     nproc = nproc_per_node if nproc_per_node is not None else max(1, gpus)
     if nproc < 1 or nnodes < 1:
         raise LaunchError(f"--nproc-per-node and --nnodes must be >= 1, got {nproc} and {nnodes}")
@@ -103,21 +105,41 @@ def build_launch(config: str, overrides: list[str], *, nproc_per_node: int | Non
         if launcher == "accelerate":
             plan.env["ACCELERATE_USE_CPU"] = "true"
     train = ["alignkit", "train", config, *overrides]
-    py = sys.executable
-    if launcher == "torchrun":
-        plan.argv = [py, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--nnodes={nnodes}",
-                     f"--node_rank={node_rank}", f"--master_addr={master_addr}", f"--master_port={port}",
-                     "-m", *train]
-    elif launcher == "deepspeed":
-        plan.argv = [py, "-m", "deepspeed.launcher.runner", f"--num_gpus={nproc}", f"--master_port={port}",
-                     "--no_local_rank", "--module", *train]
-    else:
-        total = nproc * nnodes
-        plan.argv = [py, "-m", "accelerate.commands.launch", *(["--multi_gpu"] if total > 1 else []),
-                     f"--num_processes={total}", f"--num_machines={nnodes}", f"--machine_rank={node_rank}",
-                     f"--main_process_ip={master_addr}", f"--main_process_port={port}",
-                     "--mixed_precision=no", "--dynamo_backend=no", "-m", *train]
+    plan.argv = launcher_argv(launcher, sys.executable, nproc=nproc, nnodes=nnodes, node_rank=str(node_rank),
+                              master_addr=master_addr, master_port=str(port), train=train)
     return plan
+
+
+def launcher_argv(launcher: str, py: str, *, nproc: int, nnodes: int, node_rank: str, master_addr: str,
+                  master_port: str, train: list[str]) -> list[str]:
+    """The launcher's argv for one node. ``node_rank`` / ``master_addr`` / ``master_port`` are strings so a
+    cluster launch (``launch_slurm``, ``launch_k8s``) can pass shell variables (``$SLURM_NODEID``) that each
+    node expands (:func:`shell_join`)."""
+    if launcher == "torchrun":
+        return [py, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--nnodes={nnodes}",
+                f"--node_rank={node_rank}", f"--master_addr={master_addr}", f"--master_port={master_port}",
+                "-m", *train]
+    if launcher == "deepspeed":
+        return [py, "-m", "deepspeed.launcher.runner", f"--num_gpus={nproc}", f"--master_port={master_port}",
+                "--no_local_rank", "--module", *train]
+    total = nproc * nnodes
+    return [py, "-m", "accelerate.commands.launch", *(["--multi_gpu"] if total > 1 else []),
+            f"--num_processes={total}", f"--num_machines={nnodes}", f"--machine_rank={node_rank}",
+            f"--main_process_ip={master_addr}", f"--main_process_port={master_port}",
+            "--mixed_precision=no", "--dynamo_backend=no", "-m", *train]
+
+
+_OPTION_FROM_VAR = re.compile(r"(--[\w-]+)=\$([A-Za-z_]\w*)")
+
+
+def shell_join(argv: list[str]) -> str:
+    """``shlex.join`` except that a launcher option whose value is a shell variable (``--node_rank=$SLURM_NODEID``)
+    stays expandable (``--node_rank="$SLURM_NODEID"``): the line a cluster runs on every node."""
+    def one(arg: str) -> str:
+        m = _OPTION_FROM_VAR.fullmatch(arg)
+        return f'{m.group(1)}="${m.group(2)}"' if m else shlex.quote(arg)
+
+    return " ".join(one(a) for a in argv)
 
 
 def run_launch(plan: LaunchPlan, *, dry_run: bool = False) -> int:

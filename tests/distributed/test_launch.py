@@ -1,13 +1,22 @@
 """``alignkit launch`` end to end (2 gloo processes on CPU): the wrapper script, two "nodes" on one
-machine matching one node with two processes, and the pre-flight check naming the bad rank."""
+machine matching one node with two processes, and the pre-flight check naming the bad rank.
+
+``--slurm`` and ``--k8s`` the same way: two loopback "nodes" whose training equals one process. Slurm: the shipped
+``scripts/slurm/train.sbatch`` run by bash (as sbatch would) with a fake ``srun`` and ``scontrol`` first on PATH
+(``tests/fake_slurm``: srun starts its command once per node with SLURM_NODEID set). Kubernetes: the container
+command of the rendered PyTorchJob, run twice with the variables the training operator gives the Master and the
+Worker pod."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from safetensors.torch import load_file
 
 from tests.conftest import REPO, assert_ok, child_env, free_port, run_cli, run_nodes, run_script, write_config
@@ -15,6 +24,7 @@ from tests.conftest import REPO, assert_ok, child_env, free_port, run_cli, run_n
 pytestmark = pytest.mark.distributed
 
 WORKERS = Path(__file__).parent / "workers"
+FAKE_SLURM = REPO / "tests" / "fake_slurm"
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +95,72 @@ def test_preflight_names_the_mismatching_and_the_stuck_rank() -> None:
         assert msg.startswith("pre-flight: ranks differ: rank 1 (") and "transformers 0.0.0-fake" in msg, msg
     stuck = lines["rank0 STUCK"]
     assert "not every rank arrived within 1.5 s" in stuck and "Ranks 1 failed to pass monitoredBarrier" in stuck
+
+
+@pytest.fixture(scope="module")
+def one_process(launch_config: Path) -> Path:
+    """The same training in one process with the global batch (4) on it."""
+    out = launch_config.parent / "one_process"
+    assert_ok(run_cli(["train", str(launch_config), f"output_dir={out}", "training.per_device_batch_size=4"]))
+    return out
+
+
+def _losses(run: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+def assert_same_training(run: Path, reference: Path) -> None:
+    a, b = _losses(run), _losses(reference)
+    assert len(a) == 3 and a == pytest.approx(b, rel=1e-5, abs=1e-7), (a, b)
+    wa, wb = load_file(run / "final" / "model.safetensors"), load_file(reference / "final" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    worst = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+    assert worst <= 1e-5, worst
+
+
+@pytest.mark.slow(seconds=45)
+def test_slurm_sbatch_script_on_two_fake_nodes_equals_one_process(launch_config: Path, one_process: Path,
+                                                                  tmp_path: Path) -> None:
+    out, log = tmp_path / "slurm_run", tmp_path / "srun.log"
+    env = child_env(PATH=f"{FAKE_SLURM}{os.pathsep}{os.environ['PATH']}", PYTHON=sys.executable,
+                    SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node[1-2]", SLURM_NNODES="2",
+                    SLURMD_NODENAME="127.0.0.1", FAKE_SLURM_HOSTS="127.0.0.1 127.0.0.1", SLURM_CPUS_ON_NODE="2",
+                    FAKE_SRUN_LOG=str(log))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "train.sbatch"), str(launch_config),
+                           f"output_dir={out}"], capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert_ok(proc)
+    assert "Pre-flight OK: 2 ranks reachable" in proc.stderr
+    # the rendezvous read from the allocation: node 0 = the first host, a free port there, 1 process per node
+    assert "Slurm job 4242: 2 node(s) (127.0.0.1 127.0.0.1), 1 process(es) per node" in proc.stderr
+    assert log.read_text().split() == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=2",
+                                       "--kill-on-bad-exit=1", "--export=ALL"]
+    assert_same_training(out, one_process)
+    # the script's checkpoint.resume_from=latest: the first start began at step 0 in an empty output_dir
+    assert "Resumed from" not in proc.stderr
+
+
+@pytest.mark.slow(seconds=45)
+def test_k8s_pytorchjob_pods_on_loopback_equal_one_process(launch_config: Path, one_process: Path,
+                                                           tmp_path: Path) -> None:
+    out = tmp_path / "k8s_run"
+    rendered = run_cli(["launch", "--k8s", "--image", "alignkit:test", "--nnodes", "2", "--nproc-per-node", "1",
+                        str(launch_config), f"output_dir={out}"])
+    assert_ok(rendered)
+    config_map, job = yaml.safe_load_all(rendered.stdout)
+    config = tmp_path / "etc" / "config.yaml"  # the ConfigMap's file, where the pods mount it
+    config.parent.mkdir()
+    config.write_text(config_map["data"]["config.yaml"])
+    specs, port = job["spec"]["pytorchReplicaSpecs"], str(free_port())
+    commands, envs = [], []
+    for rank, spec in enumerate([specs["Master"], specs["Worker"]]):
+        container = spec["template"]["spec"]["containers"][0]
+        commands.append([c.replace("/etc/alignkit/config.yaml", str(config)) for c in container["command"]])
+        # what the operator sets on every pod (old and new versions), then the container's own env
+        env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE="2", PET_NNODES="2",
+                        PET_NODE_RANK=str(rank), PET_NPROC_PER_NODE="1", PYTHONUNBUFFERED="0",
+                        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+        envs.append({**env, **{e["name"]: e["value"] for e in container["env"]}})
+    results = run_nodes(commands, envs=envs)
+    assert "Pre-flight OK: 2 ranks reachable" in results[0][1]
+    assert_same_training(out, one_process)

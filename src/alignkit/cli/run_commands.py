@@ -38,6 +38,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     # one error line here, not one per rank after start-up; rank 0 says the alias notes once, later
     cfg = load_config(args.config, args.overrides, notes=False)
+    if args.slurm or args.k8s:
+        return _cluster_launch(args)
     plan = build_launch(args.config, args.overrides, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                         node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
                         launcher=args.launcher)
@@ -46,6 +48,35 @@ def cmd_launch(args: argparse.Namespace) -> int:
     note = batch_growth_note(cfg, plan.processes)
     plan.notes += [note] if note else []
     return run_launch(plan, dry_run=args.dry_run)
+
+
+def _cluster_launch(args: argparse.Namespace) -> int:
+    """``--slurm`` (srun over the allocation, or the sbatch script with --dry-run outside one) or ``--k8s`` (a
+    PyTorchJob manifest); the rendezvous comes from the scheduler, never from --node-rank / --master-addr."""
+    import os
+
+    from alignkit import launch_k8s, launch_slurm
+    from alignkit.launch import LaunchError, run_launch
+
+    flag, source = ("--slurm", "the Slurm allocation") if args.slurm else ("--k8s", "the training operator")
+    if args.slurm and args.k8s:
+        raise LaunchError("--slurm and --k8s are two ways to start the run: choose one")
+    if args.node_rank is not None or args.master_addr:
+        raise LaunchError(f"with {flag}, the node rank and node 0's address come from {source}: drop --node-rank "
+                          "and --master-addr")
+    if args.k8s:
+        print(launch_k8s.render_pytorchjob(args.config, args.overrides, image=args.image, nnodes=args.nnodes,
+                                           nproc_per_node=args.nproc_per_node, launcher=args.launcher,
+                                           name=args.job_name, pvc=args.pvc), end="")
+        return 0
+    if launch_slurm.in_allocation(os.environ) or not args.dry_run:  # outside one: a one-line error
+        plan = launch_slurm.build_slurm(args.config, args.overrides, nproc_per_node=args.nproc_per_node,
+                                        nnodes=args.nnodes, master_port=args.master_port, launcher=args.launcher)
+        return run_launch(plan, dry_run=args.dry_run)
+    print(launch_slurm.dry_run_script(args.config, args.overrides, nproc_per_node=args.nproc_per_node,
+                                      nnodes=args.nnodes, master_port=args.master_port, launcher=args.launcher,
+                                      job_name=launch_k8s.job_name(args.config, args.job_name)), end="")
+    return 0
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -73,14 +104,27 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def _launch_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
                     help="processes on this node (default: its GPU count, 1 without GPUs)")
-    sp.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    sp.add_argument("--node-rank", "--node_rank", type=int, default=0, help="this node's index in [0, nnodes)")
+    sp.add_argument("--nnodes", type=int, default=None,
+                    help="number of nodes (default 1; with --slurm: the allocation's, which it must equal)")
+    sp.add_argument("--node-rank", "--node_rank", type=int, default=None,
+                    help="this node's index in [0, nnodes) (default 0)")
     sp.add_argument("--master-addr", "--master_addr", default=None,
                     help="address of node 0 (required with --nnodes > 1; default 127.0.0.1)")
     sp.add_argument("--master-port", "--master_port", type=int, default=None,
                     help="rendezvous port (default 29500; on one node a free port if 29500 is taken)")
     sp.add_argument("--launcher", default="torchrun", choices=["torchrun", "deepspeed", "accelerate"])
     sp.add_argument("--dry-run", "--dry_run", action="store_true", help="print the command instead of running it")
+    sp.add_argument("--slurm", action="store_true",
+                    help="in a Slurm job: srun starts the launcher on every node (nodes, GPUs, rendezvous from the "
+                    "allocation); outside one, with --dry-run: print the sbatch script")
+    sp.add_argument("--k8s", action="store_true",
+                    help="print a Kubeflow PyTorchJob manifest for the run (pipe it to kubectl apply -f -); needs --image")
+    sp.add_argument("--image", default=None, help="--k8s: the container image every pod runs (alignkit installed)")
+    sp.add_argument("--pvc", default=None, metavar="CLAIM",
+                    help="--k8s: a PersistentVolumeClaim mounted at /workspace, the pods' working folder (checkpoints "
+                    "outlive the pods)")
+    sp.add_argument("--job-name", "--job_name", default=None,
+                    help="--slurm / --k8s: the job's name (default alignkit-<config file name>)")
 
 
 def register(sub: Any) -> None:
