@@ -14,7 +14,7 @@ import pytest
 from alignkit.config import load_config
 from alignkit.train.evaluate import run_eval
 from alignkit.train.runner import run_train
-from tests.conftest import write_config
+from tests.conftest import REPO, write_config
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
@@ -58,3 +58,18 @@ def test_a_resumed_run_does_not_log_step_zero_again(eval_config: dict[str, Any],
     again = rows(out)
     assert [r["step"] for r in again] == [0, 1, 2, 3, 4, 4]  # eval 0, train 1-4, eval 4
     assert again[:3] == first[:3] and again[-1]["eval/loss"] == pytest.approx(first[-1]["eval/loss"], rel=1e-5)
+
+
+def test_online_run_logs_its_start_eval_and_first_iteration(micro_model: Path, tmp_path: Path) -> None:
+    """GRPO without eval_steps: the untrained policy's greedy eval at step 0 (and at the end), and with
+    logging.logging_first_step the first iteration's row although logging_steps is 10."""
+    out = tmp_path / "grpo"
+    run_train(load_config(REPO / "configs" / "grpo.yaml", [
+        f"model.name_or_path={micro_model}", f"output_dir={out}", "data.max_train_examples=16",
+        "data.max_eval_examples=4", "rollout.num_generations=4", "rollout.max_new_tokens=4",
+        "training.per_device_batch_size=8", "training.max_steps=3", "training.eval_steps=null",
+        "logging.logging_steps=10", "logging.logging_first_step=true", "logging.report_to=[jsonl]",
+        "logging.plot=false", "checkpoint.save_steps=null", "checkpoint.save_final=false"]))
+    logged = rows(out)
+    assert [r["step"] for r in logged if "eval/reward_mean" in r] == [0, 3]
+    assert [r["step"] for r in logged if "loss" in r] == [1, 3]
