@@ -90,7 +90,7 @@ class KTO(OfflineAlgorithm):
         n_d = sum(bool(e["label"]) for e in train_set)
         n_u = len(train_set) - n_d
         ratio = k.desirable_weight * max(n_d, 1) / max(k.undesirable_weight * max(n_u, 1), 1e-12)
-        if ctx.strategy.is_main and not 1.0 <= ratio <= 4 / 3:
+        if ctx.strategy.is_main and not 1.0 <= round(ratio, 2) <= 1.33:  # rounded as TRL's check is
             log.warning(f"kto: {n_d} desirable and {n_u} undesirable completions; desirable_weight x {n_d} / "
                         f"(undesirable_weight x {n_u}) = {ratio:.2f}, outside [1, 4/3] (KTO paper Eq. 8): e.g. set "
                         f"kto.desirable_weight={k.undesirable_weight * max(n_u, 1) / max(n_d, 1):.2f}")
