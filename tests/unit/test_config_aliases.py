@@ -102,6 +102,8 @@ CASES: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"training": {"experiment_name": "sft_4gpu"}}, {"logging.run_name": "sft_4gpu", "output_dir": "runs/sft_4gpu"}),
     ({"experiment_name": "e", "output_dir": "elsewhere"}, {"logging.run_name": "e", "output_dir": "elsewhere"}),
     ({"logging_dir": "logs/x"}, {"output_dir": "runs/alignkit"}),
+    ({"push_to_hub": True, "hub_model_id": "me/tiny", "hub_private_repo": True},
+     {"hub.push_to_hub": True, "hub.repo_id": "me/tiny", "hub.private": True}),
     ({"deepspeed": "ds.json"}, {"distributed.strategy": "deepspeed", "distributed.deepspeed.config_path": "ds.json"}),
     ({"training": {"distributed_strategy": "deepspeed", "deepspeed": {"config_path": "configs/deepspeed/zero2.json"}}},
      {"distributed.strategy": "deepspeed", "distributed.deepspeed.config_path": "configs/deepspeed/zero2.json"}),

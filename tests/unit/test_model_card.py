@@ -42,6 +42,21 @@ def test_adapter_card_names_peft_the_hub_base_and_only_hub_datasets(tmp_path: Pa
     assert "Training loss at the last logged step (1): 0.5." in card.text
 
 
+def test_diffusers_lora_card_loads_onto_its_base(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "final_image_policy"
+    folder.mkdir(parents=True)
+    (folder / "pytorch_lora_weights.safetensors").write_bytes(b"")  # what diffusers' save_lora_weights writes
+    cfg = {"algorithm": "flow_rtpo", "model": {"name_or_path": "org/attacker"}, "data": {"train": []}}
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(write_model_card(folder, yaml.safe_dump(cfg), tmp_path / "run", source="org/sd3",
+                                           role="image_policy"))
+    assert (card.data.library_name, card.data.pipeline_tag, card.data.base_model) == ("diffusers", "text-to-image",
+                                                                                      "org/sd3")
+    assert "lora" in card.data.tags and "(role `image_policy`)" in card.text
+    assert 'DiffusionPipeline.from_pretrained("org/sd3")\npipe.load_lora_weights(' in card.text
+
+
 def test_best_step_follows_each_metric_direction(tmp_path: Path) -> None:
     folder = tmp_path / "run" / "final"
     folder.mkdir(parents=True)

@@ -109,6 +109,9 @@ ALIASES: tuple[Alias, ...] = (
     Alias(("run_name",), rename("logging.run_name")),
     Alias(("experiment_name",), read_experiment_name),
     Alias(("logging_dir",), ignored("TensorBoard files go to output_dir/tensorboard")),
+    Alias(("push_to_hub",), rename("hub.push_to_hub")),
+    Alias(("hub_model_id",), rename("hub.repo_id")),
+    Alias(("hub_private_repo",), rename("hub.private")),
     # distributed
     Alias(("deepspeed",), read_deepspeed),
     Alias(("distributed_strategy",), rename("distributed.strategy")),

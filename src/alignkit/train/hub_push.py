@@ -20,11 +20,11 @@ from alignkit.logging import RunLogger
 from alignkit.train.model_card import write_model_card
 
 
-def publish(cfg: RunConfig, final_dir: Path, plot: Path | None, log: RunLogger) -> None:
+def publish(cfg: RunConfig, final_dir: Path, plot: Path | None, log: RunLogger, *, source: str) -> None:
     """The end of a run, on rank 0 once ``final_dir`` is saved: its card rewritten to show the run's summary plot
-    (drawn after the save), then the push when ``hub.push_to_hub``."""
+    (drawn after the save), then the push when ``hub.push_to_hub``. ``source``: what the saved role started from."""
     if plot is not None:
-        write_model_card(final_dir, dump_yaml(cfg), Path(cfg.output_dir), plot=plot)
+        write_model_card(final_dir, dump_yaml(cfg), Path(cfg.output_dir), source=source, plot=plot)
     if cfg.hub.push_to_hub:
         push_final(final_dir, cfg.hub, log, algorithm=cfg.algorithm)
 

@@ -42,42 +42,51 @@ USAGE = {
     "peft": "from peft import AutoPeftModelForCausalLM\n\n"
             "model = AutoPeftModelForCausalLM.from_pretrained(\"{src}\")  # the base model + this adapter",
     "diffusers": "from diffusers import DiffusionPipeline\n\npipe = DiffusionPipeline.from_pretrained(\"{src}\")",
+    "diffusers-lora": "from diffusers import DiffusionPipeline\n\npipe = DiffusionPipeline.from_pretrained(\"{base}\")\n"
+                      "pipe.load_lora_weights(\"{src}\")",
 }
+#: diffusers' LoRA file (``save_lora_weights``): an adapter with no adapter_config.json
+DIFFUSERS_LORA = "pytorch_lora_weights.safetensors"
 
 
-def write_model_card(folder: Path, config_yaml: str, run_dir: Path, *, what: str = "final model",
-                     role: str | None = None, plot: Path | None = None) -> Path:
-    """Write ``folder/README.md`` for the model saved there (rank 0, after its weights are written); with
-    ``plot`` (the run's summary.png) a copy goes into the folder and the card shows it. Returns the card's path."""
+def write_model_card(folder: Path, config_yaml: str, run_dir: Path, *, source: str | None = None,
+                     what: str = "final model", role: str | None = None, plot: Path | None = None) -> Path:
+    """Write ``folder/README.md`` for the model saved there (rank 0, after its weights are written); ``source``: what
+    the role started from (default model.name_or_path); with ``plot`` (the run's summary.png) a copy goes into the
+    folder and the card shows it. Returns the card's path."""
     cfg = yaml.safe_load(config_yaml) or {}
+    source = source or str(cfg.get("model", {}).get("name_or_path", ""))
     if plot is not None and plot.is_file():
         shutil.copyfile(plot, folder / PLOT)
     library = library_of(folder)
-    base, base_meta = base_model(str(cfg.get("model", {}).get("name_or_path", "")))
-    card = build_card(folder, cfg, library, base, base_meta, metrics=read_run_metrics(run_dir), what=what, role=role)
+    base, base_meta = base_model(source)
+    card = build_card(folder, cfg, library, (source, base), base_meta, metrics=read_run_metrics(run_dir), what=what,
+                      role=role)
     path = folder / CARD
     write_text_atomic(path, str(card))  # a rewrite at the end of the run never leaves half a card
     return path
 
 
-def build_card(folder: Path, cfg: dict[str, Any], library: str, base: str | None, base_meta: dict[str, Any], *,
-               metrics: dict[str, tuple[list[float], list[float]]], what: str, role: str | None) -> Any:
+def build_card(folder: Path, cfg: dict[str, Any], library: str, start: tuple[str, str | None], base_meta: dict[str, Any],
+               *, metrics: dict[str, tuple[list[float], list[float]]], what: str, role: str | None) -> Any:
+    """The card: ``start`` is (what training started from, the Hub id it descends from or None)."""
     from huggingface_hub import ModelCard, ModelCardData
 
+    source, base = start
     algorithm = str(cfg.get("algorithm", "?"))
-    tags = ["alignkit", algorithm] + (["lora"] if library == "peft" else [])
+    lora = library == "peft" or (folder / DIFFUSERS_LORA).is_file()
+    tags = ["alignkit", algorithm] + (["lora"] if lora else [])
     data = ModelCardData(base_model=base, library_name=library, tags=tags, datasets=hub_datasets(cfg) or None,
                          license=base_meta.get("license"), license_name=base_meta.get("license_name"),
                          license_link=base_meta.get("license_link"), pipeline_tag=pipeline_of(folder, library))
     repo = (cfg.get("hub") or {}).get("repo_id")
-    source = str(cfg.get("model", {}).get("name_or_path", ""))
     parts = [
         f"# {repo or Path(str(cfg.get('output_dir', folder.parent))).name + '/' + folder.name}",
-        _intro(algorithm, base, source, library, what, role),
+        _intro(algorithm, base, source, lora, what, role),
         _data_section(cfg),
         _metrics_section(metrics),
         f"## Training curves\n\n![training curves]({PLOT})" if (folder / PLOT).is_file() else "",
-        _usage(library, repo or str(folder)),
+        _usage(library + ("-lora" if lora and library == "diffusers" else ""), repo or str(folder), base or source),
         _reproduce(),
         "## Configuration\n\nThe resolved run configuration (`config.yaml` beside this card; secrets masked):\n\n"
         f"```yaml\n{yaml.safe_dump(scrub(cfg), sort_keys=False).rstrip()}\n```",
@@ -89,10 +98,11 @@ def build_card(folder: Path, cfg: dict[str, Any], library: str, base: str | None
 
 # ---------------------------------------------------------------------------------------- the header
 def library_of(folder: Path) -> str:
-    """peft for a LoRA adapter (the Hub loads it onto ``base_model``), diffusers for a pipeline, else transformers."""
+    """peft for a LoRA adapter (the Hub loads it onto ``base_model``), diffusers for a pipeline or its LoRA, else
+    transformers."""
     if (folder / "adapter_config.json").is_file():
         return "peft"
-    if (folder / "model_index.json").is_file():
+    if (folder / "model_index.json").is_file() or (folder / DIFFUSERS_LORA).is_file():
         return "diffusers"
     return "transformers"
 
@@ -157,11 +167,11 @@ def hub_datasets(cfg: dict[str, Any]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------- the body
-def _intro(algorithm: str, base: str | None, source: str, library: str, what: str, role: str | None) -> str:
+def _intro(algorithm: str, base: str | None, source: str, lora: bool, what: str, role: str | None) -> str:
     start = f"[{base}](https://huggingface.co/{base})" if base and base == source else f"`{source}`"
     if base and base != source:
         start += f" (which descends from [{base}](https://huggingface.co/{base}))"
-    kind = "a LoRA adapter (peft) on" if library == "peft" else "weights fine-tuned from"
+    kind = "a LoRA adapter on" if lora else "weights fine-tuned from"
     what = what if what.startswith("the ") else f"the {what}"
     who = f" (role `{role}`)" if role else ""
     return f"This folder holds {what}{who} of an alignkit `{algorithm}` run: {kind} {start}."
@@ -226,8 +236,8 @@ def _num(v: float) -> str:
     return "n/a" if not math.isfinite(v) else f"{v:.4g}"
 
 
-def _usage(library: str, src: str) -> str:
-    return f"## How to use\n\n```python\n{USAGE[library].format(src=src)}\n```" if library in USAGE else ""
+def _usage(library: str, src: str, base: str) -> str:
+    return f"## How to use\n\n```python\n{USAGE[library].format(src=src, base=base)}\n```" if library in USAGE else ""
 
 
 def _reproduce() -> str:

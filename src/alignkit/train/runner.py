@@ -327,6 +327,6 @@ def run_train(cfg: RunConfig) -> TrainResult:
     if cfg.logging.plot and strategy.is_main:  # a failure here is a warning line: the run has finished
         plot = plot_after_run(out, cfg.logging.report_to)
     if strategy.is_main and result.final_dir is not None:  # the card shows the plot; then hub.push_to_hub
-        publish(cfg, result.final_dir, plot, logger)
+        publish(cfg, result.final_dir, plot, logger, source=models.specs[models.primary].source)
     logger.info(f"Run finished: outputs in {out}")
     return result

@@ -308,5 +308,7 @@ class Checkpointer:
             self.strategy.save_model(handle, target, self.tokenizer_of(role))
             if self.strategy.is_main:  # how it was trained (e.g. `alignkit score` reads the data format)
                 (target / "config.yaml").write_text(config_yaml, encoding="utf-8")
-                write_model_card(target, config_yaml, self.out, what=what, role=None if i == 0 else role)
+                spec = self.models.specs.get(role)  # what the role started from, named by its card
+                write_model_card(target, config_yaml, self.out, source=spec.source if spec else None, what=what,
+                                 role=None if i == 0 else role)
         self.log.info(f"Saved {what} to {final_dir}")
