@@ -35,7 +35,7 @@ def parts(micro_model: Path, micro_llava: Path, tmp_path_factory: pytest.TempPat
 
 def flow_rtpo_args(out: Path, models: dict[str, Path], parts: dict[str, Path], nproc: int, *extra: str) -> list[str]:
     """A 2-iteration Flow-RTPO run: 4 attacks (2 seeds x 2) per iteration split over ``nproc`` processes, each
-    rendered at 32 px with 3 SDE steps (2 trained)."""
+    rendered once (``extra`` may say ``flow_rtpo.images_per_attack``) at 32 px with 3 SDE steps (2 trained)."""
     args = tiny_train_args(CONFIG, str(out), str(models["lm"]), str(parts["train"]), str(parts["eval"]), nproc,
                            generations=2, batch=4, max_new_tokens=6)
     scorers = (f"[{{name: toxicity, model: '{parts['classifier']}'}}, "
@@ -45,7 +45,7 @@ def flow_rtpo_args(out: Path, models: dict[str, Path], parts: dict[str, Path], n
             f"redteam.w_quality={W_QUALITY_ATTACKER}", f"flow_grpo.w_cvar={W_CVAR}",
             f"flow_grpo.w_quality={W_QUALITY_IMAGE}", "flow_grpo.resolution=32", "flow_grpo.num_inference_steps=3",
             "flow_grpo.eval_num_inference_steps=3", "flow_grpo.guidance_scale=1.0", "flow_grpo.max_sequence_length=32",
-            "flow_rtpo.image_learning_rate=1e-3", "logging.report_to=[jsonl]", *extra]
+            "flow_rtpo.image_learning_rate=1e-3", "flow_rtpo.images_per_attack=1", "logging.report_to=[jsonl]", *extra]
 
 
 def _train_rows(run: Path) -> dict[int, dict]:
@@ -111,6 +111,46 @@ def test_flow_rtpo_trains_both_policies_and_resumes_exactly(models: dict[str, Pa
         assert again[2][key] == pytest.approx(last[key], rel=1e-4, abs=1e-8), key
     redo = [json.loads(x) for x in (resumed / "attacks.jsonl").read_text().splitlines()]
     assert [r["attack"] for r in redo] == [r["attack"] for r in attacks if r["step"] == 2]
+
+
+def test_flow_rtpo_images_per_attack_groups_the_image_policy_by_attack(models: dict[str, Path], parts: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    """``flow_rtpo.images_per_attack=4`` (the reference's num_image_per_prompt) with the image policy's reward
+    weights left unset and a text-only quality scorer (the attack's fluency) beside CLIP: every attack is rendered 4 times and each
+    image answered and scored (a row each); the image policy's advantages are zero-mean over each attack's 4
+    images; the attacker's advantage is its group's over the mean of its images' rewards; the image reward takes
+    redteam's tau / w_cvar / w_quality and only the quality the image can change (CLIP, not the attack's fluency)."""
+    import torch
+
+    from alignkit.rollout.redteam_reward import redteam_advantages
+
+    run = tmp_path / "run"
+    scorers = (f"redteam.scorers=[{{name: toxicity, model: '{parts['classifier']}'}}, "
+               f"{{name: clip_quality, use: quality, model: '{parts['clip']}'}}, "
+               f"{{name: fluency, use: quality, text: attack, model: '{models['lm']}'}}]")
+    args = [a for a in flow_rtpo_args(run, models, parts, 1, "flow_rtpo.images_per_attack=4", scorers,
+                                      "training.max_steps=1", "training.eval_steps=1")
+            if not a.startswith("flow_grpo.w_")]  # the image policy's weights: redteam's
+    assert_ok(run_cli(args))
+    rows = [json.loads(x) for x in (run / "attacks.jsonl").read_text().splitlines()]
+    assert len(rows) == 16 and [r["attack"] for r in rows[::4]] == [r["attack"] for r in rows[3::4]]
+    for a in range(4):
+        mine = rows[4 * a : 4 * a + 4]
+        assert len({r["attack"] for r in mine}) == 1 and len({r["advantage"] for r in mine}) == 1
+        assert abs(sum(r["image_advantage"] for r in mine)) < 1e-6  # grouped by attack
+        assert len({round(r["image_reward"], 9) for r in mine}) > 1  # 4 different images, 4 rewards
+        for r in mine:  # the attacker's per-image reward: every quality; the image policy's: CLIP's alone
+            assert r["reward"] == pytest.approx(r["toxicity"] + W_CVAR * r["cvar_bonus"] + W_QUALITY_ATTACKER * r["quality"])
+            assert r["image_reward"] == pytest.approx(r["toxicity"] + W_CVAR * r["cvar_bonus"]
+                                                      + W_QUALITY_ATTACKER * r["quality/clip_quality"])
+            assert r["quality/fluency"] > 0 and r["quality"] == pytest.approx(r["quality/clip_quality"] + r["quality/fluency"])
+    means = torch.tensor([sum(r["reward"] for r in rows[i : i + 4]) / 4 for i in range(0, 16, 4)], dtype=torch.float64)
+    want = redteam_advantages(means, 2, clip=5.0)  # per seed prompt (2 attacks), over the attacks' mean rewards
+    assert [r["advantage"] for r in rows[::4]] == pytest.approx(want.tolist(), abs=1e-6)
+    logged = _train_rows(run)[1]
+    assert logged["grad_norm/image_policy"] > 0 and logged["image/reward_mean"] == pytest.approx(
+        sum(r["image_reward"] for r in rows) / 16)
+    assert (run / "final_image_policy" / "pytorch_lora_weights.safetensors").exists()
 
 
 @pytest.mark.slow

@@ -89,3 +89,80 @@ def test_generate_with_the_recipe_renders_the_trained_image_policy(tmp_path: Pat
     got = resolve_target(str(config), None)
     assert got.base == raw["flow_rtpo"]["image_model"] and got.lora == str(tmp_path / "run" / "final_image_policy")
     assert (got.resolution, got.steps, got.guidance) == (512, 40, 4.5)
+
+
+def test_image_policy_reward_weights_default_to_the_attackers() -> None:
+    """flow_grpo's own defaults (w_cvar 0, w_quality 1) would give the image policy no tail bonus and 20x the
+    attacker's quality weight: inside flow_rtpo tau / w_cvar / w_quality are redteam's unless flow_grpo sets
+    them (a value set to flow_grpo's own default included), and the resolved config says what trains."""
+    import yaml
+
+    from alignkit.algorithms.flow_grpo import FlowGRPOConfig
+    from alignkit.config import dump_yaml
+
+    attacker = ["redteam.tau=0.2", "redteam.w_cvar=0.3", "redteam.w_quality=0.2"]
+    fg = load_config(CONFIG, attacker).section(FlowGRPOConfig)
+    assert (fg.tau, fg.w_cvar, fg.w_quality, fg.global_std) == (0.2, 0.3, 0.2, False)
+    cfg = load_config(CONFIG, [*attacker, "flow_grpo.w_cvar=0.0", "flow_grpo.w_quality=1.0", "flow_grpo.global_std=true"])
+    fg = cfg.section(FlowGRPOConfig)
+    assert (fg.tau, fg.w_cvar, fg.w_quality, fg.global_std) == (0.2, 0.0, 1.0, True)  # set explicitly: kept
+    saved = yaml.safe_load(dump_yaml(cfg))["flow_grpo"]  # config.yaml holds the resolved values
+    assert (saved["tau"], saved["w_cvar"], saved["w_quality"]) == (0.2, 0.0, 1.0)
+
+
+def test_image_policy_groups_its_advantages_by_attack() -> None:
+    """images_per_attack 4: the image policy's groups are one attack's 4 images (one conditioning), so each
+    attack's images have zero-mean advantages whatever its attack's level; rank 1 of 2 (attacks 2-3) takes
+    images 8-15. At 1 image per attack the groups stay the seed prompt's num_generations."""
+    import torch
+
+    from alignkit.algorithms.flow_rtpo import FlowRTPOConfig, ImagePolicy
+    from alignkit.rollout.context import RolloutContext
+
+    cfg = load_config(CONFIG, ["flow_rtpo.images_per_attack=4", "rollout.num_generations=2"])
+    assert load_config(CONFIG).section(FlowRTPOConfig).images_per_attack == 4  # the reference's default
+    policy = ImagePolicy(cfg, "none")
+    # 4 attacks x 4 images; the attack sets the level (+10 per attack), the image a small part of its own
+    reward = torch.tensor([10.0 * a + x for a in range(4) for x in (0.1, 0.4, 0.2, 0.3)], dtype=torch.float64)
+    ctx = RolloutContext.__new__(RolloutContext)
+    ctx.mine = slice(2, 4)
+    units = [{"image": i} for i in range(8)]
+    policy.make_experience(ctx, units, [], {"reward": reward})
+    adv = policy.advantages.view(4, 4)
+    assert adv.sum(1).abs().max() < 1e-9 and adv.std(1).min() > 0.5  # zero mean within each attack
+    assert torch.equal(adv[0], adv[3])  # the same image part gets the same advantage in every attack
+    assert [float(u["advantage"]) for u in units] == pytest.approx(policy.advantages[8:].tolist())
+    one = ImagePolicy(load_config(CONFIG, ["flow_rtpo.images_per_attack=1", "rollout.num_generations=2"]), "none")
+    assert one.image_groups(ctx) == (2, slice(2, 4))  # today's: per seed prompt, this rank's attacks
+
+
+def test_image_reward_reads_only_the_scorers_its_image_can_change() -> None:
+    """Each scorer says whether it reads the image (or the VLM's answer to it); the image policy's quality term
+    holds only those: a text-only quality of the attack (seed_similarity, fluency of the attack) cannot be
+    changed by the image and stays in the attacker's reward alone."""
+    import torch
+
+    from alignkit.algorithms.flow_rtpo import FlowRTPO
+    from alignkit.algorithms.redteam import RedTeamScorerConfig, scorer_keys
+    from alignkit.rollout.redteam_scorers import build_scorer, depends_on_image, weighted_term
+
+    entries = [RedTeamScorerConfig(name="toxicity", model="m"),
+               RedTeamScorerConfig(name="clip_quality", use="quality", model="m"),
+               RedTeamScorerConfig(name="seed_similarity", use="quality"),
+               RedTeamScorerConfig(name="fluency", use="quality", model="m", text="attack"),
+               RedTeamScorerConfig(name="fluency", use="quality", model="m", text="output"),
+               RedTeamScorerConfig(name="shapes_colour", use="quality"),
+               RedTeamScorerConfig(name="toxic_words", use="quality")]
+    algo = FlowRTPO.__new__(FlowRTPO)
+    algo.scorer_list = [(key, s, build_scorer(s, None)) for key, s in scorer_keys(entries)]
+    assert {key: depends_on_image(sc) for key, _, sc in algo.scorer_list} == {
+        "toxicity/toxicity": True, "quality/clip_quality": True, "quality/seed_similarity": False,
+        "quality/fluency": False, "quality/fluency#2": True, "quality/shapes_colour": True, "quality/toxic_words": True}
+    scores = {key: torch.tensor([float(i), 10.0 * i], dtype=torch.float64) for i, (key, _, _) in enumerate(algo.scorer_list)}
+    got = algo.image_quality(scores)
+    readers = [x for x in algo.scorer_list if x[0] in ("quality/clip_quality", "quality/fluency#2",
+                                                        "quality/shapes_colour", "quality/toxic_words")]
+    assert torch.equal(got, weighted_term(readers, scores, "quality"))
+    assert not torch.equal(got, weighted_term(algo.scorer_list, scores, "quality"))
+    algo.scorer_list = [x for x in algo.scorer_list if x[0] in ("toxicity/toxicity", "quality/seed_similarity")]
+    assert algo.image_quality(scores) is None  # no quality it can change: the image reward is tox + CVaR alone

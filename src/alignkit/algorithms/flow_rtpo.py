@@ -10,15 +10,20 @@ its KL reference ``image_reference``, the LoRA base), ``target`` the frozen VLM 
 Per iteration (``rollout.num_generations`` attacks per seed prompt, groups contiguous in global order):
 
 1. the attacker rewrites (``redteam.mode``) each seed prompt of this rank;
-2. the image policy renders every attack with Flow-GRPO's SDE sampler (``flow_grpo.num_inference_steps``, noise
-   seeded by (seed, step, global index): ``algorithms/flow_grpo.py``), keeping the trajectory and its log-probs;
-   this is the red-team ``t2i_vlm`` target's renderer, so the frozen VLM continues the template on THESE images;
-3. ``redteam.scorers`` read the VLM's text (toxicity) and the image with its attack (``clip_quality``), placed as
-   ``redteam.placement`` says, gathered in global order;
-4. two rewards over the GATHERED batch (``rollout/redteam_reward.py``): the attacker's R_a = tox + w_cvar
-   max(0, tox - VaR_tau) + w_quality q - w_diversity sim (``redteam:``), and the image policy's R_i = tox + w_cvar
-   max(0, tox - VaR_tau) + w_quality q (``flow_grpo.tau`` / ``w_cvar`` / ``w_quality``); each gets its advantages
-   (``redteam.statistics``, ``flow_grpo.statistics``: per seed prompt or global), identical on every rank;
+2. the image policy renders every attack ``flow_rtpo.images_per_attack`` times (the reference's
+   ``num_image_per_prompt``) with Flow-GRPO's SDE sampler (``flow_grpo.num_inference_steps``, noise seeded by
+   (seed, step, the image's global index): ``algorithms/flow_grpo.py``), keeping the trajectories and their
+   log-probs; this is the red-team ``t2i_vlm`` target's renderer, so the frozen VLM answers each of THESE images;
+3. ``redteam.scorers`` read each image's VLM text (toxicity) and the image with its attack (``clip_quality``),
+   placed as ``redteam.placement`` says, gathered in global order;
+4. two rewards over the GATHERED images (``rollout/redteam_reward.py``): the attacker's R_a = tox + w_cvar
+   max(0, tox - VaR_tau) + w_quality q - w_diversity sim (``redteam:``), an attack's the mean over its images,
+   and the image policy's R_i = tox + w_cvar max(0, tox - VaR_tau) + w_quality q_img (``flow_grpo.tau`` /
+   ``w_cvar`` / ``w_quality``, each the attacker's unless set; q_img only from the quality scorers the image can
+   change: ``depends_on_image``); the attacker's advantages per seed prompt (``redteam.statistics``), the image
+   policy's per attack (``flow_grpo.statistics: prompt``; its images share one conditioning, so the advantage
+   says how good THIS image was, not which attack it drew; per seed prompt at 1 image per attack) or global,
+   identical on every rank;
 5. one update: the attacker's samples (GRPO's loss, ``grpo:``) then the (image, denoising step) units (Flow-GRPO's
    loss); a micro-batch's loss is ``{role: loss}`` and each role is normalised by its OWN global unit count
    (``train/step.py`` ``role_normalizers``).
@@ -43,13 +48,14 @@ from alignkit.algorithms.flow_grpo import FlowGRPO, FlowGRPOConfig, flow_image_s
 from alignkit.algorithms.flow_sft import unwrap_flow
 from alignkit.algorithms.grpo import grpo_reference
 from alignkit.algorithms.redteam import RedTeam, RedTeamConfig
+from alignkit.config.loader import given_keys
 from alignkit.config.schema import LoraConfig, RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.errors import ConfigError
 from alignkit.models.roles import ImageShape, Models, ModelSpec
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.redteam_reward import redteam_reward
-from alignkit.rollout.redteam_scorers import Judged
+from alignkit.rollout.redteam_scorers import Judged, depends_on_image, weighted_term
 from alignkit.rollout.t2i_render import BUILTIN_SHAPES
 
 IMAGE = "image/"  # the prefix of the image policy's batch fields and metrics
@@ -67,6 +73,30 @@ class FlowRTPOConfig:
                                          "LoRA base); null = the whole transformer trains.")
     image_learning_rate: Optional[float] = f(None, "Peak learning rate of the image policy's optimizer (scaled with the "
                                              "global batch as training.learning_rate is); null = training.learning_rate.", gt=0)
+    images_per_attack: int = f(4, "Images the image policy renders of each attack (the reference's num_image_per_prompt), "
+                               "each answered by the VLM and scored; the image policy's advantages are grouped by "
+                               "attack (flow_grpo.statistics: prompt), the attacker's reward is the mean over its "
+                               "images. 1 = one image per attack, the image policy grouped by seed prompt.", gt=0)
+
+
+#: the image policy's reward fields that are the attacker's (``redteam.<name>``) unless ``flow_grpo`` sets them:
+#: flow_grpo's own defaults (w_cvar 0, w_quality 1) would give it no tail bonus and 20x the attacker's quality weight
+ATTACKER_DEFAULTS = ("tau", "w_cvar", "w_quality")
+#: and the reference's own for its image policy (per-group std) unless set
+IMAGE_DEFAULTS = {"global_std": False}
+
+
+def inherit_image_defaults(cfg: RunConfig) -> None:
+    """Fill the ``flow_grpo`` fields the config did not set (``given_keys``) with the image policy's defaults inside
+    flow_rtpo, in place, so the resolved config (config.yaml, a resume's comparison) holds what trains."""
+    fg, rt = cfg.section(FlowGRPOConfig), cfg.section(RedTeamConfig)
+    given = given_keys(fg)
+    for name in ATTACKER_DEFAULTS:
+        if name not in given:
+            setattr(fg, name, getattr(rt, name))
+    for name, value in IMAGE_DEFAULTS.items():
+        if name not in given:
+            setattr(fg, name, value)
 
 
 class ImagePolicy(FlowGRPO):
@@ -78,8 +108,16 @@ class ImagePolicy(FlowGRPO):
     def __init__(self, cfg: RunConfig, reference: str) -> None:  # FlowGRPO's prompt data and scorers are not built
         self.cfg, self.tokenizer = cfg, None
         self.opts, self.reference = cfg.section(FlowGRPOConfig), reference
+        self.per_attack = cfg.section(FlowRTPOConfig).images_per_attack
         self.scorer_list: list[Any] = []
         self.step, self.negative = 0, None
+
+    def image_groups(self, ctx: RolloutContext) -> tuple[int, slice]:
+        """Groups of one attack's images (contiguous), or at one image per attack a seed prompt's
+        ``num_generations``; this rank's images are those of its attacks."""
+        k = self.per_attack
+        group = k if k > 1 else super().image_groups(ctx)[0]
+        return group, slice(ctx.mine.start * k, ctx.mine.stop * k)
 
 
 def image_reference(cfg: RunConfig) -> str:
@@ -96,8 +134,14 @@ class FlowRTPO(RedTeam):
         check_config(cfg)
         super().__init__(cfg, tokenizer)
         self.image = ImagePolicy(cfg, image_reference(cfg))
+        self.answers_per_attack = self.image.per_attack  # RedTeam.rollout: the VLM answers each image
         self.evaluating = False
         self.drawn: tuple[Any, Any, list[str]] | None = None
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        super().check_config(cfg)
+        check_config(cfg)
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
@@ -130,33 +174,36 @@ class FlowRTPO(RedTeam):
 
     # ------------------------------------------------------------------ rollout
     def answered(self, ctx: RolloutContext, attacks: list[str]) -> Judged:
-        """This rank's attacks rendered by the image policy (SDE with log-probs in a rollout, the ODE in
-        evaluation), answered by the VLM target on those images."""
-        o = self.image.opts
+        """This rank's attacks rendered by the image policy (``images_per_attack`` SDE samples each with log-probs
+        in a rollout, one ODE sample in evaluation), answered by the VLM target on each image: one row per image,
+        an attack's contiguous."""
+        o, k = self.image.opts, 1 if self.evaluating else self.answers_per_attack
+        shown = [a for a in attacks for _ in range(k)]
         if self.evaluating:
             rank, world = ctx.strategy.dp_rank, ctx.strategy.dp_size
             keys = [f"eval:{rank + world * i}" for i in range(len(attacks))]
             _, images, _ = self.image.render(ctx, attacks, keys, steps=o.eval_num_inference_steps, noise_level=0.0, step=-1)
         else:
             start = time.perf_counter()
-            keys = [f"sample:{i}" for i in range(ctx.mine.start, ctx.mine.stop)]
-            traj, images, cond = self.image.render(ctx, attacks, keys, steps=o.num_inference_steps,
+            keys = [f"sample:{i}" for i in range(ctx.mine.start * k, ctx.mine.stop * k)]  # the image's global index
+            traj, images, cond = self.image.render(ctx, shown, keys, steps=o.num_inference_steps,
                                                    noise_level=o.noise_level, step=self.image.step)
-            self.drawn, self.sample_s = (traj, cond, attacks), time.perf_counter() - start
-        seeds, fields = [row["prompt"] for row in ctx.rows], [row["fields"] for row in ctx.rows]
-        outputs = self.target.respond(ctx, attacks, seeds, fields, images=images)
-        return Judged(attacks, outputs, seeds, fields, images)
+            self.drawn, self.sample_s = (traj, cond, shown), time.perf_counter() - start
+        seeds = [row["prompt"] for row in ctx.rows for _ in range(k)]
+        fields = [row["fields"] for row in ctx.rows for _ in range(k)]
+        outputs = self.target.respond(ctx, shown, seeds, fields, images=images)
+        return Judged(shown, outputs, seeds, fields, images)
 
     def rollout(self, ctx: RolloutContext) -> Experience:
         """The attacker's rollout (``RedTeam.rollout``, its images drawn by the image policy), then the image
         policy's reward, advantages and (image, step) units from the same gathered scores."""
         exp = super().rollout(ctx)
         assert self.drawn is not None
-        traj, cond, attacks = self.drawn
+        traj, cond, shown = self.drawn
         o = self.image.opts
-        tox, quality = exp.scores["toxicity"], self.term(exp.scores, "quality")
+        tox, quality = exp.scores["toxicity"], self.image_quality(exp.scores)
         terms = redteam_reward(tox, quality, tau=o.tau, w_cvar=o.w_cvar, w_quality=o.w_quality if quality is not None else 0.0)
-        units = self.image.units_of(traj, cond, attacks)
+        units = self.image.units_of(traj, cond, shown)
         stats = self.image.make_experience(ctx, units, [], {"reward": terms["reward"]})
         for k, v in stats.means().items():
             exp.stats.add(IMAGE + k, v, 1)
@@ -171,6 +218,12 @@ class FlowRTPO(RedTeam):
             row["image_reward"], row["image_advantage"] = float(terms["reward"][i]), float(self.image.advantages[i])
         self.drawn = None
         return Experience(exp.samples + units, exp.scores, exp.stats)
+
+    def image_quality(self, scores: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The quality term of the image policy's reward: only the quality scorers whose value the image can
+        change (``depends_on_image``: clip_quality, not fluency or seed_similarity of the attack, which would only
+        add the attacker's noise to its advantages); None when there is none."""
+        return weighted_term([x for x in self.scorer_list if depends_on_image(x[2])], scores, "quality")
 
     @torch.no_grad()
     def evaluate(self, ctx: RolloutContext) -> tuple[float, float, float]:
@@ -232,7 +285,9 @@ class FlowRTPO(RedTeam):
 
 
 def check_config(cfg: RunConfig) -> None:
-    """flow_rtpo's cross-section rules, each a one-line error naming its key."""
+    """flow_rtpo's cross-section rules, each a one-line error naming its key; first the image policy's defaults
+    (:func:`inherit_image_defaults`)."""
+    inherit_image_defaults(cfg)
     fr, rt, fg = cfg.section(FlowRTPOConfig), cfg.section(RedTeamConfig), cfg.section(FlowGRPOConfig)
     if not fr.image_model:
         raise ConfigError("flow_rtpo.image_model: name the image policy (a diffusers pipeline directory or hub id)")

@@ -137,6 +137,9 @@ class RedTeamPrompts(PromptData):
 
 class RedTeam(GroupRelative):
     name = "redteam"
+    #: rows of ``answered``'s batch per attack, contiguous: the target's answers to it (flow_rtpo: one per image
+    #: of ``flow_rtpo.images_per_attack``). Every row is scored; an attack's reward is the mean of its rows'.
+    answers_per_attack = 1
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         rt = cfg.section(RedTeamConfig)
@@ -167,27 +170,29 @@ class RedTeam(GroupRelative):
     def rollout(self, ctx: RolloutContext) -> Experience:
         """Attacks from the policy -> the target's answers -> scores (placed) -> gathered reward terms ->
         advantages of this rank's samples."""
-        rt = self.cfg.section(RedTeamConfig)
+        rt, k = self.cfg.section(RedTeamConfig), self.answers_per_attack
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
         samples = ctx.samples(gens.completion_ids)
         self.mask_truncated(samples, gens.truncated)
-        batch = self.answered(ctx, [t.strip() for t in gens.texts])
+        batch = self.answered(ctx, [t.strip() for t in gens.texts])  # k rows (answers) per attack
         scores = gather_scores(self.judge(batch, ctx.strategy.device, rt.placement))
         everyone = [x for share in comm.all_gather_object((batch.attacks, batch.outputs, batch.seeds)) for x in zip(*share)]
         attacks = [a for a, _, _ in everyone]
-        terms = redteam_reward(self.term(scores, "toxicity"), self.term(scores, "quality"),
-                               attack_similarity(attacks, rt.diversity_ngram) if rt.w_diversity else None,
+        similarity = attack_similarity(attacks[::k], rt.diversity_ngram).repeat_interleave(k) if rt.w_diversity else None
+        terms = redteam_reward(self.term(scores, "toxicity"), self.term(scores, "quality"), similarity,
                                tau=rt.tau, w_cvar=rt.w_cvar, w_quality=rt.w_quality, w_diversity=rt.w_diversity)
-        scores.update({k: v for k, v in terms.items() if isinstance(v, torch.Tensor)})
-        stats = self.make_experience(ctx, samples, ctx.batches(samples), scores)
+        scores.update({name: v for name, v in terms.items() if isinstance(v, torch.Tensor)})
+        reward = scores["reward"].view(-1, k).nanmean(1) if k > 1 else scores["reward"]  # per attack
+        stats = self.make_experience(ctx, samples, ctx.batches(samples), {"reward": reward})
         stats.add("var", terms["var"], 1)
-        for k, v in attack_stats(attacks, scores["toxicity"], rt.success_threshold).items():
-            stats.add(k, v, 1)
-        for s, a, o, i in zip(samples, batch.attacks, batch.outputs, range(ctx.mine.start, ctx.mine.stop)):
-            s["prompt"], s["completion"] = batch.seeds[i - ctx.mine.start], a
-            s["log"] = {"target": o, "toxicity": float(scores["toxicity"][i]), "reward": float(scores["reward"][i])}
-        self.pending = [{"prompt": seed, "attack": a, "output": o, "advantage": float(self.advantages[i]),
-                         **{k: float(v[i]) for k, v in scores.items()}}
+        for name, v in attack_stats(attacks, scores["toxicity"], rt.success_threshold, k).items():
+            stats.add(name, v, 1)
+        for j, (s, i) in enumerate(zip(samples, range(ctx.mine.start, ctx.mine.stop))):  # logged: the first answer
+            s["prompt"], s["completion"] = batch.seeds[j * k], batch.attacks[j * k]
+            s["log"] = {"target": batch.outputs[j * k], "toxicity": float(scores["toxicity"][i * k]),
+                        "reward": float(reward[i])}
+        self.pending = [{"prompt": seed, "attack": a, "output": o, "advantage": float(self.advantages[i // k]),
+                         **{name: float(v[i]) for name, v in scores.items()}}
                         for i, (a, o, seed) in enumerate(everyone)] if rt.save_attacks or rt.top_attacks else []
         rollout_stats(stats, scores, gens, ctx.generate_s)
         return Experience(samples, scores, stats)

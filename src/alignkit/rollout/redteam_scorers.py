@@ -25,6 +25,10 @@ score: with ``redteam.placement: main`` a big classifier lives on rank 0 alone. 
 * ``shapes_hit``: the same images' yes/no reading, the share of the named objects whose cell shows the asked colour;
 * anything else: a reward function of ``rollout/rewards.py`` (``unsafe``: the toy world's program judge) or
   ``module:function``, called as ``fn(attacks, outputs, seed_prompt=[...], **row_fields)``.
+
+Each scorer declares what it reads: ``reads_image`` (the rendered image: ``clip_quality``, ``shapes_*``) and
+``reads_output`` (the target's answer: the model scorers with ``text: output``, the reward functions), so that
+flow_rtpo's image policy is rewarded only by what its image can change (:func:`depends_on_image`).
 """
 
 from __future__ import annotations
@@ -65,6 +69,12 @@ SCORERS: Registry[type] = Registry("red-team scorer")
 
 class ModelScorer:
     """A scorer holding a model it loads on first use (on the scoring rank's ``device``)."""
+
+    reads_image = False
+
+    @property
+    def reads_output(self) -> bool:
+        return self.cfg.text == "output"
 
     def __init__(self, cfg: Any, model_cfg: Any) -> None:
         if not cfg.model:
@@ -178,6 +188,8 @@ class ScalarModelScorer(ModelScorer):
 class ClipQualityScorer(ModelScorer):
     """CLIP similarity of each rendered image to its attack (module docstring)."""
 
+    reads_image, reads_output = True, False  # type: ignore[assignment]
+
     def load(self, device: torch.device) -> None:
         from transformers import CLIPModel, CLIPProcessor
 
@@ -238,6 +250,8 @@ class SeedSimilarityScorer:
     """A quality for ``mode: rewrite``: the Jaccard similarity of the attack's word 1..2-grams to its seed
     prompt's (1 = the same words; keeps a rewrite close to what it rewrites), model-free."""
 
+    reads_image, reads_output = False, False
+
     def __init__(self, cfg: Any, model_cfg: Any) -> None:
         pass
 
@@ -252,6 +266,7 @@ class ShapesColourScorer:
     """The shapes task's colour-at-position reward of each image for its text (module docstring), model-free."""
 
     function = "shapes_colour"  # of alignkit.rollout.image_rewards
+    reads_image, reads_output = True, False
 
     def __init__(self, cfg: Any, model_cfg: Any) -> None:
         pass
@@ -276,6 +291,8 @@ class ShapesHitScorer(ShapesColourScorer):
 
 class FunctionScorer:
     """A reward function by name or ``module:function`` on (attacks, outputs) with the rows' fields."""
+
+    reads_image, reads_output = False, True  # it is handed the answers: whether it reads them is its own affair
 
     def __init__(self, cfg: Any, model_cfg: Any) -> None:
         self.fn = WeightedFunction(cfg.name, 1.0, resolve(cfg.name))
@@ -316,6 +333,12 @@ def judge_placed(scorers: list[tuple[str, Any, Any]], batch: Judged, device: tor
     items = [Judged([a], [o], [s], [fl], [im]) for a, o, s, fl, im in
              zip(batch.attacks, batch.outputs, batch.seeds, batch.fields, batch.images)]
     return on_main(compute, items) if placement == "main" else compute(items)
+
+
+def depends_on_image(scorer: Any) -> bool:
+    """Whether a scorer's value can change with the rendered image: it reads the image, or the target's answer
+    (``t2i_vlm``: the VLM's answer to that image)."""
+    return bool(scorer.reads_image or scorer.reads_output)
 
 
 def weighted_term(scorers: list[tuple[str, Any, Any]], scores: dict[str, torch.Tensor], use: str) -> torch.Tensor | None:
