@@ -62,6 +62,14 @@ def test_train_under_torchrun_two_processes(cli_model: Path, tmp_path: Path) -> 
     # rank 0 alone logs: each step line appears once
     assert len(re.findall(r"step 1 loss=", proc.stderr)) == 1
     assert (out / "final" / "model.safetensors").is_file()
+    # the untrained eval, once, over both ranks' shares: equal to one process evaluating every example
+    from alignkit.config import load_config
+    from alignkit.train.evaluate import run_eval
+
+    zero = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"step": 0' in x]
+    assert len(zero) == 1 and len(re.findall(r"step 0 eval/loss=", proc.stderr)) == 1
+    one = run_eval(load_config(REPO / "configs" / "sft.yaml", shipped(cli_model, tmp_path / "one")[2:]), show=False)
+    assert zero[0]["eval/loss"] == pytest.approx(one["loss"], rel=1e-5)
 
 
 def test_python_dash_m_matches_console_script(tmp_path: Path) -> None:
