@@ -159,8 +159,9 @@ def test_flow_rtpo_under_accelerate_one_node_and_two_node_loopback_equal_one_pro
         models: dict[str, Path], parts: dict[str, Path], tmp_path: Path) -> None:
     """The guide's launch forms through ``alignkit launch --launcher accelerate``: 2 processes on one node, and two
     "machines" of one process on this one (``--num_machines 2 --machine_rank R --main_process_ip 127.0.0.1``).
-    With greedy attacks (the images' noise is seeded by their global index) both equal ONE process: the same
-    attacks, VLM answers and rewards of both policies (placement main: rank 0 scores every rank's samples, each
+    With greedy attacks and 2 images per attack (each image's noise is seeded by its global index, each rank
+    renders the images of its own attacks) both equal ONE process: the same attacks, VLM answers and rewards of
+    both policies (placement main: rank 0 scores every rank's samples, each
     rank trains on its own), the same losses and gradient norms of both policies (each role normalised by its own
     global unit count) and the same two trained adapters."""
     import subprocess
@@ -170,17 +171,19 @@ def test_flow_rtpo_under_accelerate_one_node_and_two_node_loopback_equal_one_pro
     # greedy: a seed's attacks are one text, so per-seed statistics would leave the attacker a zero gradient (its
     # advantages cancel) that Adam turns into noise-sized steps; global statistics keep a real one
     greedy, stats, no_eval = "rollout.temperature=0", "redteam.statistics=global", "data.eval=[]"  # eval: the other test's
+    two_images = "flow_rtpo.images_per_attack=2"  # each rank renders its attacks' images: their global indices
     launch = [sys.executable, "-m", "alignkit", "launch", "--launcher", "accelerate"]
     single, one, two, port = tmp_path / "single", tmp_path / "one_node", tmp_path / "two_nodes", str(free_port())
-    assert_ok(run_cli(flow_rtpo_args(single, models, parts, 1, greedy, stats, no_eval)))
+    assert_ok(run_cli(flow_rtpo_args(single, models, parts, 1, greedy, stats, no_eval, two_images)))
     assert_ok(subprocess.run([*launch, "--nproc-per-node", "2", "--master-port", str(free_port()),
-                              *flow_rtpo_args(one, models, parts, 2, greedy, stats, no_eval)[1:]],
+                              *flow_rtpo_args(one, models, parts, 2, greedy, stats, no_eval, two_images)[1:]],
                              capture_output=True, text=True, timeout=400, cwd=REPO, env=child_env()))
     run_nodes([[*launch, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(r), "--master-addr", "127.0.0.1",
-                "--master-port", port, *flow_rtpo_args(two, models, parts, 2, greedy, stats, no_eval)[1:]] for r in (0, 1)],
+                "--master-port", port, *flow_rtpo_args(two, models, parts, 2, greedy, stats, no_eval, two_images)[1:]]
+               for r in (0, 1)],
               timeout=400, cwd=REPO)
     rows = {run.name: [json.loads(x) for x in (run / "attacks.jsonl").read_text().splitlines()] for run in (single, one, two)}
-    assert len(rows["single"]) == 8
+    assert len(rows["single"]) == 16  # 2 iterations x 4 attacks x 2 images
     for name in ("one_node", "two_nodes"):
         for key in ("attack", "output"):
             assert [r[key] for r in rows[name]] == [r[key] for r in rows["single"]], (name, key)
