@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 import torch
 
 from alignkit.config.schema import RunConfig
+from alignkit.config.sections import SECTIONS
 from alignkit.data.batch import Batch
 from alignkit.distributed.comm import stack_on_one_device
 from alignkit.errors import ConfigError
@@ -122,11 +123,24 @@ class Algorithm(ABC):
     console_keys: tuple[str, ...] = ()
     #: log the estimator's per-component memory table at start-up (runs holding several models)
     memory_table: bool = False
+    #: config sections this class reads besides the one named like it (``rollout`` for every online algorithm);
+    #: subclasses add to their bases' (:meth:`own_sections`)
+    config_sections: tuple[str, ...] = ()
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         self.cfg = cfg
         #: the policy's tokenizer, or a vision-language model's processor
         self.tokenizer = tokenizer
+
+    @classmethod
+    def own_sections(cls) -> list[str]:
+        """The registered config sections this algorithm reads: over its class and its bases, the section
+        named like each (``safe_dpo`` extends ``dpo``: both) and those each declares in ``config_sections``.
+        ``alignkit validate`` prints these and leaves out other algorithms' sections."""
+        names: list[str] = []
+        for klass in reversed(cls.__mro__):
+            names += [klass.__dict__.get("name", ""), *klass.__dict__.get("config_sections", ())]
+        return [n for n in dict.fromkeys(names) if n in SECTIONS]
 
     @classmethod
     def check_config(cls, cfg: RunConfig) -> None:

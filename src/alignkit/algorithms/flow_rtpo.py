@@ -129,6 +129,7 @@ def image_reference(cfg: RunConfig) -> str:
 
 class FlowRTPO(RedTeam):
     name = "flow_rtpo"
+    config_sections = ("flow_grpo",)  # the image policy's sampler, loss and reward weights
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         check_config(cfg)

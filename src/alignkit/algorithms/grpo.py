@@ -67,6 +67,7 @@ class GroupRelative(OnlineAlgorithm):
     """``grpo`` / ``rloo`` / ``dr_grpo``: ``estimator`` names the advantage estimator (rollout/advantages.py)."""
 
     estimator = "grpo"
+    config_sections = ("grpo",)
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)

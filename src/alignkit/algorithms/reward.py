@@ -99,6 +99,7 @@ class ScoredPairs(OfflineAlgorithm):
     the scores into per-pair losses and metrics (reward and cost models)."""
 
     sequences_per_example = 2
+    config_sections = ("reward_model",)  # the cost model's settings too
 
     def pair_loss(self, scores: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, MetricSums]:
         raise NotImplementedError

@@ -111,6 +111,7 @@ class VLMSFT(SFT):
     """SFT's loss and evaluation over image-text rows (``VLMData``); the stage decides what trains."""
 
     name = "vlm_sft"
+    config_sections = ("vlm",)
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         processor = load_processor(cfg)

@@ -1,4 +1,4 @@
-"""The ``alignkit`` command: train | launch | validate | estimate | eval | migrate | score | merge-lora | demo | tiny-model | data synth | plot.
+"""The ``alignkit`` command; ``alignkit --help`` lists every sub-command (:func:`command_summary`).
 
 User errors (bad config, bad data, missing files) end with one line ``alignkit: error: ...`` and exit
 status 2; set ALIGNKIT_DEBUG=1 for the traceback. A run stopped by Ctrl-C or SIGTERM ends with one line
@@ -37,11 +37,22 @@ def _strip_launcher_args(argv: list[str]) -> list[str]:
     return out
 
 
+def command_summary(sub: argparse._SubParsersAction) -> str:
+    """``--help``'s first line, read from the registered sub-commands (a command group with sub-commands of
+    its own, e.g. ``data``, lists them: ``data synth``), so a new command cannot be left out of it."""
+    names = []
+    for name, parser in sub.choices.items():
+        groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        names += [f"{name} {child}" for g in groups for child in g.choices] or [name]
+    return "The alignkit command: " + " | ".join(names) + "."
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="alignkit", description=__doc__.splitlines()[0].replace("``", ""))
+    p = argparse.ArgumentParser(prog="alignkit")
     sub = p.add_subparsers(dest="command", required=True)
     for module in COMMAND_MODULES:
         module.register(sub)
+    p.description = command_summary(sub)
     return p
 
 

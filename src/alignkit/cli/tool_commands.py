@@ -34,12 +34,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
 VAE_STEPS = 300
 
 
+def refuse_used_folder(out_dir: Path, overwrite: bool) -> None:
+    """``tiny-model`` into a folder that holds files replaces them only when asked (``--overwrite``): the
+    folder may hold a model the user made or trained."""
+    from alignkit.errors import UserError
+
+    if overwrite or not out_dir.is_dir():
+        return
+    held = sorted(p.name for p in out_dir.iterdir())
+    if held:
+        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        raise UserError(f"{out_dir} is not empty (it holds {shown}): choose a new folder, or pass --overwrite to "
+                        "write the tiny model over its files")
+
+
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from alignkit.models.tiny import build_tiny_model
 
+    refuse_used_folder(Path(args.out_dir), args.overwrite)
     if args.arch == "sd3":
+        from alignkit.logging import setup_console
         from alignkit.models.tiny_sd3 import build_tiny_sd3
 
+        setup_console(is_main=True)  # the VAE fit's progress (minutes) goes to the console
+        if args.vae_steps:
+            import logging
+
+            logging.getLogger("alignkit").info(
+                f"fitting the tiny SD3's VAE to the shapes scenes: {args.vae_steps} steps, a few minutes on a CPU "
+                "(--vae-steps 0 skips it: a random VAE)")
         out = build_tiny_sd3(args.out_dir, size=args.size, vocab_size=args.vocab_size, seed=args.seed,
                              vae_steps=args.vae_steps)
     else:
@@ -132,6 +155,8 @@ def register(sub: Any) -> None:
     sp.add_argument("--vae-steps", type=int, default=VAE_STEPS,
                     help="sd3: steps fitting the VAE to the synthetic shapes scenes, so decoded latents are pictures "
                          "(0: a random VAE)")
+    sp.add_argument("--overwrite", action="store_true",
+                    help="write into OUT_DIR although it holds files (default: refuse a folder that is not empty)")
     sp.set_defaults(func=cmd_tiny_model)
 
     sp = sub.add_parser("data", help="data utilities")

@@ -112,12 +112,14 @@ def fit_vae(vae: Any, *, steps: int, seed: int = 0, batch: int = 16, lr: float =
 
     from alignkit.data.captions import pil_pixels
     from alignkit.data.synth_vlm import CANVAS, draw, make_scene
+    from alignkit.progress import track
 
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(vae.parameters(), lr=lr)
     vae.train()
     mse = float("nan")
-    for _ in range(steps):
+    # minutes on a loaded CPU: a bar (or a line every 30 s off a terminal) with the step count and an ETA
+    for _ in track(range(steps), steps, "fitting the VAE to the shapes scenes", "steps"):
         x = pil_pixels([draw(make_scene(rng), rng) for _ in range(batch)], CANVAS)
         post = vae.encode(x).latent_dist
         rec = vae.decode(post.sample(generator=gen)).sample

@@ -4,15 +4,33 @@ from __future__ import annotations
 
 import dataclasses
 
+import yaml
+
 from alignkit.algorithms import ALGORITHMS, workload_of
-from alignkit.config import dump_yaml, load_config
-from alignkit.config.loader import resolve_batch
+from alignkit.config import load_config
+from alignkit.config.loader import resolve_batch, to_dict
 from alignkit.config.schema import RunConfig
+from alignkit.config.sections import registered_sections
 from alignkit.distributed.env import read_env
 from alignkit.distributed.strategy.base import pick_backend, pick_compute_dtype, pick_device
 from alignkit.errors import UserError
 from alignkit.models.loading import load_tokenizer
 from alignkit.train.run_plan import plan_run, plan_steps
+
+
+def applying_yaml(cfg: RunConfig) -> str:
+    """The resolved config as YAML with the sections that apply to this run: the core ones, the algorithm's own
+    (:meth:`~alignkit.algorithms.base.Algorithm.own_sections`) and any other the config sets away from its
+    defaults; the other algorithms' sections, all at their defaults, are named on one comment line (the saved
+    ``config.yaml`` of a run keeps every section)."""
+    own = set(ALGORITHMS.get(cfg.algorithm).own_sections())
+    data = to_dict(cfg)
+    left_out = [name for name, cls in registered_sections().items()
+                if name not in own and cfg.section(cls) == cls()]
+    for name in left_out:
+        del data[name]
+    note = f"# other algorithms' sections, at their defaults, not shown: {', '.join(left_out)}\n" if left_out else ""
+    return yaml.safe_dump(data, sort_keys=False) + note
 
 
 def print_plan(config: str, overrides: list[str], *, world_size: int | None = None) -> None:
@@ -38,7 +56,7 @@ def print_plan(config: str, overrides: list[str], *, world_size: int | None = No
     steps = run.with_steps(n_train, cfg.training).steps
     assert steps is not None
     print("# resolved config")
-    print(dump_yaml(cfg).rstrip())
+    print(applying_yaml(cfg).rstrip())
     print("# plan")
     rows = [
         ("algorithm", cfg.algorithm),
