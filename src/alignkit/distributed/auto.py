@@ -63,9 +63,11 @@ CPU_PROCESS_BASELINE_BYTES = int(0.5e9)
 def resolve_dims(spec: str, trust_remote_code: bool = False) -> ModelDims:
     """A preset name (``llama-7b``, ...) or a local model / LoRA adapter directory."""
     from alignkit.models.adapters import adapter_base, is_adapter_dir
+    from alignkit.models.sources import check_hub
 
     if spec in PRESETS:
         return PRESETS[spec]
+    check_hub(spec)
     path = adapter_base(spec) if is_adapter_dir(spec) else spec
     try:
         return dims_from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -3,15 +3,76 @@ id), a hub id that cannot be reached, a corrupt or truncated safetensors file (n
 
 ``from_pretrained`` reports these as long tracebacks ("Repo id must be in the form ...", a bare
 ``SafetensorError`` naming no file); :func:`model_errors` turns them into a :class:`ModelError`.
+Without network, huggingface_hub retries every file of a hub id for about a minute (a dozen "Retrying in
+Ns" lines) before it fails: :func:`check_hub` asks the Hub once, with a short timeout, first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from alignkit.errors import ModelError, UserError
+
+
+#: seconds the Hub has to answer :func:`check_hub`'s probe (it answers in well under one where it is reachable)
+HUB_PROBE_TIMEOUT_S = 3.0
+#: what a hub model id looks like: NAME or ORG/NAME
+HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+@functools.lru_cache(maxsize=None)
+def hub_unreachable(endpoint: str) -> str | None:
+    """Why the Hub at ``endpoint`` cannot be reached (a short phrase), None when it answers; asked once per
+    process. Any HTTP answer counts as reachable; through huggingface_hub's own session, so proxies apply."""
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - whatever the HTTP client raises (DNS, refused, timeout, TLS, proxy)
+        return first_line(e)
+    return None
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """Whether the Hugging Face cache holds a downloaded snapshot of model ``repo_id``."""
+    from huggingface_hub import constants
+
+    snapshots = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    return snapshots.is_dir() and any(snapshots.iterdir())
+
+
+def check_hub(source: str) -> None:
+    """A hub id that can be neither downloaded nor read from the cache: one line at once, not a minute of
+    retries. While the Hub cannot be reached a model the cache holds loads from there (offline mode is switched
+    on for this process, as ``HF_HUB_OFFLINE=1`` does); a local path or a reachable Hub pass."""
+    from huggingface_hub import constants
+
+    if not HUB_ID.match(source) or Path(source).expanduser().exists():
+        return
+    cached = in_hub_cache(source)
+    if constants.HF_HUB_OFFLINE:
+        if not cached:
+            raise ModelError(f"model {source!r}: no such local directory, and not in the Hugging Face cache "
+                             f"({constants.HF_HUB_CACHE}) while offline mode is on (HF_HUB_OFFLINE): download it "
+                             "once with network, or give a local model folder")
+        return
+    reason = hub_unreachable(constants.ENDPOINT)
+    if reason is None:
+        return
+    if cached:
+        constants.HF_HUB_OFFLINE = True
+        logging.getLogger("alignkit").warning(
+            f"the Hugging Face Hub ({constants.ENDPOINT}) cannot be reached ({reason}): model {source!r} loads from "
+            "the local cache (set HF_HUB_OFFLINE=1 to skip asking the Hub)")
+        return
+    raise ModelError(f"model {source!r}: no such local directory, not in the Hugging Face cache, and the Hub "
+                     f"({constants.ENDPOINT}) cannot be reached ({reason}): connect, or give a local model folder "
+                     "(with HF_HUB_OFFLINE=1 a model the cache holds loads without asking the Hub)")
 
 
 def first_line(e: BaseException) -> str:
@@ -81,6 +142,7 @@ def check_model_folder(source: str) -> None:
     (transformers' own error comes after all of that, as a 40-line traceback). A hub id passes."""
     path = Path(source).expanduser()
     if not path.is_dir():
+        check_hub(source)
         return  # a hub id, or a missing path: translate() words that when loading
     if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
         raise ModelError(f"model {source!r}: no config.json in this folder (it holds {listing(path)}): a model "
@@ -95,6 +157,7 @@ def check_model_folder(source: str) -> None:
 def model_errors(source: str) -> Iterator[None]:
     """Around loading ``source`` (a local directory or a hub id): a missing or unreachable model and a
     corrupt weights file become a one-line ModelError naming it; anything else passes unchanged."""
+    check_hub(source)
     try:
         yield
     except UserError:
