@@ -123,6 +123,10 @@ def test_slurm_bad_inputs_are_one_line() -> None:
     line = error_line(run_cli(["launch", "--slurm", "--dry-run", "--node-rank", "1", CFG], cwd=REPO, env=env))
     assert "come from the Slurm allocation: drop --node-rank" in line
     assert "choose one" in error_line(run_cli(["launch", "--slurm", "--k8s", CFG], cwd=REPO, env=env))
+    # the same allocation read right: --dry-run prints the srun line it would run
+    ok = run_cli(["launch", "--slurm", "--dry-run", CFG], cwd=REPO, env={**env, "MASTER_PORT": "31002"})
+    assert_ok(ok)
+    assert ok.stdout.startswith("MASTER_ADDR=n1 MASTER_PORT=31002 ") and " srun --nodes=2 --ntasks=2 " in ok.stdout
 
 
 def test_k8s_manifest(tmp_path) -> None:
