@@ -63,7 +63,7 @@ class FakeHub:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
 

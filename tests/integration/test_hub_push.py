@@ -37,7 +37,7 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
-@pytest.mark.slow(seconds=25)
+@pytest.mark.slow(seconds=30)
 def test_card_in_every_model_folder_and_push_to_a_fake_hub(sft_config: dict[str, Any], micro_model: Path,
                                                              tmp_path: Path) -> None:
     from huggingface_hub import ModelCard
@@ -45,7 +45,8 @@ def test_card_in_every_model_folder_and_push_to_a_fake_hub(sft_config: dict[str,
     base = _base_with_card(micro_model, tmp_path)
     with FakeHub() as hub:
         env = child_env(HF_ENDPOINT=hub.url, HF_TOKEN=SECRET, HF_HOME=str(tmp_path / "hf"))
-        proc = run_cli(["train", str(_config(sft_config, tmp_path, base, private=True))], env=env)
+        # two processes: the card and the push are rank 0's alone (one repo, one commit)
+        proc = run_cli(["train", str(_config(sft_config, tmp_path, base, private=True))], env=env, nproc=2)
     assert_ok(proc)
     final, run = tmp_path / "run" / "final", tmp_path / "run"
     # the card: Hugging Face's header, read back by huggingface_hub itself
@@ -78,7 +79,7 @@ def test_card_in_every_model_folder_and_push_to_a_fake_hub(sft_config: dict[str,
     assert SECRET not in proc.stdout + proc.stderr
 
 
-@pytest.mark.slow(seconds=35)
+@pytest.mark.slow(seconds=25)
 def test_a_push_without_network_or_token_is_one_line_and_the_run_stands(sft_config: dict[str, Any],
                                                                          micro_model: Path, tmp_path: Path) -> None:
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the network is down

@@ -112,5 +112,5 @@ def test_push_without_a_token_sends_nothing(tmp_path: Path, monkeypatch: pytest.
     log = type("Log", (), {"info": staticmethod(lines.append)})()
     hub = HubConfig(push_to_hub=True, repo_id="me/x", private=True)
     assert hub_push.push_final(tmp_path, hub, log, algorithm="sft") is None
-    assert lines == [f"Hub push skipped: no Hugging Face token (set HF_TOKEN or run `hf auth login`); the model is "
-                     f"complete in {tmp_path}; upload it later with: hf upload me/x {tmp_path} --private"]
+    assert lines == [(f"Hub push skipped: no Hugging Face token (set HF_TOKEN or run `hf auth login`); the model is "
+                      f"complete in {tmp_path}; upload it later with: hf upload me/x {tmp_path} --private")]

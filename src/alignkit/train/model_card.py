@@ -34,17 +34,10 @@ CACHE_DIR = re.compile(r"models--([\w.-]+?)--([\w.-]+)(?:/|$)")
 #: model classes (config.json's ``architectures``, by suffix) -> the Hub's pipeline tag
 PIPELINES = {"ForCausalLM": "text-generation", "ForSequenceClassification": "text-classification",
              "ForConditionalGeneration": "image-text-to-text"}
-#: how to load each library's folder; {src} is the repo id or the local folder
-USAGE = {
-    "transformers": "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-                    "model = AutoModelForCausalLM.from_pretrained(\"{src}\")\n"
-                    "tokenizer = AutoTokenizer.from_pretrained(\"{src}\")",
-    "peft": "from peft import AutoPeftModelForCausalLM\n\n"
-            "model = AutoPeftModelForCausalLM.from_pretrained(\"{src}\")  # the base model + this adapter",
-    "diffusers": "from diffusers import DiffusionPipeline\n\npipe = DiffusionPipeline.from_pretrained(\"{src}\")",
-    "diffusers-lora": "from diffusers import DiffusionPipeline\n\npipe = DiffusionPipeline.from_pretrained(\"{base}\")\n"
-                      "pipe.load_lora_weights(\"{src}\")",
-}
+#: the transformers Auto class and preprocessor of each pipeline tag (the card's "How to use")
+AUTO = {"text-generation": ("AutoModelForCausalLM", "AutoTokenizer"),
+        "text-classification": ("AutoModelForSequenceClassification", "AutoTokenizer"),
+        "image-text-to-text": ("AutoModelForImageTextToText", "AutoProcessor")}
 #: diffusers' LoRA file (``save_lora_weights``): an adapter with no adapter_config.json
 DIFFUSERS_LORA = "pytorch_lora_weights.safetensors"
 
@@ -76,20 +69,21 @@ def build_card(folder: Path, cfg: dict[str, Any], library: str, start: tuple[str
     algorithm = str(cfg.get("algorithm", "?"))
     lora = library == "peft" or (folder / DIFFUSERS_LORA).is_file()
     tags = ["alignkit", algorithm] + (["lora"] if lora else [])
+    pipeline = pipeline_of(folder, library)
     data = ModelCardData(base_model=base, library_name=library, tags=tags, datasets=hub_datasets(cfg) or None,
                          license=base_meta.get("license"), license_name=base_meta.get("license_name"),
-                         license_link=base_meta.get("license_link"), pipeline_tag=pipeline_of(folder, library))
-    repo = (cfg.get("hub") or {}).get("repo_id")
+                         license_link=base_meta.get("license_link"), pipeline_tag=pipeline)
+    repo = (cfg.get("hub") or {}).get("repo_id") if folder.name == "final" else None  # final/ is what is pushed
     parts = [
         f"# {repo or Path(str(cfg.get('output_dir', folder.parent))).name + '/' + folder.name}",
         _intro(algorithm, base, source, lora, what, role),
         _data_section(cfg),
         _metrics_section(metrics),
         f"## Training curves\n\n![training curves]({PLOT})" if (folder / PLOT).is_file() else "",
-        _usage(library + ("-lora" if lora and library == "diffusers" else ""), repo or str(folder), base or source),
+        _usage(library, pipeline, lora, repo or str(folder), base or source),
         _reproduce(),
-        "## Configuration\n\nThe resolved run configuration (`config.yaml` beside this card; secrets masked):\n\n"
-        f"```yaml\n{yaml.safe_dump(scrub(cfg), sort_keys=False).rstrip()}\n```",
+        ("## Configuration\n\nThe resolved run configuration (`config.yaml` beside this card; secrets masked):\n\n"
+         f"```yaml\n{yaml.safe_dump(scrub(cfg), sort_keys=False).rstrip()}\n```"),
         _versions(library),
     ]
     body = "\n\n".join(p for p in parts if p)
@@ -236,8 +230,22 @@ def _num(v: float) -> str:
     return "n/a" if not math.isfinite(v) else f"{v:.4g}"
 
 
-def _usage(library: str, src: str, base: str) -> str:
-    return f"## How to use\n\n```python\n{USAGE[library].format(src=src, base=base)}\n```" if library in USAGE else ""
+def _usage(library: str, pipeline: str | None, lora: bool, src: str, base: str) -> str:
+    """How to load the folder (``src``: its repo or path; ``base``: what a LoRA adapter goes onto)."""
+    if library == "diffusers":
+        code = (f'from diffusers import DiffusionPipeline\n\npipe = DiffusionPipeline.from_pretrained("{base}")\n'
+                f'pipe.load_lora_weights("{src}")' if lora else
+                f'from diffusers import DiffusionPipeline\n\npipe = DiffusionPipeline.from_pretrained("{src}")')
+    elif library == "peft" and pipeline == "text-generation":
+        code = (f'from peft import AutoPeftModelForCausalLM\n\n'
+                f'model = AutoPeftModelForCausalLM.from_pretrained("{src}")  # the base model + this adapter')
+    elif library == "transformers" and pipeline in AUTO:
+        model, pre = AUTO[pipeline]
+        code = (f'from transformers import {model}, {pre}\n\nmodel = {model}.from_pretrained("{src}")\n'
+                f'{"processor" if pre == "AutoProcessor" else "tokenizer"} = {pre}.from_pretrained("{src}")')
+    else:
+        return ""
+    return f"## How to use\n\n```python\n{code}\n```"
 
 
 def _reproduce() -> str:
