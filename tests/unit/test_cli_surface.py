@@ -73,6 +73,13 @@ def test_tiny_model_refuses_a_folder_that_holds_files(tmp_path: Path, capsys: py
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # nothing written
     assert main(["tiny-model", str(out), "--size", "micro", "--overwrite"]) == 0
     assert (out / "config.json").is_file() and (out / "notes.txt").read_text() == "mine"
+    capsys.readouterr()
+    # the same command again (a page followed twice): the folder already holds that model, kept as it is
+    weights = (out / "model.safetensors").stat().st_mtime_ns
+    assert main(["tiny-model", str(out), "--size", "micro"]) == 0
+    assert "already holds this tiny model" in capsys.readouterr().out
+    assert (out / "model.safetensors").stat().st_mtime_ns == weights
+    assert main(["tiny-model", str(out), "--size", "micro", "--seed", "1"]) == 2  # another model: refused
 
 
 def test_vae_fit_shows_steps_and_an_estimate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -34,24 +34,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
 VAE_STEPS = 300
 
 
-def refuse_used_folder(out_dir: Path, overwrite: bool) -> None:
-    """``tiny-model`` into a folder that holds files replaces them only when asked (``--overwrite``): the
-    folder may hold a model the user made or trained."""
+#: written beside a tiny model: the arguments it was built with (the same arguments give the same files)
+TINY_RECIPE = "alignkit-tiny-model.json"
+
+
+def tiny_recipe(args: argparse.Namespace) -> dict[str, Any]:
+    recipe = {"arch": args.arch, "size": args.size, "vocab_size": args.vocab_size, "seed": args.seed}
+    return {**recipe, "vae_steps": args.vae_steps} if args.arch == "sd3" else recipe
+
+
+def holds_this_tiny_model(out_dir: Path, recipe: dict[str, Any], overwrite: bool) -> bool:
+    """Whether ``out_dir`` already holds the tiny model ``recipe`` builds (a page followed twice: kept as it is).
+    A folder holding anything else is replaced only when asked (``--overwrite``): it may hold a model the user
+    made or trained."""
+    import json
+
     from alignkit.errors import UserError
 
-    if overwrite or not out_dir.is_dir():
-        return
-    held = sorted(p.name for p in out_dir.iterdir())
-    if held:
-        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
-        raise UserError(f"{out_dir} is not empty (it holds {shown}): choose a new folder, or pass --overwrite to "
-                        "write the tiny model over its files")
+    held = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if overwrite or not held:
+        return False
+    made = out_dir / TINY_RECIPE
+    if made.is_file() and json.loads(made.read_text(encoding="utf-8")) == recipe:
+        return True
+    shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+    raise UserError(f"{out_dir} is not empty (it holds {shown}): choose a new folder, or pass --overwrite to write "
+                    "the tiny model over its files")
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
+    import json
+
     from alignkit.models.tiny import build_tiny_model
 
-    refuse_used_folder(Path(args.out_dir), args.overwrite)
+    recipe, out_dir = tiny_recipe(args), Path(args.out_dir)
+    if holds_this_tiny_model(out_dir, recipe, args.overwrite):
+        print(f"{out_dir} already holds this tiny model (the same arguments give the same files): kept")
+        return 0
     if args.arch == "sd3":
         from alignkit.logging import setup_console
         from alignkit.models.tiny_sd3 import build_tiny_sd3
@@ -67,6 +86,7 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
                              vae_steps=args.vae_steps)
     else:
         out = build_tiny_model(args.out_dir, arch=args.arch, size=args.size, vocab_size=args.vocab_size, seed=args.seed)
+    (Path(out) / TINY_RECIPE).write_text(json.dumps(recipe) + "\n", encoding="utf-8")
     what = {"llava": "processor (image processor + tokenizer)", "sd3": "diffusers pipeline (transformer, VAE, "
             "text encoders, tokenizers, scheduler)"}.get(args.arch, "tokenizer")
     print(f"wrote a random {args.size} {args.arch} model and its {what} to {out}")
@@ -156,7 +176,8 @@ def register(sub: Any) -> None:
                     help="sd3: steps fitting the VAE to the synthetic shapes scenes, so decoded latents are pictures "
                          "(0: a random VAE)")
     sp.add_argument("--overwrite", action="store_true",
-                    help="write into OUT_DIR although it holds files (default: refuse a folder that is not empty)")
+                    help="write into OUT_DIR although it holds files (default: refuse a folder that is not empty, "
+                         "unless it holds the tiny model of the same arguments, which is kept)")
     sp.set_defaults(func=cmd_tiny_model)
 
     sp = sub.add_parser("data", help="data utilities")
