@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import socket
 import sys
 
@@ -132,3 +133,11 @@ def test_launch_says_the_batch_grows_with_the_processes(micro_model, tmp_path) -
                    cwd=REPO)
     assert_ok(proc)
     assert "effective batch" not in proc.stderr
+    # online: an iteration draws global_batch / num_generations prompts (1000 prompts, 64 completions of 8 a rank)
+    proc = run_cli(["launch", "--nproc-per-node", "2", "--dry-run", "configs/grpo.yaml",
+                    f"model.name_or_path={micro_model}"], cwd=REPO)
+    assert_ok(proc)
+    assert "x 2 processes (64 on one process): 62 optimizer steps per epoch (125 on one)" in proc.stderr
+    proc = run_cli(["validate", "configs/grpo.yaml", f"model.name_or_path={micro_model}"], cwd=REPO)
+    assert_ok(proc)
+    assert re.search(r"^optimizer steps per epoch +125$", proc.stdout, flags=re.M), proc.stdout[-800:]

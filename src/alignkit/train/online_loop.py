@@ -30,6 +30,7 @@ import torch
 from alignkit.algorithms.base import Context
 from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
 from alignkit.config import RunConfig, dump_yaml
+from alignkit.config.loader import BatchPlan
 from alignkit.data.sampler import GlobalOrder
 from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
@@ -42,7 +43,7 @@ from alignkit.train.evaluate import evaluate_at_start
 from alignkit.train.interrupt import InterruptWatch, stop_if_requested
 from alignkit.train.offline_loop import TrainResult
 from alignkit.train.optim import build_scheduler
-from alignkit.train.run_plan import RunPlan
+from alignkit.train.run_plan import RunPlan, StepPlan
 from alignkit.train.step import (
     Checkpointer,
     NonfiniteGuard,
@@ -255,19 +256,23 @@ def online_steps(n_prompts: int, plan: RunPlan, cfg: RunConfig) -> RunPlan:
     """The run plan with its step counts: one epoch = every prompt once (in whole iterations)."""
     import dataclasses
 
-    from alignkit.errors import DataError
-    from alignkit.train.run_plan import StepPlan
-
     check_groups(plan, cfg)
-    G, b = cfg.section(RolloutConfig).num_generations, plan.batch
-    per_iteration = b.global_batch // G
+    return dataclasses.replace(plan, steps=online_step_plan(n_prompts, plan.batch, cfg))
+
+
+def online_step_plan(n_prompts: int, b: BatchPlan, cfg: RunConfig) -> StepPlan:
+    """Steps of an online run over ``n_prompts``: an iteration draws global_batch / num_generations prompts and
+    takes update_epochs x mini_batches optimizer steps (``alignkit validate`` and ``launch`` count the same)."""
+    from alignkit.errors import DataError
+
+    per_iteration = b.global_batch // cfg.section(RolloutConfig).num_generations
     iterations = n_prompts // per_iteration
     if iterations == 0:
         raise DataError(f"the prompt set has {n_prompts} prompts, fewer than the {per_iteration} one iteration needs")
-    per_epoch = iterations * cfg.section(RolloutConfig).update_epochs
+    per_epoch = iterations * cfg.section(RolloutConfig).update_epochs * cfg.section(RolloutConfig).mini_batches
     t = cfg.training
     total = t.max_steps if t.max_steps is not None else max(1, math.ceil(per_epoch * t.epochs))
-    return dataclasses.replace(plan, steps=StepPlan(iterations * b.accumulation, per_epoch, total))
+    return StepPlan(iterations * b.accumulation, per_epoch, total)
 
 
-__all__ = ["OnlineTrainer", "check_groups", "online_steps"]
+__all__ = ["OnlineTrainer", "check_groups", "online_step_plan", "online_steps"]
