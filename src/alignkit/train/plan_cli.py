@@ -8,7 +8,7 @@ import yaml
 
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.config import load_config
-from alignkit.config.loader import resolve_batch, to_dict
+from alignkit.config.loader import BatchPlan, resolve_batch, to_dict
 from alignkit.config.schema import RunConfig
 from alignkit.config.sections import registered_sections
 from alignkit.distributed.env import read_env
@@ -53,7 +53,12 @@ def print_plan(config: str, overrides: list[str], *, world_size: int | None = No
         n_train = plan.global_batch * (cfg.training.max_steps or 0)
     else:
         n_train = len(algo.data.build_dataset(cfg.data.train, "train"))
-    steps = run.with_steps(n_train, cfg.training).steps
+    from alignkit.algorithms.online import OnlineAlgorithm
+    from alignkit.train.online_loop import online_steps
+
+    # an online run's steps are its iterations' (each draws global_batch / num_generations prompts), as it trains
+    online = isinstance(algo, OnlineAlgorithm)
+    steps = (online_steps(n_train, run, cfg) if online else run.with_steps(n_train, cfg.training)).steps
     assert steps is not None
     print("# resolved config")
     print(applying_yaml(cfg).rstrip())
@@ -96,9 +101,18 @@ def batch_growth_note(cfg: RunConfig, processes: int) -> str | None:
         try:  # the epoch's length needs the tokenized data (validate's count); unreadable here = left out
             algo = ALGORITHMS.get(cfg.algorithm)(cfg, load_tokenizer(cfg.model))
             n_train = len(algo.data.build_dataset(cfg.data.train, "train"))
-            per_epoch = [plan_steps(n_train, b.per_device, b.accumulation, b.world_size, cfg.training).per_epoch
-                         for b in (many, one)]
+            per_epoch = [epoch_steps(algo, n_train, b, cfg) for b in (many, one)]
             line += f": {per_epoch[0]} optimizer steps per epoch ({per_epoch[1]} on one)"
         except (UserError, OSError):
             pass
     return line + "; set training.global_batch_size to keep the batch whatever the processes"
+
+
+def epoch_steps(algo: object, n_train: int, b: BatchPlan, cfg: RunConfig) -> int:
+    """Optimizer steps per epoch: an online algorithm's iterations draw global_batch / num_generations prompts."""
+    from alignkit.algorithms.online import OnlineAlgorithm
+    from alignkit.train.online_loop import online_step_plan
+
+    if isinstance(algo, OnlineAlgorithm):
+        return online_step_plan(n_train, b, cfg).per_epoch
+    return plan_steps(n_train, b.per_device, b.accumulation, b.world_size, cfg.training).per_epoch
