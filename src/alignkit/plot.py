@@ -202,10 +202,14 @@ def select_metrics(available: Sequence[str], patterns: Sequence[str] | None,
 
 
 def default_out(runs: Sequence[str | Path]) -> Path:
-    """``RUN_DIR/plots/summary.png`` for one run, ``./plots.png`` for several."""
+    """``RUN_DIR/plots/summary.png`` for one run; for several ``plots.png`` in the folder that holds them
+    (``runs/plots.png`` for ``runs/a runs/b``), never the working directory (a clone's root, following the docs);
+    runs with no common folder but the file system's root: the first run's ``plots/compare.png``."""
     if len(runs) == 1:
         return metrics_file(runs[0]).parent / "plots" / "summary.png"
-    return Path("plots.png")
+    dirs = [metrics_file(r).parent.resolve() for r in runs]
+    common = Path(os.path.commonpath(dirs))
+    return dirs[0] / "plots" / "compare.png" if common == Path(common.anchor) else common / "plots.png"
 
 
 # ---------------------------------------------------------------------------------------- drawing

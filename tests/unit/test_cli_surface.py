@@ -82,6 +82,16 @@ def test_tiny_model_refuses_a_folder_that_holds_files(tmp_path: Path, capsys: py
     assert main(["tiny-model", str(out), "--size", "micro", "--seed", "1"]) == 2  # another model: refused
 
 
+def test_plot_of_several_runs_writes_beside_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not into the working directory (a clone's root, when a page is followed there)."""
+    for name in ("a", "b"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", "runs/a", "runs/b"]) == 0
+    assert (tmp_path / "runs" / "plots.png").is_file() and not (tmp_path / "plots.png").exists()
+
+
 def test_vae_fit_shows_steps_and_an_estimate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              caplog: pytest.LogCaptureFixture) -> None:
     """Off a terminal the fit logs its step count, rate and ETA (on a terminal: a tqdm bar of the same)."""

@@ -19,7 +19,8 @@ def register(sub: Any) -> None:
                                      "the algorithm's metrics) into one PNG; several runs are overlaid")
     sp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run's output_dir (holding metrics.jsonl)")
     sp.add_argument("--out", default=None, help="image to write, .png (or .pdf/.svg); default RUN_DIR/plots/summary.png "
-                                                "for one run, plots.png here for several")
+                                                "for one run; for several, plots.png in the folder holding them "
+                                                "(runs/plots.png for runs/a runs/b)")
     sp.add_argument("--metrics", nargs="+", default=None, metavar="NAME",
                     help="panels by name or glob, in this order, e.g. loss 'rewards/*' 'eval/*' (default: every "
                          "numeric metric)")
