@@ -33,6 +33,7 @@ class FakeHub:
     repos: list[dict[str, Any]] = field(default_factory=list)  # create_repo's JSON bodies
     files: dict[str, bytes] = field(default_factory=dict)  # path in repo -> bytes, of every commit
     commits: list[dict[str, Any]] = field(default_factory=list)  # the commits' header values
+    branches: list[str] = field(default_factory=list)  # "repo@branch" created
 
     def __enter__(self) -> FakeHub:
         hub = self
@@ -73,6 +74,9 @@ class FakeHub:
             self.repos.append(spec)
             repo = f"{spec.get('organization') or 'me'}/{spec['name']}"
             return 200, {"url": f"{self.url}/{repo}", "name": repo}
+        if m := re.fullmatch(r"/api/models/(.+)/branch/(.+)", path):
+            self.branches.append(f"{m.group(1)}@{m.group(2)}")
+            return 200, {}
         if path == "/api/validate-yaml":  # upload_folder has the Hub check a README.md's YAML header first
             return 200, {"errors": [], "warnings": []}
         if m := re.fullmatch(r"/api/models/(.+)/preupload/(.+)", path):

@@ -46,7 +46,8 @@ def test_card_in_every_model_folder_and_push_to_a_fake_hub(sft_config: dict[str,
     with FakeHub() as hub:
         env = child_env(HF_ENDPOINT=hub.url, HF_TOKEN=SECRET, HF_HOME=str(tmp_path / "hf"))
         # two processes: the card and the push are rank 0's alone (one repo, one commit)
-        proc = run_cli(["train", str(_config(sft_config, tmp_path, base, private=True))], env=env, nproc=2)
+        cfg = _config(sft_config, tmp_path, base, private=True, revision="tiny-run")
+        proc = run_cli(["train", str(cfg)], env=env, nproc=2)
     assert_ok(proc)
     final, run = tmp_path / "run" / "final", tmp_path / "run"
     # the card: Hugging Face's header, read back by huggingface_hub itself
@@ -69,10 +70,11 @@ def test_card_in_every_model_folder_and_push_to_a_fake_hub(sft_config: dict[str,
     # an epoch's folder has its own card (no plot yet when it is saved)
     epoch = ModelCard.load(run / "epoch_1" / "README.md")
     assert "the model of epoch 1" in epoch.text and not (run / "epoch_1" / "summary.png").exists()
-    # the push: one private repo, every file of final/ byte for byte, with the token, which no log shows
+    # the push: one private repo, its branch, every file of final/ byte for byte, with the token, which no log shows
     assert hub.repos == [{"name": "tiny-sft", "organization": "me", "visibility": "private"}]
+    assert hub.branches == ["me/tiny-sft@tiny-run"]
     assert hub.files == _files(final)
-    assert [c["revision"] for c in hub.commits] == ["main"]
+    assert [c["revision"] for c in hub.commits] == ["tiny-run"]
     posts = [r for r in hub.requests if r.method == "POST"]
     assert posts and all(r.headers.get("authorization") == f"Bearer {SECRET}" for r in posts)
     assert f"Pushed {final} to the Hub: {hub.url}/me/tiny-sft/commit/" in proc.stderr
