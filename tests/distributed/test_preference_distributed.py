@@ -1,7 +1,8 @@
 """Preference learning under 2 processes (gloo): layout invariance, exact-once eval, the launch script.
 
 One launch (``workers/pref_invariance.py``) checks, for DPO (sigmoid, ipo, simpo + label
-smoothing, LoRA-base reference), the reward model and the cost model, that the loss and the
+smoothing, LoRA-base reference), the reward model, the cost model, ORPO and KTO (z0 from the KL pairs of
+the whole step), that the loss and the
 gradient of one optimizer step over the same 4 pairs (of different lengths) agree to 1e-5 for
 1 rank x batch 4, 1 rank x accumulation 4, 2 ranks x batch 2 and 2 ranks x batch 1 x
 accumulation 2; that reference log-probs precomputed by 2 ranks equal those of 1; and that
@@ -30,7 +31,8 @@ def test_preference_losses_are_layout_invariant(micro_model: Path, tmp_path: Pat
     out = json.loads(report.read_text())
     assert out["failures"] == [], out["failures"]
     assert "ALL OK" in proc.stdout
-    assert set(out["cases"]) == {"dpo_sigmoid", "dpo_ipo", "dpo_simpo_ls", "dpo_lora_base", "reward_model", "cost_model"}
+    assert set(out["cases"]) == {"dpo_sigmoid", "dpo_ipo", "dpo_simpo_ls", "dpo_lora_base", "reward_model", "cost_model",
+                                "orpo", "kto"}
     for case, row in out["cases"].items():
         assert set(row) == {"1x4", "1x1_ga4", "2x2", "2x1_ga2"}, case
     assert out["eval_1"]["rewards/accuracy"] == out["eval_2"]["rewards/accuracy"]

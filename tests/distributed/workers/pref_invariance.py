@@ -37,6 +37,10 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "dpo_lora_base": ("dpo", ["model.lora={r: 4, alpha: 8, dropout: 0.0}"]),
     "reward_model": ("reward_model", ["reward_model.margin=0.3", "reward_model.center_coeff=0.01", "reward_model.reg_coeff=0.01"]),
     "cost_model": ("cost_model", ["reward_model.reg_coeff=0.01", "data.train=builtin:safety_train.jsonl"]),
+    "orpo": ("orpo", ["orpo.beta=0.5"]),
+    # z0 from the KL pairs of the whole step (all micro-batches, all ranks); unequal weights
+    "kto": ("kto", ["kto.beta=0.5", "kto.desirable_weight=1.3", "kto.undesirable_weight=0.8",
+                    "data.max_train_examples=200"]),
 }
 # (per_device, accumulation) layouts of the 4 pairs: one process, then two
 SINGLE_LAYOUTS = {"1x4": (4, 1), "1x1_ga4": (1, 4)}
@@ -55,10 +59,18 @@ def make_cfg(model: str, algorithm: str, over: list[str]) -> RunConfig:
 
 
 def pick_pairs(examples: list[dict[str, Any]], n: int = 4) -> list[dict[str, Any]]:
-    """n pairs with pairwise different chosen and rejected lengths."""
+    """n pairs with pairwise different chosen and rejected lengths (KTO: n / 2 desirable then n / 2
+    undesirable completions, of different completion and KL-sequence lengths)."""
+    if "label" in examples[0]:
+        return [e for want in (True, False) for e in distinct([x for x in examples if x["label"] == want], n // 2)]
+    return distinct(examples, n)
+
+
+def distinct(examples: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     out, seen = [], set()
     for e in examples:
-        key = (len(e["chosen_ids"]), len(e["rejected_ids"]))
+        key = (len(e["chosen_ids"]), len(e["rejected_ids"])) if "chosen_ids" in e else \
+            (len(e["input_ids"]), len(e["kl_input_ids"]))
         if key[0] != key[1] and key not in seen:
             out.append(e)
             seen.add(key)
@@ -74,7 +86,8 @@ def one_step(model_dir: str, case: str, env: DistEnv, per_device: int, ga: int) 
                                                   f"training.gradient_accumulation_steps={ga}"])
     tok = load_tokenizer(cfg.model)
     algo = ALGORITHMS.get(algorithm)(cfg, tok)
-    pairs = pick_pairs(algo.data.build_dataset(cfg.data.train, "train")[:200])
+    data = algo.data.build_dataset(cfg.data.train, "train")
+    pairs = pick_pairs(data if algorithm == "kto" else data[:200])
     strategy = strategy_for(cfg, env)
     torch.manual_seed(0)  # the same fresh score head everywhere
     models = build_models(workload_of(cfg), cfg.model, strategy, tok,
@@ -85,10 +98,17 @@ def one_step(model_dir: str, case: str, env: DistEnv, per_device: int, ga: int) 
         for p in strategy.unwrap(model).parameters():
             if p.requires_grad:
                 p.add_(0.02 * torch.randn(p.shape, generator=g))
+        if algorithm == "kto":  # a peaky random reference, below the policy on the data: z0 > 0, not clamped away
+            for name, p in models.frozen["reference"].named_parameters():
+                if "lm_head" in name or "embed" in name:
+                    p.add_(0.1 * torch.randn(p.shape, generator=g))  # z0 = 1.9 here, not saturated
     mine = pairs[env.rank :: env.world_size]  # ShardedSampler's interleaving, unshuffled
     group = [algo.data.collate(mine[i : i + per_device]) for i in range(0, len(mine), per_device)]
     assert len(group) == ga
+    algo.before_step(Context(models, strategy), group)  # KTO's z0 (a no-op for the others)
     local, _, _ = accumulate(strategy, models, group, algo.loss, algo.data.loss_units, algo.data.tokens_in)
+    if algorithm == "kto":
+        assert float(algo._z0) > 0.01, f"kto: z0 = {float(algo._z0)} (clamped): the case would not test its reduction"
     loss = local[models.primary].detach().to(torch.float64)
     if dist.is_initialized():
         dist.all_reduce(loss)
