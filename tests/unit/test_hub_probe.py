@@ -28,6 +28,7 @@ def closed_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     monkeypatch.setattr(constants, "ENDPOINT", endpoint)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # restored after the test (check_hub may set it)
     PROBE.cache_clear()
     yield endpoint
     PROBE.cache_clear()

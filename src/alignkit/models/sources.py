@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,7 +66,8 @@ def check_hub(source: str) -> None:
     if reason is None:
         return
     if cached:
-        constants.HF_HUB_OFFLINE = True
+        constants.HF_HUB_OFFLINE = True  # read at each call by huggingface_hub (and transformers through it)
+        os.environ["HF_HUB_OFFLINE"] = "1"  # and by what imports it later or runs as a child process
         logging.getLogger("alignkit").warning(
             f"the Hugging Face Hub ({constants.ENDPOINT}) cannot be reached ({reason}): model {source!r} loads from "
             "the local cache (set HF_HUB_OFFLINE=1 to skip asking the Hub)")
