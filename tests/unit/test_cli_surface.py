@@ -44,9 +44,8 @@ def validate_sections(cfg: dict[str, Any], tmp_path: Path, capsys: pytest.Captur
 
 def test_validate_prints_the_sections_that_apply(sft_config: dict[str, Any], tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from alignkit.config.schema import RunConfig
-
     import alignkit.algorithms  # noqa: F401  (registers the sections)
+    from alignkit.config.schema import RunConfig
     from alignkit.config.sections import registered_sections
 
     core = {f for f in RunConfig.__dataclass_fields__ if f != "sections"}

@@ -19,14 +19,13 @@ from pathlib import Path
 
 from alignkit.errors import ModelError, UserError
 
-
 #: seconds the Hub has to answer :func:`check_hub`'s probe (it answers in well under one where it is reachable)
 HUB_PROBE_TIMEOUT_S = 3.0
 #: what a hub model id looks like: NAME or ORG/NAME
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hub_unreachable(endpoint: str) -> str | None:
     """Why the Hub at ``endpoint`` cannot be reached (a short phrase), None when it answers; asked once per
     process. Any HTTP answer counts as reachable; through huggingface_hub's own session, so proxies apply."""
