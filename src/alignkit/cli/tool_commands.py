@@ -161,7 +161,8 @@ def register(sub: Any) -> None:
     sp.add_argument("--output-dir", default="runs/demo")
     sp.add_argument("--max-steps", type=int, default=None)
     sp.add_argument("--size", default="micro", choices=["micro", "tiny", "small"],
-                    help="the random model trained (default micro: learns the tasks in about a minute)")
+                    help="the random model trained (default micro: learns the tasks in about a minute on 2 idle CPU cores, "
+                         "two on a busy or slower machine)")
     sp.set_defaults(func=cmd_demo)
 
     sp = sub.add_parser("tiny-model", help="write a tiny random model + tokenizer in Hugging Face format")
