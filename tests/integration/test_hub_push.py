@@ -59,8 +59,9 @@ def test_card_in_every_model_folder_and_push_to_a_fake_hub(sft_config: dict[str,
     # its body: the final and best eval metric, the plot (copied beside it), how to rerun, the resolved config
     evals = [r for r in map(yaml.safe_load, (run / "metrics.jsonl").read_text().splitlines()) if "eval/loss" in r]
     assert [r["step"] for r in evals] == [0, 2, 4]
-    best = min(evals, key=lambda r: r["eval/loss"])
-    assert f"| eval/loss | {evals[-1]['eval/loss']:.4g} | {best['eval/loss']:.4g} |" in card.text
+    best = min(evals[1:], key=lambda r: r["eval/loss"])  # of the trained steps
+    assert (f"| eval/loss | {evals[0]['eval/loss']:.4g} | {evals[-1]['eval/loss']:.4g} | {best['eval/loss']:.4g} |"
+            in card.text)
     assert f"best by `eval/loss` (step {best['step']})" in card.text
     assert "![training curves](summary.png)" in card.text
     assert (final / "summary.png").read_bytes() == (run / "plots" / "summary.png").read_bytes()

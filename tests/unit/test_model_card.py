@@ -63,11 +63,15 @@ def test_best_step_follows_each_metric_direction(tmp_path: Path) -> None:
     rows = [{"step": 0, "eval/loss": 3.0, "eval/accuracy": 0.5}, {"step": 5, "eval/loss": 1.0, "eval/accuracy": 0.7},
             {"step": 9, "eval/loss": 2.0, "eval/accuracy": 0.9}]
     text = _card(folder, BASE, rows).text
-    assert "| metric | final (step 9) | best by `eval/loss` (step 5) |" in text
-    assert "| eval/loss | 2 | 1 |" in text and "| eval/accuracy | 0.9 | 0.7 |" in text
+    assert "| metric | start (step 0) | final (step 9) | best by `eval/loss` (step 5) |" in text
+    assert "| eval/loss | 3 | 2 | 1 |" in text and "| eval/accuracy | 0.5 | 0.9 | 0.7 |" in text
     # no loss logged: the accuracy ranks the steps, higher first
     text = _card(folder, BASE, [{k: v for k, v in r.items() if k != "eval/loss"} for r in rows]).text
-    assert "best by `eval/accuracy` (step 9)" in text and "| eval/accuracy | 0.9 | 0.9 |" in text
+    assert "best by `eval/accuracy` (step 9)" in text and "| eval/accuracy | 0.5 | 0.9 | 0.9 |" in text
+    # the untrained model (step 0) is never the best step, even where training made things worse
+    text = _card(folder, BASE, [{"step": 0, "eval/loss": 0.5}, {"step": 4, "eval/loss": 0.9},
+                                {"step": 8, "eval/loss": 0.7}]).text
+    assert "best by `eval/loss` (step 8)" in text and "| eval/loss | 0.5 | 0.7 | 0.7 |" in text
     # no metrics.jsonl (logging without jsonl): no results section, still a card
     (tmp_path / "run" / "metrics.jsonl").unlink()
     assert "## Results" not in write_model_card(folder, yaml.safe_dump(BASE), tmp_path / "run").read_text()

@@ -202,27 +202,27 @@ def best_key(metrics: dict[str, Any]) -> tuple[str, bool] | None:
 
 
 def _metrics_section(metrics: dict[str, tuple[list[float], list[float]]]) -> str:
-    evals = {k: v for k, v in metrics.items() if k.startswith("eval/") and v[0]}
+    """The last training loss; a table of the eval metrics: before training (step 0, where logged), at the end, and
+    at the best trained step (by :func:`best_key`; the untrained model is never the best of a run)."""
+    evals = {k: dict(zip(*v)) for k, v in metrics.items() if k.startswith("eval/") and v[0]}
     lines = []
     if "loss" in metrics and metrics["loss"][0]:
         lines.append(f"Training loss at the last logged step ({int(metrics['loss'][0][-1])}): "
                      f"{_num(metrics['loss'][1][-1])}.")
     if evals:
+        last = max(max(points) for points in evals.values())
+        columns: list[tuple[str, float | None]] = [("start (step 0)", 0)] if any(0 in points for points in evals.values()) else []
+        columns.append((f"final (step {int(last)})", None))  # each metric's last value
         ranked = best_key(evals)
-        best_step = None
         if ranked:
-            steps, values = evals[ranked[0]]
-            finite = [(v, s) for s, v in zip(steps, values) if math.isfinite(v)]
-            best_step = (min(finite) if ranked[1] else max(finite))[1] if finite else None
-        last = max(s[-1] for s, _ in evals.values())
-        head = f"| metric | final (step {int(last)}) |" + (f" best by `{ranked[0]}` (step {int(best_step)}) |"
-                                                           if ranked and best_step is not None else "")
-        lines += ["", head, "|---|---|" + ("---|" if "best" in head else "")]
-        for key, (steps, values) in evals.items():
-            row = f"| {key} | {_num(values[-1])} |"
-            if "best" in head:
-                row += f" {_num(dict(zip(steps, values)).get(best_step, math.nan))} |"
-            lines.append(row)
+            trained = [(v, s) for s, v in evals[ranked[0]].items() if s > 0 and math.isfinite(v)]
+            if trained:
+                best = (min(trained) if ranked[1] else max(trained))[1]
+                columns.append((f"best by `{ranked[0]}` (step {int(best)})", best))
+        lines += ["", "| metric | " + " | ".join(name for name, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+        for key, points in evals.items():
+            cells = [points[max(points)] if step is None else points.get(step, math.nan) for _, step in columns]
+            lines.append(f"| {key} | " + " | ".join(map(_num, cells)) + " |")
     return "## Results\n\n" + "\n".join(lines).strip() if lines else ""
 
 
