@@ -60,7 +60,8 @@ def test_train_multi_gpu_script_end_to_end(launch_config: Path, script_run) -> N
     steps = [line for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     assert len(steps) == 3
     # the command it ran is exactly the one --dry-run prints for the same arguments
-    ran = next(line for line in proc.stderr.splitlines() if line.startswith("alignkit launch: "))
+    # its notes (the batch growing with the processes) come first, the command last
+    ran = [line for line in proc.stderr.splitlines() if line.startswith("alignkit launch: ")][-1]
     dry = run_cli(["launch", "--dry-run", "--nproc-per-node", "2", "--master-port", port, str(launch_config),
                    f"output_dir={out}"])
     assert_ok(dry)
