@@ -33,6 +33,7 @@ def run_training(model: str, data: Path, out: Path, a: argparse.Namespace) -> li
            f"training.per_device_batch_size={a.images}", f"rollout.num_generations={a.group}",
            f"flow_grpo.num_inference_steps={a.steps}", f"flow_grpo.resolution={a.resolution}",
            f"flow_grpo.guidance_scale={a.guidance}", "checkpoint.save_steps=null", "checkpoint.save_final=false",
+           "rollout.mini_batches=1",  # one optimizer step per iteration: max_steps counts iterations, as measured
            "logging.report_to=[jsonl]", "logging.plot=false", "distributed.strategy=single"]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

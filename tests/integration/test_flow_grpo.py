@@ -61,6 +61,35 @@ def test_flow_grpo_two_processes_resumed_repeat_the_one_process_run(flow_warm: d
     assert a[2]["clip_fraction"] > 0 and a[2]["kl"] > 0 and a[2]["advantage_std"] > 0
 
 
+def test_flow_grpo_takes_two_optimizer_steps_per_rollout_the_second_off_policy(micro_sd3: Path, tmp_path: Path) -> None:
+    """rollout.mini_batches (the shipped recipe's 2, as flow_grpo's two optimizer steps per epoch over disjoint halves
+    of the samples): 4 optimizer steps are 2 iterations, one log line each; the second step of an iteration scores
+    its half under the policy the first step moved, so the iteration's mean ratio is off 1 and some of its units are
+    clipped. With 1 (one step over every image) the first iteration draws the same images and its ratio is exactly 1."""
+    from alignkit.data.synth_vlm import generate_vlm
+
+    train = generate_vlm(16, 0, tmp_path / "captions.json", stage="pretrain", split="train")
+    common = [CONFIG, f"model.name_or_path={micro_sd3}", f"data.train={train}", "training.global_batch_size=8",
+              "training.per_device_batch_size=8", "rollout.num_generations=4", "flow_grpo.num_inference_steps=2",
+              "flow_grpo.eval_num_inference_steps=2", "training.learning_rate=1e-2",  # the micro policy moves past 1e-4
+              "checkpoint.save_steps=null", "checkpoint.save_final=false", "logging.report_to=[jsonl]",
+              "logging.plot=false"]
+    proc = run_cli(["train", *common, f"output_dir={tmp_path / 'two'}", "training.max_steps=4"])
+    assert_ok(proc)
+    assert "4 steps in all (2 per iteration)" in proc.stdout + proc.stderr
+    two = _by_step(tmp_path / "two")
+    assert sorted(two) == [2, 4]
+    assert_ok(run_cli(["train", *common, f"output_dir={tmp_path / 'one'}", "training.max_steps=2",
+                       "rollout.mini_batches=1"]))
+    one = _by_step(tmp_path / "one")
+    assert sorted(one) == [1, 2]
+    # one step over the images that policy drew, whose fresh LoRA (B = 0) is its KL base: ratio 1, KL 0
+    assert one[1]["ratio"] == 1.0 and one[1]["clip_fraction"] == 0.0 and one[1]["kl"] == 0.0
+    assert two[2]["reward_mean"] == one[1]["reward_mean"]  # the same first rollout
+    for step in (2, 4):
+        assert two[step]["ratio"] != 1.0 and two[step]["clip_fraction"] > 0, two[step]
+
+
 def _hits(target: Path, prompts: Path, out: Path, *extra: str) -> float:
     """The mean shapes_hit of ``alignkit generate``'s images of ``prompts`` (4 a prompt, ODE, fixed noise), drawn
     in a CLI child (one thread, a fresh process). Drawn in the test worker's own process, they can depend on what
@@ -76,13 +105,14 @@ def _hits(target: Path, prompts: Path, out: Path, *extra: str) -> float:
 @pytest.mark.slow(seconds=300)  # with the warm start (about 200 s)
 def test_flow_grpo_puts_the_asked_colour_in_the_asked_cell(flow_warm: dict[str, Path], tmp_path: Path) -> None:
     """From the warm start (one shape a scene, of about the asked colour in the asked cell), 36 Flow-GRPO
-    iterations (4 prompts x 8 images, 6 SDE steps) raise the shapes_colour reward of the training rollouts (first
+    iterations (4 prompts x 8 images, 6 SDE steps; the recipe's 2 optimizer steps each over disjoint halves, the
+    advantages over the batch's std) raise the shapes_colour reward of the training rollouts (first
     6 iterations vs last 6), and more of the images show the asked colour in the asked cell: shapes_hit of the
     rollouts (a weight-0 scorer: logged, not rewarded) and of the held-out prompts' images that ``alignkit
     generate`` draws with the same noise from the warm start and from the run (ODE, 4 a prompt)."""
     out = tmp_path / "run"
     proc = run_cli(["train", CONFIG, f"model.name_or_path={flow_warm['model']}", f"data.train={flow_warm['train']}",
-                    f"data.eval={flow_warm['eval']}", f"output_dir={out}", "training.max_steps=36",
+                    f"data.eval={flow_warm['eval']}", f"output_dir={out}", "training.max_steps=72",
                     "training.eval_steps=1000", "training.learning_rate=1e-3", "checkpoint.save_steps=null",
                     "training.optimizer_impl=foreach",  # the bars below were measured with foreach AdamW
                     "flow_grpo.scorers=[{name: shapes_colour}, {name: shapes_hit, weight: 0}]",
@@ -94,8 +124,8 @@ def test_flow_grpo_puts_the_asked_colour_in_the_asked_cell(flow_warm: dict[str, 
     hit = [r["reward/main/shapes_hit"] for r in rows if "loss" in r]
     assert len(evals) == 2 and len(train) == len(hit) == 36
     first = next(r for r in rows if "loss" in r)
-    # the first update scores the samples under the policy that drew them, whose fresh LoRA (B = 0) is its base
-    assert first["ratio"] == pytest.approx(1.0, abs=1e-6) and first["clip_fraction"] == 0.0 and first["kl"] == 0.0
+    # the second step of an iteration scores its half under the policy the first step moved: clipped, KL > 0
+    assert first["ratio"] != 1.0 and first["clip_fraction"] > 0 and first["kl"] > 0
     rise, hit_rise = (sum(x[-6:]) / 6 - sum(x[:6]) / 6 for x in (train, hit))
     before = _hits(flow_warm["model"], flow_warm["eval"], tmp_path / "before")
     after = _hits(out / "config.yaml", flow_warm["eval"], tmp_path / "after")

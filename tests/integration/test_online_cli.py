@@ -69,6 +69,22 @@ def test_online_algorithms_run_and_log(micro_model: Path, prompts: Path, tmp_pat
     assert (out / "final" / "model.safetensors").is_file()
 
 
+def test_grpo_mini_batches_keep_the_samplers_log_probs_for_the_later_steps(micro_model: Path, prompts: Path,
+                                                                          tmp_path: Path) -> None:
+    """rollout.mini_batches 2 at update_epochs 1: two optimizer steps per iteration over disjoint halves; the second
+    half is scored against the log-probs of the policy that sampled it (not the moved one's, detached: ratio 1), so
+    at a tiny clip range its tokens are clipped."""
+    out = tmp_path / "run"
+    cfg = online_config(micro_model, prompts, out, "grpo", rollout={"mini_batches": 2}, grpo={"epsilon": 1e-6},
+                        training={"learning_rate": 1e-3, "max_steps": 4})
+    proc = train(cfg, tmp_path)
+    assert_ok(proc)
+    assert "4 steps in all (2 per iteration)" in proc.stdout + proc.stderr
+    logged = rows(out)
+    assert [r["step"] for r in logged] == [2, 4]
+    assert all(r["clip_fraction"] > 0 for r in logged), logged
+
+
 def test_lora_policy_with_kl_saves_adapters_alone(micro_model: Path, prompts: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     cfg = online_config(micro_model, prompts, out, grpo={"beta": 0.1})

@@ -11,12 +11,15 @@ Per iteration of the online loop (``num_generations`` images per prompt, groups 
    reward functions, ``module:function``) on the decoded images and their prompts, on each rank or on rank 0
    with every rank receiving ITS OWN images' values (``placement``), gathered in global order; R = main +
    w_cvar max(0, main - VaR_tau) + w_quality quality over the GATHERED batch (``rollout/redteam_reward.py``);
-3. advantages (identical on every rank): per prompt ((r - mean_prompt) / (std + 1e-4); ``global_std``: the std
-   of the whole batch) or global, clamped to +-``adv_clip_max``; one per image, shared by its timesteps;
+3. advantages (identical on every rank): per prompt ((r - mean_prompt) / (std + 1e-4); ``global_std``, the
+   default as in flow_grpo's SD3 configs: the std of the whole batch) or global, clamped to +-``adv_clip_max``;
+   one per image, shared by its timesteps;
 4. update: each (image, denoising step) pair of the first ``timestep_fraction`` of the steps is a loss unit
    (flow_grpo's per-timestep accumulation); its log-prob is recomputed under the current policy at the stored
    latents and the loss (``losses/flow.py`` ``flow_grpo_loss``: clipped ratio, + beta KL of the step's mean to
-   the LoRA-off base) is summed over the step's pairs / (global pairs / dp_size) by the shared step code.
+   the LoRA-off base) is summed over the step's pairs / (global pairs / dp_size) by the shared step code;
+   ``rollout.mini_batches: 2`` (the shipped recipe, as flow_grpo's two optimizer steps per epoch) splits the
+   images into two disjoint halves, the second scored by the policy the first step moved (ratio != 1, clipped).
 
 Evaluation renders every eval prompt once with the deterministic ODE sampler (``eval_num_inference_steps``) and
 reports the mean of the ``main`` reward (eval/reward_mean).
@@ -82,7 +85,10 @@ class FlowGRPOConfig:
     adv_clip_max: float = f(5.0, "Advantages clamped to +-adv_clip_max; 0 = off.", ge=0)
     statistics: Literal["prompt", "global"] = f(
         "prompt", "Advantage mean/std per prompt (flow_grpo's per_prompt_stat_tracking) or over the whole gathered batch.")
-    global_std: bool = f(False, "statistics=prompt: divide by the std of every gathered reward, not the prompt's.")
+    global_std: bool = f(
+        True, "statistics=prompt: divide by the std of every gathered reward, not the prompt group's (flow_grpo's SD3 "
+        "configs: a near-flat group's noise is not blown up to +-1; flow_rtpo's image policy: false unless set, as "
+        "flow_rtpo).")
     scorers: list[FlowScorerConfig] = f([], "The image rewards, e.g. [{name: shapes_colour}, {name: clip_quality, "
                                         "model: PATH, use: quality}] (the red-team scorer registry).")
     placement: Literal["local", "main"] = f(
@@ -91,13 +97,18 @@ class FlowGRPOConfig:
     tau: float = f(0.1, "CVaR tail level in (0, 1) of the bonus w_cvar max(0, main - VaR_tau).", gt=0)
     w_cvar: float = f(0.0, "Weight of the CVaR tail bonus over the gathered main rewards (Flow-RTPO: 0.1).", ge=0)
     w_quality: float = f(1.0, "Weight of the quality term (the quality scorers; unused without any).")
-    max_sequence_length: int = f(77, "T5 prompt tokens (SD3's max_sequence_length).", gt=0)
-    ema: bool = f(False, "Keep an EMA of the trained (LoRA) weights, updated after each optimizer step (flow_grpo's "
+    max_sequence_length: int = f(128, "T5 prompt tokens (flow_grpo: 128; diffusers' SD3 pipeline default: 256).",
+                                 gt=0)
+    ema: bool = f(False, "Keep an EMA of the trained (LoRA) weights, updated after optimizer steps (flow_grpo's "
                   "EMAModuleWrapper); evaluation and the final model use it; checkpoints carry it per rank.")
-    ema_decay: float = f(0.9, "EMA decay d (warm-up min((1 + s) / (10 + s), d) at optimizer step s; flow_grpo: 0.9).",
-                         gt=0, lt=1)
-    ema_interval: int = f(8, "Update the EMA every this many optimizer steps (flow_grpo's update_step_interval: 8).",
-                          gt=0)
+    ema_decay: float = f(0.9, "EMA decay d (warm-up min((1 + s) / (10 + s), d) after s optimizer steps; flow_grpo: "
+                         "0.9).", gt=0, lt=1)
+    ema_interval: int = f(8, "Update the EMA after optimizer step s when (s + 1) % this == 0 (flow_grpo's "
+                          "update_step_interval: 8).", gt=0)
+    ema_updates_per_step: int = f(
+        1, "EMA updates at each such step, with the same weights (an effective decay d^n): flow_grpo steps its EMA "
+        "once per training micro-batch, train.gradient_accumulation_steps times per optimizer step (2 in its "
+        "32-GPU SD3 configs: 0.81; 4 in its 1- and 4-GPU ones: 0.66); 1 = the decay as written.", gt=0)
 
     def __post_init__(self) -> None:
         if not self.tau < 1:
@@ -157,8 +168,8 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         return ctx.strategy.local_params(ctx.models[self.role])
 
     def on_optimizer_step(self, ctx: Context) -> None:
-        if self.ema is not None:
-            self.ema.update(self.ema_params(ctx), ctx.step - 1)  # flow_grpo counts the step just done from 0
+        if self.ema is not None:  # flow_grpo's count: the optimizer steps done (train_sd3.py's global_step)
+            self.ema.after_step(self.ema_params(ctx), ctx.step, times=self.opts.ema_updates_per_step)
 
     def output_weights(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
         if self.ema is None:

@@ -14,9 +14,9 @@ TRL subtracts beta x the sequence's KL from each reward before the leave-one-out
 then A_i = r_i - mean_{j != i} r_j); here the leave-one-out advantage is of the reward alone and the KL is
 GRPO's per-token k3 loss term. With ``beta: 0`` (the default) the two are the same.
 
-With ``rollout.update_epochs: 1`` the whole iteration is one optimizer step, so the policy that
-sampled is the policy being updated: the old log-probs are the current ones, detached (ratio 1, the
-clipping inactive), and the extra forward is skipped, as TRL does.
+With ``rollout.update_epochs: 1`` and ``rollout.mini_batches: 1`` the whole iteration is one
+optimizer step, so the policy that sampled is the policy being updated: the old log-probs are the
+current ones, detached (ratio 1, the clipping inactive), and the extra forward is skipped, as TRL does.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class GroupRelative(OnlineAlgorithm):
         if self.reference != "none":
             for s, ref in zip(samples, self.token_logps(ctx, batches, role="reference")):
                 s["ref_logps"] = ref
-        if self.cfg.section(RolloutConfig).update_epochs > 1:
+        if self.updates_per_iteration > 1:  # a later step's policy has moved: keep the sampler's log-probs
             for s, old in zip(samples, self.token_logps(ctx, batches)):
                 s["old_logps"] = old
         return group_stats(scores["reward"], adv, G)

@@ -4,16 +4,18 @@ The loop owns the iteration's frame: the prompts of this rank -> the algorithm's
 default: completions from the policy through the rollout engine -> scores of every signal, reward /
 cost functions and models, gathered from every rank in global order -> ``make_experience``: old /
 reference log-probs, values, advantages on this rank's samples, with statistics computed from the
-gathered scores so every rank uses the same numbers) -> ``rollout.update_epochs`` optimizer steps
-over the samples through the shared step code (``train/step.py``: accumulation with the global
-normaliser ``units`` counts, one reduction of the step's metrics). The loop names no role: an
+gathered scores so every rank uses the same numbers) -> ``rollout.update_epochs`` passes over the
+samples, each ``rollout.mini_batches`` optimizer steps over disjoint slices, through the shared step
+code (``train/step.py``: accumulation with the global normaliser ``units`` counts, one reduction of
+the step's metrics). The loop names no role: an
 algorithm that routes the policy's outputs through a frozen ``target`` before scoring overrides
 ``rollout`` alone.
 
 Batch semantics as in TRL: ``training.per_device_batch_size`` / ``global_batch_size`` count
 completions; one iteration generates ``global_batch / num_generations`` prompts x ``num_generations``
 completions (the completions of a prompt contiguous in global order, rank r taking the r-th slice,
-so a prompt's group may span ranks), and each update epoch is one optimizer step.
+so a prompt's group may span ranks), and each update epoch is ``rollout.mini_batches`` optimizer steps
+(one by default).
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ class RolloutConfig:
     temperature: float = f(1.0, "Sampling temperature; 0 = greedy (no exploration: only for evaluation).", ge=0)
     top_p: float = f(1.0, "Nucleus sampling.", gt=0, le=1)
     top_k: int = f(0, "Top-k sampling; 0 = off.", ge=0)
-    update_epochs: int = f(1, "Optimizer steps over each iteration's samples (PPO epochs; TRL num_iterations).", gt=0)
+    update_epochs: int = f(1, "Passes over each iteration's samples (PPO epochs; TRL num_iterations).", gt=0)
+    mini_batches: int = f(
+        1, "Optimizer steps per pass, each over a disjoint slice of the iteration's samples (PPO mini-batches; "
+        "flow_grpo: 2): a rank's sample i goes to slice i mod mini_batches, the same split over any number of "
+        "ranks; the later slices are scored by a policy that has moved (ratio != 1, clipped). Each rank's samples "
+        "per iteration (per_device x accumulation) must be a multiple of it.", gt=0)
     engine: str = f("hf", "Rollout engine by name: hf = Hugging Face generate with the KV cache; vllm = a colocated "
                     "vLLM engine (the vllm: section; needs the vllm extra).")
     gather_full_params: bool = f(
@@ -112,6 +119,13 @@ class OnlineAlgorithm(Algorithm):
 
     def load_files(self, folder: Path, ctx: Context) -> None:
         """Every rank reads back what :meth:`save_files` wrote into checkpoint ``folder`` (a resume)."""
+
+    @property
+    def updates_per_iteration(self) -> int:
+        """Optimizer steps per iteration: ``rollout.update_epochs`` x ``rollout.mini_batches``; above 1 the old
+        log-probs must be stored (a later step's policy is not the one that sampled)."""
+        r = self.cfg.section(RolloutConfig)
+        return r.update_epochs * r.mini_batches
 
     @property
     def sampling_temperature(self) -> float:

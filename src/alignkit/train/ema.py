@@ -1,8 +1,12 @@
 """Exponential moving average of the trained parameters (``flow_grpo.ema``), as flow_grpo's ``EMAModuleWrapper``
 (yifan123/flow_grpo ``flow_grpo/ema.py``, used by ``scripts/train_sd3.py``).
 
-After optimizer step s (counted from 0), every ``interval`` steps (when (s + 1) % interval == 0):
-``ema <- ema + (1 - d_s) (param - ema)`` with the warm-up decay ``d_s = min((1 + s) / (10 + s), decay)``.
+With s the optimizer steps done (flow_grpo's ``global_step``), every ``interval`` steps (when
+(s + 1) % interval == 0): ``ema <- ema + (1 - d_s) (param - ema)`` with the warm-up decay
+``d_s = min((1 + s) / (10 + s), decay)``. flow_grpo's loop steps its EMA once per training micro-batch with the
+count of optimizer steps done so far, so with gradient accumulation n the update at s is applied n times with the
+weights of step s (once right after the step, n - 1 times during the next one's accumulation):
+:meth:`ParamEMA.after_step` with ``times=n`` does the same after the step.
 The copy lives on each rank next to the parameters' local storage (``Strategy.local_params``: whole tensors
 under single / DDP / ZeRO-2, this rank's shard under FSDP2 and ZeRO-3), so it is sharded exactly as they are
 and the update is elementwise. :meth:`ParamEMA.swapped` puts the averages in place of the parameters for the
@@ -22,7 +26,7 @@ from alignkit.errors import ModelError
 
 
 def ema_decay_at(step: int, decay: float) -> float:
-    """flow_grpo's warm-up decay ``min((1 + step) / (10 + step), decay)`` of optimizer step ``step`` (from 0)."""
+    """flow_grpo's warm-up decay ``min((1 + step) / (10 + step), decay)`` after ``step`` optimizer steps."""
     return min((1 + step) / (10 + step), decay)
 
 
@@ -39,7 +43,7 @@ class ParamEMA:
 
     @torch.no_grad()
     def update(self, params: dict[str, Tensor], step: int) -> bool:
-        """After optimizer step ``step`` (from 0); returns whether this step updated the averages."""
+        """One EMA step at optimizer-step count ``step``; returns whether it updated the averages."""
         if (step + 1) % self.interval:
             return False
         self._check(params)
@@ -47,6 +51,11 @@ class ParamEMA:
         for n, s in self.shadow.items():
             s.add_(params[n].detach().float() - s, alpha=w)
         return True
+
+    def after_step(self, params: dict[str, Tensor], step: int, *, times: int = 1) -> bool:
+        """After ``step`` optimizer steps: ``times`` EMA steps with these weights (flow_grpo's stepping once per
+        micro-batch: ``times`` = its gradient accumulation); whether they updated the averages."""
+        return any([self.update(params, step) for _ in range(times)])
 
     @contextlib.contextmanager
     def swapped(self, params: dict[str, Tensor], refresh: Callable[[], None] = lambda: None) -> Iterator[None]:

@@ -9,9 +9,10 @@ One iteration (module docstring of ``algorithms/online.py`` for the batch semant
    in eval mode with the KV cache on; every signal (reward, cost) scores them, gathered from every
    rank in global order; the algorithm fills its per-token fields: log-probs, values, advantages);
    the loop names no role;
-3. update: ``rollout.update_epochs`` optimizer steps, each over all of this rank's samples in
-   ``per_device`` micro-batches through the shared step code (global normaliser, ``no_sync``, one
-   reduction of the step's metrics).
+3. update: ``rollout.update_epochs`` passes over this rank's samples, each ``rollout.mini_batches``
+   optimizer steps over disjoint slices (sample i in slice i mod mini_batches: the same global split
+   over any number of ranks), in ``per_device`` micro-batches through the shared step code (global
+   normaliser, ``no_sync``, one reduction of the step's metrics).
 
 Checkpoints fall on iteration ends and carry every trainable role, the schedules, every rank's RNG
 (so a resumed run samples the same completions), the prompt position and the algorithm's state.
@@ -102,10 +103,10 @@ class OnlineTrainer:
                 samples, stats = experience.samples, experience.stats
                 start = time.perf_counter()
                 results = []
-                for _ in range(self.cfg.section(RolloutConfig).update_epochs):
+                for part in self._mini_batches(samples):
                     if state.step >= total:
                         break
-                    results.append(self._step(samples))
+                    results.append(self._step(part))
                     state.step += 1
                     self.algo.on_optimizer_step(Context(self.models, self.strategy, state.step))
                     guard.observe(state.step, results[-1])
@@ -143,6 +144,14 @@ class OnlineTrainer:
             final_weights=lambda: self.algo.output_weights(Context(self.models, self.strategy, state.step)))
         log.close()
         return TrainResult(final_dir, metrics, eval_metrics, losses)
+
+    def _mini_batches(self, samples: list[Sample]) -> list[list[Sample]]:
+        """The iteration's optimizer steps in order: per update epoch, ``rollout.mini_batches`` disjoint slices.
+        Slice m holds the samples at positions = m (mod mini_batches): with a rank's completions a multiple of
+        it (``check_groups``) that is global index = m, so one process and any number of ranks take the same
+        steps (flow_grpo's units, (image, step) pairs listed step-major, follow their image's slice)."""
+        r = self.cfg.section(RolloutConfig)
+        return [samples[m :: r.mini_batches] for _ in range(r.update_epochs) for m in range(r.mini_batches)]
 
     def _step(self, samples: list[Sample]) -> StepResult:
         group = [self.algo.collate(mb) for mb in micro_batches(samples, self.plan.batch.per_device)]
@@ -215,7 +224,7 @@ class OnlineTrainer:
                       f"accumulation={b.accumulation} x {self.strategy.dp_size} processes) = {self.per_iteration} "
                       f"prompts x {self.G} generations per iteration")
         self.log.info(f"Training: {len(self.prompts)} prompts, {steps.per_epoch} optimizer steps per epoch, {steps.total} "
-                      f"steps in all ({r.update_epochs} per iteration), lr={self.plan.lr:.3g}, "
+                      f"steps in all ({r.update_epochs * r.mini_batches} per iteration), lr={self.plan.lr:.3g}, "
                       f"{self.algo.sampling_summary()}")
 
     def _epoch(self, state: TrainState) -> float:
@@ -242,14 +251,20 @@ class OnlineTrainer:
 
 
 def check_groups(plan: RunPlan, cfg: RunConfig) -> None:
-    """The global batch (completions) must hold whole groups of ``num_generations``."""
+    """The global batch (completions) must hold whole groups of ``num_generations``, and each rank's
+    completions split evenly into ``rollout.mini_batches``."""
     from alignkit.errors import ConfigError
 
-    G, b = cfg.section(RolloutConfig).num_generations, plan.batch
+    r, b = cfg.section(RolloutConfig), plan.batch
+    G, M = r.num_generations, r.mini_batches
     if b.global_batch % G:
         raise ConfigError(f"training.global_batch_size ({b.global_batch} completions = per_device {b.per_device} x "
                           f"accumulation {b.accumulation} x {b.world_size} processes) must be a multiple of "
                           f"rollout.num_generations ({G})")
+    if (b.per_device * b.accumulation) % M:
+        raise ConfigError(f"rollout.mini_batches: each process's {b.per_device * b.accumulation} completions per "
+                          f"iteration (per_device {b.per_device} x accumulation {b.accumulation}) must split into "
+                          f"{M} equal slices")
 
 
 def online_steps(n_prompts: int, plan: RunPlan, cfg: RunConfig) -> RunPlan:
