@@ -67,6 +67,11 @@ def test_diffusers_renderer_calls_the_pipeline_and_names_the_missing_package(mon
     loaded: list[str] = []
     fake = SimpleNamespace(AutoPipelineForText2Image=SimpleNamespace(from_pretrained=lambda p: loaded.append(p) or Pipe()))
     monkeypatch.setitem(sys.modules, "diffusers", fake)
+    # the made-up hub id would be probed on the Hub before loading (models/sources.check_hub, tested in
+    # test_hub_probe.py); the fake loader stands in for the Hub here
+    import alignkit.models.sources as sources
+
+    monkeypatch.setattr(sources, "check_hub", lambda source: None)
     render = build_renderer(cfg)
     assert isinstance(render, DiffusersRenderer)
     assert render(["a", "b", "c"], CPU) == ["img:a", "img:b", "img:c"] and loaded == ["some/pipeline"]
