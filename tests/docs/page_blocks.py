@@ -11,9 +11,9 @@ The first word says what the test does with it: ``run`` runs every line in an em
 ``configs/`` and ``scripts/`` beside it, as in a clone); ``check`` runs it too but an ``alignkit train`` line
 becomes ``alignkit validate``, ``alignkit launch`` gets ``--dry-run`` and a line that reads a trained run
 (``plot``, ``eval``, ``generate``, ...) is parsed by the CLI's parser only (the block of a real model, of many
-GPUs, or one another test trains: its text is checked, nothing trains). The other ``|`` pieces shorten it: ``SUBCOMMAND ARGS`` appends ARGS to
-each ``alignkit SUBCOMMAND`` line (a later override or option wins, so the line as printed still runs), ``as
-A=B`` puts B for A in every line (a local stand-in for a Hub id)."""
+GPUs, or one another test trains: its text is checked, nothing trains). The other ``|`` pieces shorten it:
+``SUBCOMMAND ARGS`` appends ARGS to each ``alignkit SUBCOMMAND`` line (a later override or option wins, so the
+line as printed still runs), ``as A=B`` puts B for A in every line (a local stand-in for a Hub id)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 #: what a check block still runs (cheap, and what the other lines need)
 CHECK_RUNS = ("tiny-model", "data", "validate", "train", "launch", "estimate")
-MARK = re.compile(r"<!-- test: (.*?) -->\n```bash\n(.*?)```", flags=re.S)
+MARK = re.compile(r"<!-- test: (.*?) -->\n```bash\n(.*?)```", flags=re.DOTALL)
 
 
 @dataclass

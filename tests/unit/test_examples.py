@@ -107,10 +107,10 @@ def test_example_is_sized_on_the_real_dimensions(example: Path, config_only: dic
                    env={"HF_HUB_OFFLINE": "1"})
     assert_ok(proc)
     policy = next(name for name in names if name in LMS or name == SD35)
-    billions = float(re.search(r"^# policy ([\d.]+)B", proc.stdout, flags=re.M).group(1))
+    billions = float(re.search(r"^# policy ([\d.]+)B", proc.stdout, flags=re.MULTILINE).group(1))
     if policy in LMS:
         assert billions == pytest.approx(LMS[policy][2], abs=0.01), proc.stdout[:400]
     else:  # SD3.5 Medium's MMDiT-X: 2.2B (the 2.5B of its model card counts more than the transformer)
         assert 2.0 < billions < 2.6, proc.stdout[:400]
-    fits = re.search(r"^fits in 80\.0 GB per GPU \(.*\): (.*)$", proc.stdout, flags=re.M).group(1)
+    fits = re.search(r"^fits in 80\.0 GB per GPU \(.*\): (.*)$", proc.stdout, flags=re.MULTILINE).group(1)
     assert not fits.startswith("none"), proc.stdout[-1500:]

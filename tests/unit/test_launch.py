@@ -140,4 +140,4 @@ def test_launch_says_the_batch_grows_with_the_processes(micro_model, tmp_path) -
     assert "x 2 processes (64 on one process): 62 optimizer steps per epoch (125 on one)" in proc.stderr
     proc = run_cli(["validate", "configs/grpo.yaml", f"model.name_or_path={micro_model}"], cwd=REPO)
     assert_ok(proc)
-    assert re.search(r"^optimizer steps per epoch +125$", proc.stdout, flags=re.M), proc.stdout[-800:]
+    assert re.search(r"^optimizer steps per epoch +125$", proc.stdout, flags=re.MULTILINE), proc.stdout[-800:]
