@@ -1,6 +1,7 @@
 """A training step never waits on the host (issue 38, ARCHITECTURE 9b): at most ONE device-to-host read per
 optimizer step in steady state (the losses and gradient norms that decide whether to step), for SFT (packed
-and padded), reward models, DPO (with and without cached reference log-probs), Safe-MM-DPO and the GRPO /
+and padded), reward models, DPO (with and without cached reference log-probs), ORPO, KTO (its z0 pass
+included), Safe-MM-DPO and the GRPO /
 PPO update steps. Counted on CPU with a dispatch mode (tests/host_syncs.py) around the loops' ``_step``;
 the collation and the loss-unit counts work on host data by design and are not counted."""
 
@@ -83,7 +84,9 @@ def test_sft_step(monkeypatch, micro_model: Path, tmp_path: Path, sft_config: di
     ("rm_helpful.yaml", []),
     ("dpo.yaml", []),
     ("dpo.yaml", ["dpo.precompute_ref_logps=true"]),
-], ids=["reward", "dpo", "dpo-precompute"])
+    ("orpo.yaml", []),
+    ("kto.yaml", ["training.gradient_accumulation_steps=2"]),  # z0 of the step: before_step, one all-reduce
+], ids=["reward", "dpo", "dpo-precompute", "orpo", "kto"])
 def test_preference_steps(monkeypatch, micro_model: Path, tmp_path: Path, config: str, extra: list[str]) -> None:
     counters = counted_run(monkeypatch, REPO / "configs" / config,
                            [f"model.name_or_path={micro_model}", f"output_dir={tmp_path / 'run'}", *COMMON, *extra])
