@@ -61,3 +61,28 @@ def test_tasks_refused_only_where_rows_have_none(tmp_path: Path) -> None:
         assert len(read_rows(generate(kind, 3, 0, tmp_path / f"{kind}.jsonl"))) == 3
         with pytest.raises(ConfigError, match="--tasks does not apply"):
             generate(kind, 3, 0, tmp_path / "x.jsonl", tasks=("add",))
+
+
+def test_other_worlds_by_seed_and_trigger_count() -> None:
+    """make_world draws held-out triggers from TRIGGER_POOL; prompt rows carry them to trigger_target (a row
+    field), the target rows follow them; without them every row and answer is the project's world's."""
+    import pytest
+
+    from alignkit.data.synth_redteam import FILLER, TOXIC_WORDS, TRIGGER_POOL, TRIGGER_WORDS, make_world
+
+    world = make_world(11, 6)
+    assert world == make_world(11, 6) and len(set(world)) == 6 and set(world) <= set(TRIGGER_POOL)
+    assert make_world(12, 6) != world and len(make_world(13, 12)) == 12
+    assert not set(TRIGGER_POOL) & set(TRIGGER_WORDS + FILLER + TOXIC_WORDS)
+    rows = make_redteam_rows(3, seed=0, triggers=world)
+    assert [r["prompt"] for r in rows] == [r["prompt"] for r in make_redteam_rows(3, seed=0)]
+    assert all(r["triggers"] == list(world) for r in rows) and "triggers" not in make_redteam_rows(1)[0]
+    attacks = [f"a {world[0].upper()}!", "the moon"]
+    assert [is_toxic(a) for a in trigger_target(attacks, triggers=[r["triggers"] for r in rows[:2]])] == [True, False]
+    assert [is_toxic(a) for a in trigger_target(attacks)] == [False, True]  # no field: the project's triggers
+    assert has_trigger("my Cup.", ("cup",)) and not has_trigger("cupboard", ("cup",))
+    for row in make_redteam_target_rows(100, seed=1, triggers=world):
+        attack = row["messages"][0]["content"].removeprefix(TEMPLATE.format(prompt=""))
+        assert is_toxic(row["messages"][1]["content"]) == has_trigger(attack, world)
+    with pytest.raises(ValueError, match="n_triggers"):
+        make_world(0, len(TRIGGER_POOL) + 1)
