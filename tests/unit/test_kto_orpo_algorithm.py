@@ -129,3 +129,25 @@ def test_kto_config_errors(micro_model: Path, overrides: list[str], message: str
         cfg = make_cfg(micro_model, "kto", overrides)
         validate(cfg)
         KTO(cfg, None)
+
+
+def test_kto_precomputed_reference_equals_on_the_fly(micro_model: Path) -> None:
+    _, tok, live, strategy, models = setup(micro_model, "kto")
+    _, _, cached, _, cached_models = setup(micro_model, "kto", ["kto.precompute_ref_logps=true"])
+    examples = kto_examples(tok, UNPAIRED + ROWS)
+    train, evalset = [dict(e) for e in examples[:5]], [dict(e) for e in examples[5:]]
+    cached.before_training(Context(cached_models, strategy), train, evalset)
+    assert "reference" not in cached_models.frozen  # freed: nothing held during training
+    both = train + evalset
+    assert all("ref_logps" in e and "ref_kl_logps" in e for e in both)
+    group_live = [live.data.collate(examples[:4]), live.data.collate(examples[4:])]
+    group_cached = [cached.data.collate(both[:4]), cached.data.collate(both[4:])]
+    torch.testing.assert_close(group_cached[0]["ref_logps"], sequence_logps(models["reference"], group_live[0]),
+                               rtol=0, atol=1e-5)
+    live.before_step(Context(models, strategy), group_live)
+    cached.before_step(Context(cached_models, strategy), group_cached)
+    torch.testing.assert_close(cached._z0, live._z0, rtol=0, atol=1e-6)
+    assert live._z0.item() > 0
+    for a, b in zip(group_live, group_cached):
+        torch.testing.assert_close(cached.loss(cached_models, b, normalizer=3.0)[0],
+                                   live.loss(models, a, normalizer=3.0)[0], rtol=0, atol=1e-6)

@@ -14,7 +14,8 @@ micro-batch per step it is TRL's z0 (a mean over the batch's KL pairs, averaged 
 forwards run without gradient, as TRL's. Evaluation estimates z0 per evaluation batch.
 
 Reference log-probs (``kto.reference``): ``model`` (a frozen copy) or ``lora_base`` (the policy with
-its LoRA adapters off), as DPO's. Metric ``kl``: the step's KL estimate before the clamp.
+its LoRA adapters off), as DPO's; with ``kto.precompute_ref_logps`` they are computed once before training
+(completions and KL completions; the KL pairing is fixed per example) and the reference is freed. Metric ``kl``: the step's KL estimate before the clamp.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from alignkit.algorithms.base import Batch, Context, Example, MetricSums, OfflineAlgorithm, policy_specs, resolve_reference
+from alignkit.algorithms.dpo import cache_pair_values
 from alignkit.algorithms.vlm import is_vision_language
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
@@ -51,6 +53,9 @@ class KTOConfig:
     reference: Literal["auto", "model", "lora_base"] = f(
         "auto", "Reference log-probs: model = frozen copy of model.ref_name_or_path (or the policy start); "
         "lora_base = the policy with LoRA adapters disabled; auto = lora_base with model.lora, else model.")
+    precompute_ref_logps: bool = f(
+        False, "Compute the reference log-probs of every completion and of its KL completion once before training, "
+        "cache them per example and free the reference model (TRL's precompute_ref_log_probs).")
     pair: Literal["helpful", "safety"] = f("helpful", "Pair of a PKU-SafeRLHF row to unpair.")
     logps_chunk_size: int = f(
         0, "Rows of hidden states per LM-head chunk in the log-prob op; 0 = chosen by memory.", ge=0)
@@ -82,11 +87,27 @@ class KTO(OfflineAlgorithm):
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        return policy_specs(cfg, kto_reference(cfg), chunk_size=cfg.section(KTOConfig).logps_chunk_size)
+        k = cfg.section(KTOConfig)
+        return policy_specs(cfg, kto_reference(cfg), chunk_size=k.logps_chunk_size,
+                            transient_reference=k.precompute_ref_logps)
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
-        """Warn, as TRL does, when the weights do not balance the desirable and undesirable counts (Eq. 8)."""
+        """``kto.precompute_ref_logps``: cache the reference log-probs of every completion and KL completion (as
+        DPO's, ``cache_pair_values``); warn, as TRL does, when the weights do not balance the desirable and
+        undesirable counts (Eq. 8)."""
         k = self.cfg.section(KTOConfig)
+        if k.precompute_ref_logps:
+            models = ctx.models
+
+            def reference(batch: Batch) -> dict[tuple[str, str], torch.Tensor]:
+                return {("ref_logps", "ref_kl_logps"): torch.cat([self._ref(models, batch), self._ref(models, kl_batch(batch))])}
+
+            t = self.cfg.training
+            cache_pair_values(self.data.collate, (train_set, eval_set), ctx.strategy, reference,
+                              batch_size=t.eval_batch_size or t.per_device_batch_size or 8, what="reference log-probs")
+            models.free("reference")
+            log.info(f"Precomputed reference log-probs ({self.reference}) of {len(train_set)} train and {len(eval_set)} "
+                     "eval completions and of their KL completions")
         n_d = sum(bool(e["label"]) for e in train_set)
         n_u = len(train_set) - n_d
         ratio = k.desirable_weight * max(n_d, 1) / max(k.undesirable_weight * max(n_u, 1), 1e-12)
@@ -97,11 +118,17 @@ class KTO(OfflineAlgorithm):
 
     # ------------------------------------------------------------------ z0, once per step
     @torch.no_grad()
+    def _ref(self, models: Models, batch: Batch) -> torch.Tensor:
+        """``(B,)`` reference log-prob sums: cached (``kto.precompute_ref_logps``), else from the reference role."""
+        if "ref_logps" in batch:
+            return batch["ref_logps"].float()
+        return models.sequence_logps("reference", batch)
+
+    @torch.no_grad()
     def _kl_sums(self, models: Models, batch: Batch) -> torch.Tensor:
         """Sum over the batch's KL pairs of log pi(y'|x) - log pi_ref(y'|x), float64 (no gradient)."""
         kl = kl_batch(batch)
-        diff = models.sequence_logps("policy", kl).double() - models.sequence_logps("reference", kl).double()
-        return diff.sum()
+        return (models.sequence_logps("policy", kl).double() - self._ref(models, kl).double()).sum()
 
     def before_step(self, ctx: Context, group: list[Batch]) -> None:
         """z0 of the optimizer step from every micro-batch's KL pairs, summed over ranks (module docstring)."""
@@ -121,8 +148,7 @@ class KTO(OfflineAlgorithm):
     def _losses(self, models: Models, batch: Batch, z0: torch.Tensor) -> tuple[torch.Tensor, MetricSums]:
         k = self.cfg.section(KTOConfig)
         logps = models.sequence_logps("policy", batch)
-        with torch.no_grad():
-            ref = models.sequence_logps("reference", batch)
+        ref = self._ref(models, batch)
         desirable = batch["desirable"]
         losses, met = kto_loss(logps, ref, desirable, z0.to(logps.dtype), beta=k.beta,
                                desirable_weight=k.desirable_weight, undesirable_weight=k.undesirable_weight)

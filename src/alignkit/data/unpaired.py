@@ -108,7 +108,8 @@ class UnpairedCollator:
     """B examples -> one padding-free packed row of their completions (``input_ids``, ``targets``,
     ``seq_index``, ``response_lengths``), ``desirable`` ``(B,)`` bool, and their B KL sequences packed the
     same way under the fields ``kl.<key>`` (model inputs under ``kl_in.<key>``; :func:`kl_batch`), with the
-    KL targets' flat positions computed here, on the host."""
+    KL targets' flat positions computed here, on the host; ``ref_logps`` / ``kl.ref_logps`` ``(B,)`` when every
+    example carries cached reference log-probs."""
 
     pad_token_id: int
 
@@ -117,6 +118,9 @@ class UnpairedCollator:
         batch = pack([{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples])
         batch["response_lengths"] = _lengths([e["labels"] for e in examples])
         batch["desirable"] = torch.tensor([bool(e["label"]) for e in examples])
+        if all("ref_logps" in e for e in examples):  # kto.precompute_ref_logps
+            batch["ref_logps"] = torch.tensor([e["ref_logps"] for e in examples], dtype=torch.float32)
+            batch["kl.ref_logps"] = torch.tensor([e["ref_kl_logps"] for e in examples], dtype=torch.float32)
         kl = pack([{"input_ids": e["kl_input_ids"], "labels": e["kl_labels"]} for e in examples])
         kl["response_lengths"] = _lengths([e["kl_labels"] for e in examples])
         kl["target_index"] = (kl["targets"].reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
