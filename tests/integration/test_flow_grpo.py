@@ -61,6 +61,7 @@ def test_flow_grpo_two_processes_resumed_repeat_the_one_process_run(flow_warm: d
     assert a[2]["clip_fraction"] > 0 and a[2]["kl"] > 0 and a[2]["advantage_std"] > 0
 
 
+@pytest.mark.slow(seconds=40)  # two CLI runs on the micro pipeline
 def test_flow_grpo_takes_two_optimizer_steps_per_rollout_the_second_off_policy(micro_sd3: Path, tmp_path: Path) -> None:
     """rollout.mini_batches (the shipped recipe's 2, as flow_grpo's two optimizer steps per epoch over disjoint halves
     of the samples): 4 optimizer steps are 2 iterations, one log line each; the second step of an iteration scores
@@ -129,13 +130,14 @@ def test_flow_grpo_puts_the_asked_colour_in_the_asked_cell(flow_warm: dict[str, 
     rise, hit_rise = (sum(x[-6:]) / 6 - sum(x[:6]) / 6 for x in (train, hit))
     before = _hits(flow_warm["model"], flow_warm["eval"], tmp_path / "before")
     after = _hits(out / "config.yaml", flow_warm["eval"], tmp_path / "after")
-    # measured with training.seed 42 / 1 / 2 (same warm start): training rollouts' shapes_colour 0.056 -> 0.147 /
-    # 0.088 -> 0.141 / 0.080 -> 0.144, their shapes_hit 0.80 -> 0.98 / 0.88 -> 0.96 / 0.84 -> 1.00, the held-out
-    # prompts' images (generate, 64) shapes_hit 0.47 -> 0.77 / 0.63 / 0.73; thresholds: half the smallest rise.
-    # eval/reward_mean (shapes_colour of the 16 held-out ODE images) did not rise (0.008 -> 0.013, 0.021 -> 0.009,
-    # 0.019 -> 0.011): the policy draws the asked colour larger, with other colours mixed in (docs/workflows/flow-grpo.md)
-    assert rise > 0.026 and hit_rise > 0.039, (evals, train, hit, before, after)
-    assert after - before > 0.078, (evals, train, hit, before, after)
+    # measured with training.seed 42 / 1 / 2 (same warm start, 2 steps an iteration, the batch's std): training
+    # rollouts' shapes_colour 0.073 -> 0.146 / 0.105 -> 0.146 / 0.085 -> 0.144, their shapes_hit 0.89 -> 1.00 /
+    # 0.90 -> 1.00 / 0.90 -> 0.99, the held-out prompts' images (generate, 64) shapes_hit 0.44 -> 0.89 / 0.84 / 0.86;
+    # thresholds: half the smallest rise. eval/reward_mean (shapes_colour of the 16 held-out ODE images) rose a
+    # little (0.018 -> 0.043, 0.021 -> 0.065, 0.028 -> 0.052): the policy draws the asked colour larger, with other
+    # colours mixed in (docs/workflows/flow-grpo.md)
+    assert rise > 0.02 and hit_rise > 0.049, (evals, train, hit, before, after)
+    assert after - before > 0.2, (evals, train, hit, before, after)
 
 
 def test_generate_renders_a_grid_per_prompt_the_same_each_time(micro_sd3: Path, tmp_path: Path,
