@@ -83,3 +83,14 @@ def test_validate_of_a_hub_id_without_network_fails_fast(tmp_path: Path) -> None
     assert proc.stderr.strip().count("\n") == 0 and "Retrying" not in proc.stderr, proc.stderr
     assert "cannot be reached" in proc.stderr and "HF_HUB_OFFLINE=1" in proc.stderr
     assert took < 35, took  # the interpreter's imports included; the retries alone took about 60 s
+
+
+def test_a_config_check_on_a_model_path_not_made_yet_does_not_wait_on_the_hub(closed_hub: str) -> None:
+    """``is_vision_language`` (asked by config checks such as kto's, before any model exists) on a recipe's
+    ``runs/tiny-model`` that was not built yet: it looks like a hub id, and huggingface_hub retried it for 25-35 s;
+    now the probe answers "not a VLM" at once."""
+    from alignkit.models.vlm import is_vlm_source
+
+    start = time.perf_counter()
+    assert is_vlm_source("runs/not-built-yet") is False
+    assert time.perf_counter() - start < 5

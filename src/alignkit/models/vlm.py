@@ -167,14 +167,19 @@ def is_vlm_source(source: str, trust_remote_code: bool = False) -> bool:
     model: its config has a ``vision_config``. False when the config cannot be read (the loader then says why)."""
     from transformers import AutoConfig
 
+    from alignkit.errors import ModelError
     from alignkit.models.adapters import adapter_base, is_adapter_dir
+    from alignkit.models.sources import check_hub
 
     if not source:  # no model named (alignkit estimate --preset)
         return False
     try:
         base = adapter_base(source) if is_adapter_dir(source) else source
+        # a hub id (or a local path not made yet, e.g. a recipe's runs/tiny-model) while the Hub cannot be reached:
+        # no answer at once, not huggingface_hub's minute of retries (a config check asks this before any load)
+        check_hub(base)
         config = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, ModelError):
         return False
     return getattr(config, "vision_config", None) is not None
 
