@@ -22,7 +22,7 @@ def test_shipped_vlm_configs_load(name: str, stage: str, parts: tuple[str, ...])
     from alignkit.algorithms import workload_of
 
     cfg = load_config(REPO / "configs" / name)
-    assert cfg.algorithm == "vlm_sft" and cfg.vlm.stage == stage and cfg.data.image_root == "data/shapes"
+    assert cfg.algorithm == "vlm_sft" and cfg.vlm.stage == stage and cfg.data.image_root == "runs/data/shapes"
     (spec,) = workload_of(cfg).specs
     assert spec.kind == "vlm" and spec.train_parts == parts
 
