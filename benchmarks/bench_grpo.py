@@ -114,13 +114,14 @@ def make_trl_trainer(spec: dict[str, Any], reward: Any, *, batch: int, max_new: 
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
                                  for r in rows])
     model = spec.get("policy") or spec["model"]
-    args = trl.GRPOConfig(
-        output_dir=spec["run_dir"], per_device_train_batch_size=batch, gradient_accumulation_steps=1,
-        num_generations=G, max_completion_length=max_new, temperature=1.0, beta=0.0, learning_rate=lr,
-        lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, seed=seed,
-        use_cpu=True, bf16=False, fp16=False, report_to="none", logging_steps=10**6, save_strategy="no",
-        disable_tqdm=True, num_iterations=1, **spec.get("trl_overrides", {}),
-    )
+    fields = {
+        "output_dir": spec["run_dir"], "per_device_train_batch_size": batch, "gradient_accumulation_steps": 1,
+        "num_generations": G, "max_completion_length": max_new, "temperature": 1.0, "beta": 0.0,
+        "learning_rate": lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "max_steps": steps, "seed": seed,
+        "use_cpu": True, "bf16": False, "fp16": False, "report_to": "none", "logging_steps": 10**6,
+        "save_strategy": "no", "disable_tqdm": True, "num_iterations": 1,
+    }
+    args = trl.GRPOConfig(**{**fields, **spec.get("trl_overrides", {})})  # an override replaces a field above
     return trl.GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                            processing_class=AutoTokenizer.from_pretrained(model), callbacks=callbacks)
 

@@ -12,15 +12,21 @@ Reward: ``bench_rewards.exact_answer`` (the stripped completion equals the row's
 Both sides: 64 completions per iteration (8 prompts x G=8), AdamW lr 1e-3 constant without warm-up, 60
 iterations of one optimizer step, temperature 1.0, ``max_new_tokens`` 12, beta 0, seed s (alignkit
 ``training.seed``, TRL ``seed``), ``torch.set_num_threads(2)``; everything else each side's own defaults
-(TRL's are read from the installed GRPOConfig and recorded in the JSON). Prompt order: alignkit and TRL both
-shuffle the same prompt file with their own seeded sampler, so the orders differ between the sides.
+(TRL's are read from the installed GRPOConfig and recorded in the JSON). Prompt order: the SAME on both sides
+for a seed: alignkit's ``GlobalOrder`` and TRL's ``RepeatSampler`` both take ``torch.randperm(500)`` from a
+``torch.Generator`` seeded with the seed (checked: identical in both environments), so seed s trains on the same
+prompts in the same order on both sides and only the sampling draws differ: compare the sides seed by seed.
 
 Measured per seed: ``reward_mean`` per iteration (alignkit: metrics.jsonl with logging_steps=1; TRL: the mean
 of each reward-function call = one iteration), the rise (mean of the last 10 iterations minus the first 10)
 and the final reward (mean of the last 10); per side also the mean over seeds of each 10-iteration window
 (the learning curve) and of iteration 0 alone, the only one sampled before any update (the first window
 holds nine updates at lr 1e-3 already, so a run that dips early shows a low start and a larger rise). Per side: mean / min / standard error of the rise; alignkit - TRL
-(difference and ratio of the mean rises) with its standard error. Runs alternate alignkit / TRL per seed.
+(difference and ratio of the mean rises) with its standard error. Runs alternate alignkit / TRL per seed
+(``--jobs N``: N children at once). Per seed and side, diagnostics from each side's own per-iteration logs
+(``DIAG_ALIGNKIT`` / ``DIAG_TRL``; TRL is run with ``logging_steps=1`` for them): the share of clipped tokens,
+the share of zero-std groups, entropy and completion length at the start and the end, the gradient norm
+before clipping and the share of steps it exceeded ``max_grad_norm`` 1.0.
 
 ``--probe EPOCHS``, the iteration-0 check: do both sides sample from the same distribution before any
 update? Each side runs its own trainer on 64 distinct products (``probe-prompts.jsonl``) for EPOCHS whole
@@ -30,7 +36,7 @@ pipeline against TRL's ``_tokenize_prompts``), the mean reward of every sampled 
 per-prompt difference, completion lengths and TRL's generation config.
 Usage::
 
-    python benchmarks/learn_grpo_vs_trl.py [--seeds 8] [--iterations 60] [--skip-trl | --skip-alignkit] [--quick] [--out benchmarks/results]
+    python benchmarks/learn_grpo_vs_trl.py [--seeds 8] [--iterations 60] [--skip-trl | --skip-alignkit] [--quick] [--jobs N] [--out benchmarks/results]
         [--alignkit-override KEY=VALUE ...] [--trl-override FIELD=VALUE ...]
     python benchmarks/learn_grpo_vs_trl.py --probe 4 --seeds 4   # iteration 0: 4 x 512 completions per seed and side
 """
@@ -66,6 +72,13 @@ TRL_DEFAULT_KEYS = ("loss_type", "scale_rewards", "epsilon", "epsilon_high", "to
                     "steps_per_generation", "mask_truncated_completions", "importance_sampling_level",
                     "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon", "optim",
                     "shuffle_dataset", "repetition_penalty", "top_entropy_quantile")
+#: per-iteration diagnostics, each side's logged name: the share of trained tokens whose ratio was clipped, the
+#: token-mean entropy of the sampling distribution, the share of groups whose G rewards are all equal (no
+#: gradient), the mean completion length in tokens, the gradient norm before clipping (max_grad_norm 1.0)
+DIAG_ALIGNKIT = {"clip": "clip_fraction", "entropy": "entropy", "zero_std": "frac_reward_zero_std",
+                 "length": "completion_length", "grad_norm": "grad_norm"}
+DIAG_TRL = {"clip": "clip_ratio/region_mean", "entropy": "entropy", "zero_std": "frac_reward_zero_std",
+            "length": "completions/mean_length", "grad_norm": "grad_norm"}
 
 
 # ====================================================================== data and starting policy
@@ -140,7 +153,9 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
     training = {k: getattr(cfg.training, k) for k in ("weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2",
                                                        "adam_epsilon", "lr_scaling")}
     defaults = {"grpo": dataclasses.asdict(cfg.grpo), "rollout": dataclasses.asdict(cfg.rollout), "training": training}
-    return {"rewards": [r["reward_mean"] for r in logged if "reward_mean" in r], "seconds": seconds,
+    rows = [r for r in logged if "reward_mean" in r]
+    return {"rewards": [r["reward_mean"] for r in rows], "seconds": seconds,
+            "diag": {k: [r.get(src, math.nan) for r in rows] for k, src in DIAG_ALIGNKIT.items()},
             "defaults": json.loads(json.dumps(defaults, default=str))}
 
 
@@ -162,12 +177,16 @@ def child_trl(spec: dict[str, Any], probe: Any = None) -> dict[str, Any]:
         rewards.append(sum(scores) / len(scores))  # one call per generation batch = per iteration
         return scores
 
+    # one log per step, for the per-iteration diagnostics (logging reads metrics; it draws no random number)
+    spec = {**spec, "trl_overrides": {"logging_steps": 1, **spec.get("trl_overrides", {})}}
     trainer = make_trl_trainer(spec, reward, batch=BATCH, max_new=MAX_NEW, lr=spec.get("lr", LR),
                                steps=spec["iterations"], seed=spec["seed"])
     t0 = time.perf_counter()
     trainer.train()
     defaults = {k: getattr(trainer.args, k) for k in TRL_DEFAULT_KEYS if hasattr(trainer.args, k)}
+    rows = [r for r in trainer.state.log_history if "reward" in r]
     out = {"rewards": rewards, "seconds": time.perf_counter() - t0,
+           "diag": {k: [r.get(src, math.nan) for r in rows] for k, src in DIAG_TRL.items()},
            "defaults": json.loads(json.dumps(defaults, default=str)),
            "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
     return {**out, **probe(trainer)} if probe else out
@@ -259,6 +278,25 @@ def window_means(runs: list[dict[str, Any]], window: int = WINDOW) -> list[float
     return [sum(sum(r["rewards"][i * window:(i + 1) * window]) / window for r in runs) / len(runs) for i in range(n)]
 
 
+def nanmean(xs: list[float]) -> float:
+    vals = [x for x in xs if x is not None and not math.isnan(x)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def seed_diagnostics(diag: dict[str, list[float]], window: int = WINDOW) -> dict[str, float]:
+    """One run's diagnostics: the clip fraction, zero-std share and gradient norm over the run, the share of
+    steps whose gradient norm exceeded max_grad_norm 1.0 (so clipping shrank the step), and entropy and
+    completion length over the first and the last ``window`` iterations (a collapse shows as both falling)."""
+    if not diag or not diag.get("entropy"):
+        return {}
+    window = max(1, min(window, len(diag["entropy"]) // 2))  # as rise_and_final: half a short run
+    norms = [x for x in diag["grad_norm"] if not math.isnan(x)]
+    return {"clip": nanmean(diag["clip"]), "zero_std": nanmean(diag["zero_std"]), "grad_norm": nanmean(norms),
+            "norm_clipped": sum(x > 1.0 for x in norms) / max(1, len(norms)),
+            "entropy_first": nanmean(diag["entropy"][:window]), "entropy_last": nanmean(diag["entropy"][-window:]),
+            "length_first": nanmean(diag["length"][:window]), "length_last": nanmean(diag["length"][-window:])}
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     sides = {}
     for side, per_seed in runs.items():
@@ -266,6 +304,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         for r in ok:
             r["rise"], r["final"] = rise_and_final(r["rewards"])
             r["start"] = rise_and_final(r["rewards"])[1] - r["rise"]
+            r["diagnostics"] = seed_diagnostics(r.get("diag", {}))
         if ok:
             sides[side] = {"rise": mean_min_se([r["rise"] for r in ok]), "final": mean_min_se([r["final"] for r in ok]),
                            "start": mean_min_se([r["start"] for r in ok]),
@@ -276,7 +315,30 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     if "alignkit" in sides and "trl" in sides:
         result["alignkit_vs_trl_rise"] = compare(sides["alignkit"]["rise"], sides["trl"]["rise"])
         result["alignkit_vs_trl_final"] = compare(sides["alignkit"]["final"], sides["trl"]["final"])
+        pairs = [(a, t) for a, t in zip(runs["alignkit"], runs["trl"]) if "rise" in a and "rise" in t]
+        if pairs:  # seed s sees the same prompts in the same order on both sides: the per-seed difference
+            for key in ("rise", "final"):
+                result[f"paired_{key}"] = mean_min_se([a[key] - t[key] for a, t in pairs])
+                result[f"paired_{key}"]["alignkit_higher"] = sum(a[key] > t[key] for a, t in pairs)
     return result
+
+
+def diagnostics_table(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Markdown lines: per seed and side the rise and the run's diagnostics (``seed_diagnostics``)."""
+    lines = ["", ("Per seed and side (diagnostics): clip = share of trained tokens clipped; zero-std = share of groups "
+                  "with all-equal rewards (no gradient); entropy and completion length (tokens) over the first -> the "
+                  f"last {WINDOW} iterations; |g| = mean gradient norm before clipping, with the share of steps above "
+                  "1.0:"), "",
+             "| seed | side | rise | clip | zero-std | entropy | length | \\|g\\| (share > 1) |", "|---|---|---|---|---|---|---|---|"]
+    for i in range(max(len(v) for v in runs.values())):
+        for side, per_seed in runs.items():
+            r = per_seed[i] if i < len(per_seed) else {}
+            d = r.get("diagnostics")
+            if d:
+                lines.append(f"| {r.get('seed', i)} | {side} | {r['rise']:+.3f} | {d['clip']:.3f} | {d['zero_std']:.2f} | "
+                             f"{d['entropy_first']:.2f} -> {d['entropy_last']:.2f} | {d['length_first']:.1f} -> "
+                             f"{d['length_last']:.1f} | {d['grad_norm']:.2f} ({d['norm_clipped']:.2f}) |")
+    return lines
 
 
 def markdown(runs: dict[str, list[dict[str, Any]]], summary: dict[str, Any], head: str) -> str:
@@ -287,7 +349,8 @@ def markdown(runs: dict[str, list[dict[str, Any]]], summary: dict[str, Any], hea
         for per_seed in runs.values():
             r = per_seed[i] if i < len(per_seed) else {}
             cells += [f"{r['start']:.3f}", f"{r['final']:.3f}", f"{r['rise']:+.3f}"] if "rise" in r else ["failed"] * 3
-        lines.append(f"| {i} | " + " | ".join(cells) + " |")
+        seed = next((v[i]["seed"] for v in runs.values() if i < len(v) and "seed" in v[i]), i)
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
     lines += ["", "| side | rise mean ± SE | rise min | final mean ± SE | final min | min/run |", "|---|---|---|---|---|---|"]
     for side, s in summary["sides"].items():
         lines.append(f"| {side} | {s['rise']['mean']:+.3f} ± {s['rise']['se']:.3f} | {s['rise']['min']:+.3f} | "
@@ -297,12 +360,18 @@ def markdown(runs: dict[str, list[dict[str, Any]]], summary: dict[str, Any], hea
     for side, s in summary["sides"].items():
         lines.append(f"- {side}: " + " ".join(f"{x:.3f}" for x in s["windows"])
                      + f"; iteration 0: {s['iteration0']['mean']:.3f} ± {s['iteration0']['se']:.3f}")
+    lines += diagnostics_table(runs)
     c = summary.get("alignkit_vs_trl_rise")
     if c:
         ratio = f"; ratio {c['ratio']:.2f} ± {c['ratio_se']:.2f}" if "ratio" in c else ""
         f = summary["alignkit_vs_trl_final"]
         lines += ["", f"alignkit - TRL, rise: {c['diff']:+.3f} ± {c['diff_se']:.3f}{ratio}; final reward: "
                       f"{f['diff']:+.3f} ± {f['diff_se']:.3f}"]
+        for key in ("rise", "final"):
+            d = summary.get(f"paired_{key}")
+            if d:
+                lines.append(f"- paired by seed (the same prompts), alignkit - TRL {key}: {d['mean']:+.3f} ± {d['se']:.3f}"
+                             f", alignkit higher on {d['alignkit_higher']}/{d['n']} seeds")
     return "\n".join(lines)
 
 
@@ -342,16 +411,21 @@ def run_all(a: argparse.Namespace, out: Path, work: Path) -> dict[str, list[dict
     sides = {} if a.skip_alignkit else {"alignkit": sys.executable}
     if not a.skip_trl:
         sides["trl"] = str(ensure_trl_venv(out / ".venv-trl"))
-    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
-    for seed in range(a.seeds):
-        for side, python in sides.items():  # alternate the sides per seed
-            spec = {"policy": policy, "prompts": data["prompts"], "iterations": a.iterations, "seed": seed,
-                    "run_dir": str(work / f"{side}-{seed}"), "overrides": a.alignkit_override,
-                    "trl_overrides": trl_overrides(a.trl_override)}
-            res = run_child(python, side, spec, work / f"{side}-{seed}.log", 3 * 3600, script=Path(__file__))
-            log(f"{side} seed {seed}: " + (f"{res['wall_s'] / 60:.1f} min" if res["ok"] else res["error"]))
-            runs[side].append(res)
-    return runs
+    def one(seed: int, side: str) -> dict[str, Any]:
+        spec = {"policy": policy, "prompts": data["prompts"], "iterations": a.iterations, "seed": seed,
+                "run_dir": str(work / f"{side}-{seed}"), "overrides": a.alignkit_override,
+                "trl_overrides": trl_overrides(a.trl_override)}
+        res = run_child(sides[side], side, spec, work / f"{side}-{seed}.log", 3 * 3600, script=Path(__file__))
+        log(f"{side} seed {seed}: " + (f"{res['wall_s'] / 60:.1f} min" if res["ok"] else res["error"]))
+        return {**res, "seed": seed}
+
+    # alternate the sides per seed; --jobs runs that many children at once (each deterministic per seed)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        seeds = [int(x) for x in a.seed_list.split(",")] if a.seed_list else list(range(a.seeds))
+        futures = [(side, pool.submit(one, seed, side)) for seed in seeds for side in sides]
+        return {side: [f.result() for s, f in futures if s == side] for side in sides}
 
 
 def run_probe(a: argparse.Namespace, out: Path, work: Path) -> dict[str, Any]:
@@ -410,6 +484,9 @@ def main() -> None:
     ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--skip-alignkit", action="store_true", help="TRL only (e.g. with --trl-override)")
     ap.add_argument("--quick", action="store_true", help="2 seeds x 4 iterations (a smoke test)")
+    ap.add_argument("--jobs", type=int, default=1, help="children run at once (each uses 2 threads)")
+    ap.add_argument("--seed-list", default="", metavar="S,S,...",
+                    help="these seeds instead of 0..seeds-1 (e.g. 2,6: a weak seed's diagnostics)")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--alignkit-override", action="append", default=[], metavar="KEY=VALUE",
                     help="an alignkit config override on top of its defaults (repeatable), e.g. grpo.loss_aggregation=token_mean")
@@ -443,7 +520,7 @@ def main() -> None:
     print(text)
     meta = {"setup": {"task": "single-digit multiplication", "forms": FORMS, "G": G, "batch": BATCH, "lr": LR, "max_new_tokens": MAX_NEW,
                       "iterations": a.iterations, "seeds": a.seeds, "window": WINDOW, "sft_steps": SFT_STEPS,
-                      "prompt_order": "each side shuffles the same prompt file with its own seeded sampler"},
+                      "prompt_order": "the same per seed: torch.randperm(500) from a Generator seeded with the seed, on both sides"},
             "alignkit_overrides": a.alignkit_override, "trl_overrides": trl_overrides(a.trl_override),
             "defaults": {s: next((r.get("defaults") for r in v if r.get("ok")), None) for s, v in runs.items()},
             "versions": next((r.get("versions") for r in runs.get("trl", []) if r.get("ok")), None)}

@@ -83,3 +83,33 @@ def test_trl_overrides_read_json_else_text() -> None:
     assert trl_overrides(["loss_type=grpo", "epsilon=0.3", "mask_truncated_completions=true", "top_k=0"]) == {
         "loss_type": "grpo", "epsilon": 0.3, "mask_truncated_completions": True, "top_k": 0}
     assert trl_overrides([]) == {}
+
+
+def test_seed_diagnostics_on_a_hand_run() -> None:
+    from learn_grpo_vs_trl import seed_diagnostics
+
+    n = 20  # windows of 10: the first and the last half
+    diag = {"clip": [0.0] * 19 + [math.nan], "zero_std": [1.0] * 10 + [0.5] * 10, "entropy": [2.0] * 10 + [1.0] * 10,
+            "length": [6.0] * 10 + [3.0] * 10, "grad_norm": [0.5] * 15 + [2.0] * 4 + [math.nan]}
+    d = seed_diagnostics(diag)
+    assert d["clip"] == 0.0 and d["zero_std"] == pytest.approx(0.75)  # NaN (an unlogged step) left out
+    assert (d["entropy_first"], d["entropy_last"], d["length_first"], d["length_last"]) == (2.0, 1.0, 6.0, 3.0)
+    assert d["grad_norm"] == pytest.approx((15 * 0.5 + 4 * 2.0) / 19) and d["norm_clipped"] == pytest.approx(4 / 19)
+    short = seed_diagnostics({k: v[:4] for k, v in diag.items()})  # 4 iterations: windows of 2
+    assert short["entropy_first"] == 2.0 and len(diag["entropy"]) == n
+    assert seed_diagnostics({}) == {}
+
+
+def test_summarize_pairs_the_sides_seed_by_seed() -> None:
+    """Both sides train seed s on the same prompt order: the per-seed difference, and on how many seeds
+    alignkit is higher."""
+    from learn_grpo_vs_trl import summarize
+
+    def run(first: float, last: float) -> dict:
+        return {"ok": True, "wall_s": 60.0, "rewards": [first] * 10 + [last] * 10}
+
+    runs = {"alignkit": [run(0.1, 0.3), run(0.2, 0.3)], "trl": [run(0.1, 0.2), run(0.1, 0.4)]}
+    s = summarize(runs)
+    assert s["paired_final"]["mean"] == pytest.approx(0.0) and s["paired_final"]["alignkit_higher"] == 1
+    assert s["paired_rise"]["mean"] == pytest.approx((0.1 - 0.2) / 2)  # rises: +0.2 vs +0.1, +0.1 vs +0.3
+    assert s["paired_rise"]["se"] == pytest.approx(0.15)  # differences +0.1, -0.2: std 0.212, / sqrt(2)
