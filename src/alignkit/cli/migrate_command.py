@@ -18,6 +18,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if not notes:
         print(f"config: {args.config} uses alignkit's own keys already", file=sys.stderr)
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # e.g. runs/native.yaml from a fresh clone
         Path(args.out).write_text(text, encoding="utf-8")
         print(f"wrote the native config to {args.out}", file=sys.stderr)
     else:
