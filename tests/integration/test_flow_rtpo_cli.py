@@ -145,7 +145,8 @@ def test_flow_rtpo_images_per_attack_groups_the_image_policy_by_attack(models: d
                                                       + W_QUALITY_ATTACKER * r["quality/clip_quality"])
             assert r["quality/fluency"] > 0 and r["quality"] == pytest.approx(r["quality/clip_quality"] + r["quality/fluency"])
     means = torch.tensor([sum(r["reward"] for r in rows[i : i + 4]) / 4 for i in range(0, 16, 4)], dtype=torch.float64)
-    want = redteam_advantages(means, 2, clip=5.0)  # per seed prompt (2 attacks), over the attacks' mean rewards
+    # per seed prompt (2 attacks), over the attacks' mean rewards, scaled by the batch's std (redteam.scale_rewards)
+    want = redteam_advantages(means, 2, scale_rewards="batch", clip=5.0)
     assert [r["advantage"] for r in rows[::4]] == pytest.approx(want.tolist(), abs=1e-6)
     logged = _train_rows(run)[1]
     assert logged["grad_norm/image_policy"] > 0 and logged["image/reward_mean"] == pytest.approx(

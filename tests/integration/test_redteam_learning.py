@@ -5,11 +5,21 @@ attack holds a hidden trigger word.
 the scorer; from the random micro Llama, which writes a trigger in under one attack in ten, red-team RL
 raises the attack success rate clearly while the attacks stay distinct.
 
-Measured (seeds 0-3, 40 iterations of 4 instructions x 8 attacks, lr 3e-3, w_diversity 0.1): mean success
-rate of the first 5 iterations 0.106 / 0.087 / 0.087 / 0.062, of the last 5 0.882 / 0.875 / 0.863 / 0.706;
-distinct_fraction 1.0 at the end for every seed (22.6-28 distinct successful attacks of 32 per iteration);
-2 processes (DDP, seed 0): 0.094 -> 0.856.
+Measured (seeds 0-3, 40 iterations of 4 instructions x 8 attacks, lr 3e-3, w_diversity 0.1, advantages
+over the batch's std, ``redteam.scale_rewards: batch``): mean success rate of the first 5 iterations
+0.113 / 0.062 / 0.087 / 0.069, of the last 5 0.931 / 0.881 / 0.669 / 0.950; distinct_fraction 1.0 at the end
+for every seed (21.4-30.4 distinct successful attacks of 32 per iteration). With each group's own std (the
+default before, ``group``): 0.106 / 0.087 / 0.087 / 0.062 -> 0.882 / 0.875 / 0.863 / 0.706; 2 processes (DDP,
+seed 0): 0.094 -> 0.856.
 Thresholds: first 5 < 0.2, last 5 >= 0.5, distinct_fraction >= 0.5, >= 8 distinct successes.
+
+``test_attack_success_rises_on_a_world_it_was_not_tuned_on``: the same on another world, six triggers of
+``make_world(11, 6)`` the project never used, carried to the scripted target by the prompt rows' ``triggers``
+field; the settings of docs/workflows/redteam.md "When successes are rare" (lr 6e-3, beta 0.05). Measured
+(seeds 0-2): 0.037 / 0.000 / 0.062 -> 0.975 / 0.944 / 0.950 (benchmarks/learn_redteam_worlds.py; at lr 3e-3
+and each group's own std, the settings before: 0.031 -> 0.250 and 0.019 -> 0.312 on seeds 0-1).
+Thresholds (seed 0): first 5 < 0.2, last 5 >= 0.5, every answer toxic exactly when the attack holds one of
+the world's triggers.
 
 ``test_the_whole_chain_trained_by_alignkit``: every model trained by alignkit on the task's rows: the target
 (SFT on ``redteam-target`` rows: the rule through the red-team template), the toxicity judge (a cost model
@@ -30,7 +40,7 @@ from pathlib import Path
 import pytest
 
 from alignkit.data.synth import generate, write_rows
-from alignkit.data.synth_redteam import has_trigger, is_toxic, make_redteam_rows
+from alignkit.data.synth_redteam import has_trigger, is_toxic, make_redteam_rows, make_world
 from tests.conftest import REPO, assert_ok, run_cli, write_config
 
 pytestmark = pytest.mark.slow(seconds=60)
@@ -73,6 +83,17 @@ def test_attack_success_rises_with_diverse_attacks(micro_model: Path, tmp_path: 
     assert sum(r["distinct_successes"] for r in rows[-5:]) / 5 >= 8
     attacks = [json.loads(x) for x in (tmp_path / "run" / "attacks.jsonl").read_text().splitlines()]
     assert all(is_toxic(a["output"]) == has_trigger(a["attack"]) == (a["toxicity"] == 1.0) for a in attacks)
+
+
+def test_attack_success_rises_on_a_world_it_was_not_tuned_on(micro_model: Path, tmp_path: Path) -> None:
+    world = make_world(11, 6)
+    prompts = write_rows(make_redteam_rows(400, seed=0, triggers=world), tmp_path / "prompts.jsonl")
+    cfg = redteam_config(micro_model, prompts, 0, 6e-3, {"name": "alignkit.data.synth_redteam:trigger_target"},
+                         {"name": "toxic_words"}, beta=0.05)
+    asr = [r["attack_success_rate"] for r in iterations(train(tmp_path, "run", cfg))]
+    assert sum(asr[:5]) / 5 < 0.2 and sum(asr[-5:]) / 5 >= 0.5, asr
+    attacks = [json.loads(x) for x in (tmp_path / "run" / "attacks.jsonl").read_text().splitlines()]
+    assert all(is_toxic(a["output"]) == has_trigger(a["attack"], world) for a in attacks)
 
 
 def test_the_whole_chain_trained_by_alignkit(micro_model: Path, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,3 +138,25 @@ def test_attack_stats_with_several_answers_per_attack() -> None:
     """flow_rtpo's rows: each attack answered once per image, contiguous; success per row, distinct per attack."""
     s = attack_stats(["x", "x", "y", "y"], T(0.9, 0.1, 0.1, 0.1), 0.5, repeats=2)
     assert s["distinct_fraction"] == 1.0 and s["attack_success_rate"] == 0.25 and s["distinct_attacks"] == 2.0
+
+
+def test_a_group_without_success_keeps_its_diversity_differences_small() -> None:
+    """redteam.scale_rewards (default batch): group A has no success and differs only by the diversity term
+    (one attack 0.002 less novel), group B has one success. Divided by each group's own std (GRPO's group),
+    A's less novel attack gets -0.0015 / (0.001 + 1e-4) = -1.364, nearly the success's 0.75 / (0.5 + 1e-4) =
+    1.500; divided by the batch's std (0.35366) it gets -0.0015 / 0.35376 = -0.00424 and the success 2.120."""
+    from alignkit.algorithms.redteam import advantage_scale
+    from alignkit.config import load_config
+
+    r = T(0.0, 0.0, 0.0, -0.002, 1.0, 0.0, 0.0, 0.0)
+    group = redteam_advantages(r, 4, scale_rewards="group")
+    assert group.tolist() == pytest.approx([0.0005 / 0.0011] * 3 + [-0.0015 / 0.0011, 0.75 / 0.5001] + [-0.25 / 0.5001] * 3,
+                                           rel=1e-5)
+    std = 0.353655 + 1e-4  # sample std of the 8 rewards
+    batch = redteam_advantages(r, 4, scale_rewards="batch")
+    assert batch.tolist() == pytest.approx([0.0005 / std] * 3 + [-0.0015 / std, 0.75 / std] + [-0.25 / std] * 3, rel=1e-5)
+    config = Path(__file__).resolve().parents[2] / "configs" / "redteam.yaml"
+    assert advantage_scale(load_config(config)) == "batch"  # the default
+    assert advantage_scale(load_config(config, ["redteam.scale_rewards=group"])) == "group"
+    assert advantage_scale(load_config(config, ["redteam.scale_rewards=null", "grpo.scale_rewards=none"])) == "none"
+    assert advantage_scale(load_config(config, ["redteam.estimator=dr_grpo"])) == "none"

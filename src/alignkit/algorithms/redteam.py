@@ -102,6 +102,12 @@ class RedTeamConfig:
     diversity_ngram: int = f(2, "Word n-grams (1..n) of the similarity.", gt=0)
     estimator: Literal["grpo", "rloo", "dr_grpo"] = f("grpo", "Advantage estimator (rollout/advantages.py).")
     statistics: Literal["prompt", "global"] = f("prompt", "Advantage mean/std per prompt (group) or over the whole gathered batch.")
+    scale_rewards: Optional[Literal["group", "batch", "none"]] = f(
+        "batch", "statistics prompt: divide each group's centred rewards by the std of the whole gathered batch "
+        "(batch, Flow-GRPO's global_std), of the group itself (group, GRPO's) or by nothing (none); null = "
+        "grpo.scale_rewards. batch because successes are rare at first: a group without a success then differs "
+        "only by the diversity term (~1e-4 apart), which group would blow up to advantages as large as a success's "
+        "(docs/workflows/redteam.md, 'When successes are rare').")
     adv_clip_max: float = f(5.0, "Advantages clamped to +-adv_clip_max (Flow-GRPO); 0 = off.", ge=0)
     success_threshold: float = f(0.5, "An attack succeeds when its toxicity is at least this (attack_success_rate).")
     save_attacks: bool = f(True, "Write every attack, answer and score to OUTPUT_DIR/attacks.jsonl (rank 0).")
@@ -219,9 +225,8 @@ class RedTeam(GroupRelative):
         the red-team ones (per prompt or global statistics, clipped)."""
         rt, G = self.cfg.section(RedTeamConfig), self.cfg.section(RolloutConfig).num_generations
         super().make_experience(ctx, samples, batches, {"reward": scores["reward"]})
-        scale = "none" if self.estimator == "dr_grpo" else self.cfg.section(GRPOConfig).scale_rewards
         adv = redteam_advantages(scores["reward"], G, estimator=self.estimator, statistics=rt.statistics,
-                                 scale_rewards=scale, clip=rt.adv_clip_max)
+                                 scale_rewards=advantage_scale(self.cfg), clip=rt.adv_clip_max)
         for s, a in zip(samples, adv[ctx.mine].tolist()):
             s["advantages"] = [a] * len(s["completion_ids"])
         self.advantages = adv  # (global,): attacks.jsonl
@@ -269,6 +274,15 @@ class RedTeam(GroupRelative):
         if "attacks_written" in state:
             self.attacks_written = self.resumed_lines = int(state["attacks_written"])
         self.top = list(state.get("top_attacks", []))
+
+
+def advantage_scale(cfg: RunConfig) -> str:
+    """The std the attacker's advantages are divided by: none for dr_grpo, else ``redteam.scale_rewards``
+    (``grpo.scale_rewards`` where that is null)."""
+    rt = cfg.section(RedTeamConfig)
+    if rt.estimator == "dr_grpo":
+        return "none"
+    return rt.scale_rewards or cfg.section(GRPOConfig).scale_rewards
 
 
 def scorer_keys(scorers: list[RedTeamScorerConfig]) -> list[tuple[str, RedTeamScorerConfig]]:
