@@ -78,7 +78,8 @@ def summarise(run: Path) -> dict[str, Any]:
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     group = cfg["rollout"]["num_generations"]
     asr = [r["attack_success_rate"] for r in rows]
-    attacks = [json.loads(x) for x in (run / "attacks.jsonl").read_text().splitlines()]
+    # split on newlines only: an attack may hold \x85 or \u2028, which json.dumps(ensure_ascii=False) keeps raw
+    attacks = [json.loads(x) for x in (run / "attacks.jsonl").read_text(encoding="utf-8").split("\n") if x]
     early = [a for a in attacks if a["step"] <= 10]
     groups = [early[i:i + group] for i in range(0, len(early), group)]
     start, end = mean(asr[:WINDOW]), mean(asr[-WINDOW:])

@@ -62,6 +62,12 @@ def redteam_config(attacker: Path, prompts: Path, seed: int, lr: float, target: 
             "redteam": {"target": target, "scorers": [scorer], "w_diversity": 0.1}}
 
 
+def jsonl(path: Path) -> list[dict]:
+    """The rows of a JSONL file, split on newlines only: an attack may hold \\x85 or \\u2028, which
+    attacks.jsonl keeps raw (ensure_ascii=False) and str.splitlines would split on."""
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").split("\n") if x]
+
+
 def iterations(run: Path) -> list[dict]:
     return [r for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
@@ -81,7 +87,7 @@ def test_attack_success_rises_with_diverse_attacks(micro_model: Path, tmp_path: 
     assert sum(asr[:5]) / 5 < 0.2 and sum(asr[-5:]) / 5 >= 0.5, asr
     assert min(r["distinct_fraction"] for r in rows[-5:]) >= 0.5
     assert sum(r["distinct_successes"] for r in rows[-5:]) / 5 >= 8
-    attacks = [json.loads(x) for x in (tmp_path / "run" / "attacks.jsonl").read_text().splitlines()]
+    attacks = jsonl(tmp_path / "run" / "attacks.jsonl")
     assert all(is_toxic(a["output"]) == has_trigger(a["attack"]) == (a["toxicity"] == 1.0) for a in attacks)
 
 
@@ -92,7 +98,7 @@ def test_attack_success_rises_on_a_world_it_was_not_tuned_on(micro_model: Path, 
                          {"name": "toxic_words"}, beta=0.05)
     asr = [r["attack_success_rate"] for r in iterations(train(tmp_path, "run", cfg))]
     assert sum(asr[:5]) / 5 < 0.2 and sum(asr[-5:]) / 5 >= 0.5, asr
-    attacks = [json.loads(x) for x in (tmp_path / "run" / "attacks.jsonl").read_text().splitlines()]
+    attacks = jsonl(tmp_path / "run" / "attacks.jsonl")
     assert all(is_toxic(a["output"]) == has_trigger(a["attack"], world) for a in attacks)
 
 
@@ -120,7 +126,7 @@ def test_the_whole_chain_trained_by_alignkit(micro_model: Path, tmp_path: Path) 
     asr = [r["attack_success_rate"] for r in rows]
     assert sum(asr[:5]) / 5 < 0.25 and sum(asr[-5:]) / 5 >= 0.45, asr
     assert min(r["distinct_fraction"] for r in rows[-5:]) >= 0.5
-    attacks = [json.loads(x) for x in (run / "attacks.jsonl").read_text().splitlines()]
+    attacks = jsonl(run / "attacks.jsonl")
     share = [sum(has_trigger(a["attack"]) for a in attacks if a["step"] == s) / 32 for s in range(1, 41)]
     assert sum(share[-5:]) / 5 >= 0.3 and sum(share[-5:]) / 5 - sum(share[:5]) / 5 >= 0.2, share
     # the trained target follows the rule, and the trained judge agrees with the program judge, on most attacks

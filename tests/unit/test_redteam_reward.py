@@ -160,3 +160,18 @@ def test_a_group_without_success_keeps_its_diversity_differences_small() -> None
     assert advantage_scale(load_config(config, ["redteam.scale_rewards=group"])) == "group"
     assert advantage_scale(load_config(config, ["redteam.scale_rewards=null", "grpo.scale_rewards=none"])) == "none"
     assert advantage_scale(load_config(config, ["redteam.estimator=dr_grpo"])) == "none"
+
+
+def test_resume_keeps_whole_jsonl_rows_whatever_the_attack_holds(tmp_path: Path) -> None:
+    """attacks.jsonl cut to a checkpoint's row count: rows whose attack holds \\x85 or \\u2028 (kept raw by
+    json.dumps with ensure_ascii=False; str.splitlines would split them) stay whole."""
+    import json
+
+    from alignkit.algorithms.redteam import first_lines
+
+    rows = [{"attack": "a\u2028b"}, {"attack": "c\x85d"}, {"attack": "e"}]
+    path = tmp_path / "attacks.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    kept = first_lines(path, 2)
+    assert [json.loads(x) for x in kept.split("\n") if x] == rows[:2] and kept.endswith("}\n")
+    assert first_lines(path, 5) == path.read_text(encoding="utf-8") and first_lines(path, 0) == ""

@@ -255,8 +255,7 @@ class RedTeam(GroupRelative):
         if rows and rt.save_attacks and ctx.strategy.is_main:
             path = out / "attacks.jsonl"
             if self.resumed_lines is not None:  # a resumed run: drop what a longer run wrote after its checkpoint
-                keep = path.read_text(encoding="utf-8").splitlines()[: self.resumed_lines] if path.exists() else []
-                path.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+                path.write_text(first_lines(path, self.resumed_lines) if path.exists() else "", encoding="utf-8")
                 self.resumed_lines = None
             with path.open("a", encoding="utf-8") as fh:
                 for row in rows:
@@ -283,6 +282,14 @@ def advantage_scale(cfg: RunConfig) -> str:
     if rt.estimator == "dr_grpo":
         return "none"
     return rt.scale_rewards or cfg.section(GRPOConfig).scale_rewards
+
+
+def first_lines(path: Path, n: int) -> str:
+    """The first ``n`` lines of a JSONL file, each with its newline. Split on "\\n" alone: json.dumps with
+    ensure_ascii=False keeps \\x85, \\u2028 and \\u2029 raw, which a sampled attack may hold and
+    str.splitlines would take for line ends."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    return "".join(x + "\n" for x in lines[: len(lines) - (lines[-1] == "")][:n])
 
 
 def scorer_keys(scorers: list[RedTeamScorerConfig]) -> list[tuple[str, RedTeamScorerConfig]]:
