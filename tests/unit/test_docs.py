@@ -57,13 +57,14 @@ def _bash_blocks(text: str) -> list[str]:
 
 
 def _commands(path: Path) -> list[list[str]]:
-    """The shell commands of a page's bash blocks, as argument lists (comments dropped, && split)."""
+    """The shell commands of a page's bash blocks, as argument lists (comments dropped, split at && and at a
+    pipe: ``alignkit launch --k8s ... | kubectl apply -f -`` is two commands)."""
     out = []
     for block in _bash_blocks(path.read_text(encoding="utf-8")):
         for line in block.splitlines():
             tokens = shlex.split(line, comments=True)
             while tokens:
-                cut = tokens.index("&&") if "&&" in tokens else len(tokens)
+                cut = min([tokens.index(s) for s in ("&&", "|") if s in tokens] or [len(tokens)])
                 out.append(tokens[:cut])
                 tokens = tokens[cut + 1:]
     return [c for c in out if c]
