@@ -514,7 +514,7 @@ def main() -> None:
     runs = run_all(a, out, work)
     summary = summarize(runs)
     head = (f"# GRPO learning, alignkit vs TRL: single-digit products, micro Llama SFT'd, {BATCH} completions/iteration "
-            f"(G={G}), lr {LR:g}, {a.iterations} iterations, {a.seeds} seeds ({stamp}); rise = mean reward_mean of "
+            f"(G={G}), lr {LR:g}, {a.iterations} iterations, seeds {a.seed_list or f'0-{a.seeds - 1}'} ({stamp}); rise = mean reward_mean of "
             f"the last {WINDOW} iterations - the first {WINDOW}")
     text = markdown(runs, summary, head)
     print(text)
