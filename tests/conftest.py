@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -217,3 +218,9 @@ def processor(micro_llava: Path) -> Any:
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(micro_llava)
+
+
+def jsonl(path: Path) -> list[dict]:
+    """The rows of a JSONL file, split on newlines only: an attack may hold \\x85 or \\u2028, which
+    attacks.jsonl keeps raw (ensure_ascii=False) and str.splitlines would split on."""
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").split("\n") if x]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from alignkit.data.synth import make_prompt_rows, write_rows
-from tests.conftest import REPO, assert_ok, run_cli
+from tests.conftest import REPO, assert_ok, jsonl, run_cli
 from tests.plugins.redteam_parts import build_classifier, build_clip, tiny_train_args
 
 pytest.importorskip("diffusers")
@@ -83,7 +83,7 @@ def test_flow_rtpo_trains_both_policies_and_resumes_exactly(models: dict[str, Pa
         assert key in last, key
     assert last["image/kl"] > 0 and last["grad_norm/image_policy"] > 0 and last["grad_norm"] > 0
     # the attacker's reward and the image policy's: the same toxicity and CVaR bonus, their own quality weights
-    attacks = [json.loads(x) for x in (full / "attacks.jsonl").read_text().splitlines()]
+    attacks = jsonl(full / "attacks.jsonl")
     assert len(attacks) == 8
     for r in attacks:
         assert r["reward"] == pytest.approx(r["toxicity"] + W_CVAR * r["cvar_bonus"] + W_QUALITY_ATTACKER * r["quality"])
@@ -109,7 +109,7 @@ def test_flow_rtpo_trains_both_policies_and_resumes_exactly(models: dict[str, Pa
     for key in ("reward_mean", "image/reward_mean", "toxicity_mean", "loss", "loss/image_policy", "grad_norm",
                 "grad_norm/image_policy", "image/kl", "kl"):
         assert again[2][key] == pytest.approx(last[key], rel=1e-4, abs=1e-8), key
-    redo = [json.loads(x) for x in (resumed / "attacks.jsonl").read_text().splitlines()]
+    redo = jsonl(resumed / "attacks.jsonl")
     assert [r["attack"] for r in redo] == [r["attack"] for r in attacks if r["step"] == 2]
 
 
@@ -132,7 +132,7 @@ def test_flow_rtpo_images_per_attack_groups_the_image_policy_by_attack(models: d
                                       "training.max_steps=1", "training.eval_steps=1")
             if not a.startswith("flow_grpo.w_")]  # the image policy's weights: redteam's
     assert_ok(run_cli(args))
-    rows = [json.loads(x) for x in (run / "attacks.jsonl").read_text().splitlines()]
+    rows = jsonl(run / "attacks.jsonl")
     assert len(rows) == 16 and [r["attack"] for r in rows[::4]] == [r["attack"] for r in rows[3::4]]
     for a in range(4):
         mine = rows[4 * a : 4 * a + 4]
@@ -183,7 +183,7 @@ def test_flow_rtpo_under_accelerate_one_node_and_two_node_loopback_equal_one_pro
                 "--master-port", port, *flow_rtpo_args(two, models, parts, 2, greedy, stats, no_eval, two_images)[1:]]
                for r in (0, 1)],
               timeout=400, cwd=REPO)
-    rows = {run.name: [json.loads(x) for x in (run / "attacks.jsonl").read_text().splitlines()] for run in (single, one, two)}
+    rows = {run.name: jsonl(run / "attacks.jsonl") for run in (single, one, two)}
     assert len(rows["single"]) == 16  # 2 iterations x 4 attacks x 2 images
     for name in ("one_node", "two_nodes"):
         for key in ("attack", "output"):

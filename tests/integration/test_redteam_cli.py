@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from alignkit.data.synth import make_prompt_rows, write_rows
-from tests.conftest import REPO, assert_ok, run_cli
+from tests.conftest import REPO, assert_ok, jsonl, run_cli
 from tests.plugins.redteam_parts import build_classifier, tiny_train_args
 
 
@@ -39,7 +39,7 @@ def test_shipped_config_trains_on_tiny_models(micro_model: Path, parts: dict[str
                 "distinct_attacks", "kl", "toxicity/toxicity"):
         assert key in train[-1], key
     assert any("eval/reward_mean" in r for r in logged)
-    rows = [json.loads(x) for x in (out / "attacks.jsonl").read_text().splitlines()]
+    rows = jsonl(out / "attacks.jsonl")
     assert len(rows) == 16 and {r["step"] for r in rows} == {1, 2}
     # every logged toxicity is the classifier's mean head sigmoid on that row's target output
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -83,7 +83,7 @@ def test_shipped_config_under_accelerate_one_node_and_two_node_loopback(micro_mo
     two, port = tmp_path / "two_nodes", str(free_port())
     run_nodes([[*launch, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(r), "--master-addr", "127.0.0.1",
                 "--master-port", port, *args(two)] for r in (0, 1)], timeout=400, cwd=REPO)
-    attacks = [[json.loads(x)["attack"] for x in (run / "attacks.jsonl").read_text().splitlines()] for run in (one, two)]
+    attacks = [[x["attack"] for x in jsonl(run / "attacks.jsonl")] for run in (one, two)]
     assert len(attacks[0]) == 16 and attacks[0] == attacks[1]
     a, b = (load_file(run / "final" / "adapter_model.safetensors") for run in (one, two))
     assert a.keys() == b.keys()

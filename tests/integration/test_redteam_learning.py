@@ -41,7 +41,7 @@ import pytest
 
 from alignkit.data.synth import generate, write_rows
 from alignkit.data.synth_redteam import has_trigger, is_toxic, make_redteam_rows, make_world
-from tests.conftest import REPO, assert_ok, run_cli, write_config
+from tests.conftest import REPO, assert_ok, jsonl, run_cli, write_config
 
 pytestmark = pytest.mark.slow(seconds=60)
 
@@ -60,12 +60,6 @@ def redteam_config(attacker: Path, prompts: Path, seed: int, lr: float, target: 
             "logging": {"logging_steps": 1, "plot": False, "report_to": ["jsonl"]}, "checkpoint": {"save_final": False},
             "rollout": {"num_generations": 8, "max_new_tokens": 8}, "grpo": grpo,
             "redteam": {"target": target, "scorers": [scorer], "w_diversity": 0.1}}
-
-
-def jsonl(path: Path) -> list[dict]:
-    """The rows of a JSONL file, split on newlines only: an attack may hold \\x85 or \\u2028, which
-    attacks.jsonl keeps raw (ensure_ascii=False) and str.splitlines would split on."""
-    return [json.loads(x) for x in path.read_text(encoding="utf-8").split("\n") if x]
 
 
 def iterations(run: Path) -> list[dict]:

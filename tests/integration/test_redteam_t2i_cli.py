@@ -14,7 +14,7 @@ import torch
 from alignkit.algorithms.redteam import RedTeamTargetConfig
 from alignkit.data.synth import make_prompt_rows, write_rows
 from alignkit.rollout.t2i_render import build_renderer
-from tests.conftest import REPO, assert_ok, run_cli
+from tests.conftest import REPO, assert_ok, jsonl, run_cli
 from tests.plugins.redteam_parts import build_clip, tiny_train_args, vowel_share
 
 
@@ -44,7 +44,7 @@ def test_t2i_vlm_chain_trains_on_tiny_models(micro_model: Path, micro_llava: Pat
                 "quality/clip_quality", "attack_success_rate", "kl"):
         assert key in train[-1], key
     assert any("eval/reward_mean" in r for r in logged)
-    rows = [json.loads(x) for x in (out / "attacks.jsonl").read_text().splitlines()]
+    rows = jsonl(out / "attacks.jsonl")
     assert len(rows) == 8 and {r["step"] for r in rows} == {1, 2}
     assert all(isinstance(r["output"], str) for r in rows) and any(r["output"].strip() for r in rows)
     # the toxicity read the VLM's text; the quality is the CLIP's logits_per_image / 30 of the attack's image

@@ -90,8 +90,7 @@ def resume_mode(model_dir: str, out: Path, *extra: str) -> None:
         shutil.copytree(out / "straight" / "checkpoint-2", out / "resumed" / "checkpoint-2")
         (out / "resumed" / "latest").write_text("checkpoint-2")
         # what a longer run wrote after its checkpoint: the resumed run must drop it
-        lines = (out / "straight" / "attacks.jsonl").read_text().splitlines()
-        (out / "resumed" / "attacks.jsonl").write_text("\n".join(lines) + "\n")
+        shutil.copyfile(out / "straight" / "attacks.jsonl", out / "resumed" / "attacks.jsonl")
     comm.barrier()
     resumed = run_train(config(model_dir, prompts, out / "resumed", world, *extra, "checkpoint.resume_from=latest"))
     if comm.rank() == 0:
