@@ -50,6 +50,9 @@ def test_page_blocks_run(page: Path, tmp_path: Path) -> None:
             else:
                 proc = run_cli(list(cmd), cwd=tmp_path, timeout=600)
             assert_ok(proc)
+    # what a page writes goes under runs/ (models/ for the seed guides' Safe-RLHF chain): nothing in a clone's root
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert set(left) <= {"configs", "scripts", "runs", "models"}, f"{page.name}: its blocks wrote {left} (issue 42.7)"
     if any(b.mode == "run" for b in read_blocks(page, DOCS)):
         assert list(tmp_path.glob("runs/**/metrics.jsonl")) or list(tmp_path.glob("models/**/metrics.jsonl")), \
             f"{page.name}: the run blocks left no run"
