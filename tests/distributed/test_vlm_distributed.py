@@ -57,8 +57,8 @@ def test_train_multi_gpu_script_runs_the_shipped_pretrain_config(micro_llava: Pa
                                                                    tmp_path: Path) -> None:
     (tmp_path / "runs").mkdir()
     os.symlink(micro_llava, tmp_path / "runs" / "tiny-llava")
-    (tmp_path / "data").mkdir()
-    os.symlink(shapes_dir, tmp_path / "data" / "shapes")
+    (tmp_path / "runs" / "data").mkdir()
+    os.symlink(shapes_dir, tmp_path / "runs" / "data" / "shapes")  # where configs/vlm_pretrain.yaml reads it
     env = child_env(PYTHON=sys.executable, MASTER_PORT=str(free_port()))
     proc = subprocess.run(["bash", str(REPO / "scripts" / "train_multi_gpu.sh"), str(REPO / "configs" / "vlm_pretrain.yaml"),
                            "pretrain", "2", "training.max_steps=2", "logging.plot=false"],
