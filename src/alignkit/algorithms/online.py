@@ -70,6 +70,11 @@ class RolloutConfig:
         "disable_dropout: the old log-probs are taken in train mode, and with dropout (LoRA's 0.05) the first "
         "update's ratio would be noise instead of exactly 1.")
 
+    @property
+    def steps_per_iteration(self) -> int:
+        """Optimizer steps per iteration: ``update_epochs`` passes x ``mini_batches`` slices."""
+        return self.update_epochs * self.mini_batches
+
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             ENGINES.get(self.engine)  # one line with the closest name
@@ -124,8 +129,7 @@ class OnlineAlgorithm(Algorithm):
     def updates_per_iteration(self) -> int:
         """Optimizer steps per iteration: ``rollout.update_epochs`` x ``rollout.mini_batches``; above 1 the old
         log-probs must be stored (a later step's policy is not the one that sampled)."""
-        r = self.cfg.section(RolloutConfig)
-        return r.update_epochs * r.mini_batches
+        return self.cfg.section(RolloutConfig).steps_per_iteration
 
     @property
     def sampling_temperature(self) -> float:

@@ -224,7 +224,7 @@ class OnlineTrainer:
                       f"accumulation={b.accumulation} x {self.strategy.dp_size} processes) = {self.per_iteration} "
                       f"prompts x {self.G} generations per iteration")
         self.log.info(f"Training: {len(self.prompts)} prompts, {steps.per_epoch} optimizer steps per epoch, {steps.total} "
-                      f"steps in all ({r.update_epochs * r.mini_batches} per iteration), lr={self.plan.lr:.3g}, "
+                      f"steps in all ({r.steps_per_iteration} per iteration), lr={self.plan.lr:.3g}, "
                       f"{self.algo.sampling_summary()}")
 
     def _epoch(self, state: TrainState) -> float:
@@ -284,7 +284,7 @@ def online_step_plan(n_prompts: int, b: BatchPlan, cfg: RunConfig) -> StepPlan:
     iterations = n_prompts // per_iteration
     if iterations == 0:
         raise DataError(f"the prompt set has {n_prompts} prompts, fewer than the {per_iteration} one iteration needs")
-    per_epoch = iterations * cfg.section(RolloutConfig).update_epochs * cfg.section(RolloutConfig).mini_batches
+    per_epoch = iterations * cfg.section(RolloutConfig).steps_per_iteration
     t = cfg.training
     total = t.max_steps if t.max_steps is not None else max(1, math.ceil(per_epoch * t.epochs))
     return StepPlan(iterations * b.accumulation, per_epoch, total)
