@@ -15,7 +15,7 @@ from alignkit.distributed.env import read_env
 from alignkit.distributed.strategy.base import pick_backend, pick_compute_dtype, pick_device
 from alignkit.errors import UserError
 from alignkit.models.loading import load_tokenizer
-from alignkit.train.run_plan import plan_run, plan_steps
+from alignkit.train.run_plan import StepPlan, plan_run, plan_steps
 
 
 def applying_yaml(cfg: RunConfig) -> str:
@@ -54,12 +54,11 @@ def print_plan(config: str, overrides: list[str], *, world_size: int | None = No
     else:
         n_train = len(algo.data.build_dataset(cfg.data.train, "train"))
     from alignkit.algorithms.online import OnlineAlgorithm
-    from alignkit.train.online_loop import online_steps
+    from alignkit.train.online_loop import check_groups
 
-    # an online run's steps are its iterations' (each draws global_batch / num_generations prompts), as it trains
-    online = isinstance(algo, OnlineAlgorithm)
-    steps = (online_steps(n_train, run, cfg) if online else run.with_steps(n_train, cfg.training)).steps
-    assert steps is not None
+    if isinstance(algo, OnlineAlgorithm):
+        check_groups(run, cfg)  # as the online loop does before it counts its steps
+    steps = step_plan(algo, n_train, plan, cfg)
     print("# resolved config")
     print(applying_yaml(cfg).rstrip())
     print("# plan")
@@ -101,18 +100,19 @@ def batch_growth_note(cfg: RunConfig, processes: int) -> str | None:
         try:  # the epoch's length needs the tokenized data (validate's count); unreadable here = left out
             algo = ALGORITHMS.get(cfg.algorithm)(cfg, load_tokenizer(cfg.model))
             n_train = len(algo.data.build_dataset(cfg.data.train, "train"))
-            per_epoch = [epoch_steps(algo, n_train, b, cfg) for b in (many, one)]
+            per_epoch = [step_plan(algo, n_train, b, cfg).per_epoch for b in (many, one)]
             line += f": {per_epoch[0]} optimizer steps per epoch ({per_epoch[1]} on one)"
         except (UserError, OSError):
             pass
     return line + "; set training.global_batch_size to keep the batch whatever the processes"
 
 
-def epoch_steps(algo: object, n_train: int, b: BatchPlan, cfg: RunConfig) -> int:
-    """Optimizer steps per epoch: an online algorithm's iterations draw global_batch / num_generations prompts."""
+def step_plan(algo: object, n_train: int, b: BatchPlan, cfg: RunConfig) -> StepPlan:
+    """The steps of a run over ``n_train`` examples, counted as its loop trains them: an online algorithm's
+    iterations draw global_batch / num_generations prompts each (validate and launch share this count)."""
     from alignkit.algorithms.online import OnlineAlgorithm
     from alignkit.train.online_loop import online_step_plan
 
     if isinstance(algo, OnlineAlgorithm):
-        return online_step_plan(n_train, b, cfg).per_epoch
-    return plan_steps(n_train, b.per_device, b.accumulation, b.world_size, cfg.training).per_epoch
+        return online_step_plan(n_train, b, cfg)
+    return plan_steps(n_train, b.per_device, b.accumulation, b.world_size, cfg.training)
