@@ -61,7 +61,7 @@ WORKLOADS["deep"] = WORKLOADS["0.5b"]
 VARIANTS: list[dict[str, Any]] = [
     {"name": "ak_sft", "side": "alignkit", "algo": "sft", "kind": "sft", "profile": True},
     {"name": "trl_sft_pf", "side": "trl", "algo": "sft", "variant": "padding_free", "kind": "sft", "profile": True},
-    {"name": "ak_dpo", "side": "alignkit", "algo": "dpo", "kind": "dpo"},
+    {"name": "ak_dpo", "side": "alignkit", "algo": "dpo", "kind": "dpo", "profile": True},
     {"name": "trl_dpo", "side": "trl", "algo": "dpo", "variant": "base", "kind": "dpo"},
     {"name": "ak_fill", "side": "alignkit", "algo": "sft", "kind": "sft", "fill": True},
     {"name": "trl_fill", "side": "trl", "algo": "sft", "variant": "padding_free", "kind": "sft", "fill": True},
@@ -72,10 +72,13 @@ VARIANTS: list[dict[str, Any]] = [
     {"name": "trl_gc", "side": "trl", "algo": "sft", "variant": "padding_free", "kind": "sft", "gc": True},
     {"name": "ak_grpo", "side": "alignkit", "algo": "grpo", "kind": None},
     {"name": "trl_grpo", "side": "trl", "algo": "grpo", "kind": None},
+    # training.torch_compile (regional, the decoder blocks) on the GPU-filling workload: its wall time less
+    # ak_fill's is about the compile
+    {"name": "ak_fill_compile", "side": "alignkit", "algo": "sft", "kind": "sft", "fill": True, "compile": True},
 ]
 #: (alignkit row, TRL row) compared in the summary
 PAIRS = [("ak_sft", "trl_sft_pf"), ("ak_sft", "trl_sft_padded"), ("ak_dpo", "trl_dpo"), ("ak_lora", "trl_lora"),
-         ("ak_gc", "trl_gc"), ("ak_fill", "trl_fill"), ("ak_grpo", "trl_grpo")]
+         ("ak_gc", "trl_gc"), ("ak_fill", "trl_fill"), ("ak_grpo", "trl_grpo"), ("ak_fill_compile", "trl_fill")]
 #: seconds one variant may take at most (GPU / CPU), and the least worth starting
 CAP_S = {"cuda": 150, "cpu": 600}
 MIN_S = {"cuda": 25, "cpu": 20}
@@ -108,7 +111,7 @@ def alignkit_config(v: dict[str, Any], wl: dict[str, Any], paths: dict[str, Path
                                        "progress_bar": "off", "plot": False}}
     train = {"per_device_batch_size": s["batch"], "gradient_accumulation_steps": s["accum"], "learning_rate": 1.0e-5,
              "lr_scheduler": "constant", "warmup_steps": 0, "max_steps": steps or s["steps"], "max_grad_norm": 1.0,
-             "weight_decay": 0.0, "seed": 0}
+             "weight_decay": 0.0, "seed": 0, "torch_compile": bool(v.get("compile"))}
     if v["algo"] == "sft":
         cfg["data"] = {"train": str(paths["data"] / "sft.jsonl"), "max_length": wl["max_length"], "packing": True}
         cfg["sft"] = {"loss_on": "all"}  # TRL's objective on messages rows
@@ -297,7 +300,9 @@ class Bench:
             self.save()
             log(f"setup failed: see {self.work / 'logs'}")
             return 1
-        chosen = [v for v in VARIANTS if not self.a.only or v["name"] in self.a.only.split(",")]
+        only = [x for x in self.a.only.split(",") if x]  # --only's order is the run order
+        chosen = sorted((v for v in VARIANTS if not only or v["name"] in only),
+                        key=lambda v: only.index(v["name"]) if only else 0)
         no_trl = "--skip-trl" if self.a.skip_trl else None
         if not no_trl and any(v["side"] == "trl" for v in chosen):
             no_trl = self.trl_ready()
@@ -318,7 +323,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--size", choices=("0.5b", "micro"), default=None, help="default: 0.5b on cuda, micro on cpu")
-    p.add_argument("--only", default="", help="comma-separated variant names: " + ",".join(v["name"] for v in VARIANTS))
+    p.add_argument("--only", default="", help="comma-separated variant names, run in this order: " + ",".join(v["name"] for v in VARIANTS))
     p.add_argument("--skip-trl", action="store_true", help="alignkit rows only")
     p.add_argument("--no-profile", action="store_true", help="no torch.profiler trace")
     p.add_argument("--budget", type=float, default=450.0, help="seconds for the whole run (variants past it are skipped)")

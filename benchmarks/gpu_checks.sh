@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/gpu-checks}; SITE=${GPU_CHECKS_SITE:-/tmp/alignkit-gpu-site}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$WHEELS"/*.whl \
   >"$OUT/pip.log" 2>&1 || echo "pip install of $WHEELS failed: $OUT/pip.log" | tee -a "$OUT/gpu-tests.log"
-export PYTHONPATH=$PWD/src:$SITE:${PYTHONPATH:-} PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
+export PYTHONPATH=$PWD/src:$SITE:$PWD/benchmarks:${PYTHONPATH:-} PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
   python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda,
@@ -20,6 +20,8 @@ export PYTHONPATH=$PWD/src:$SITE:${PYTHONPATH:-} PATH=$SITE/bin:$PATH PYTHONUNBU
 # only the files holding gpu-marked tests (collecting every test module would import optional packages)
 FILES=$(grep -rl --include='test_*.py' "mark.gpu" tests | sort)
 # pyproject's addopts ask for pytest-xdist: not needed (nor installed) here
-timeout -k 10 "${GPU_CHECKS_TIMEOUT:-480}" python3 -m pytest -o addopts="" -p no:cacheprovider -q -rA -m gpu \
-  --junitxml "$OUT/gpu-tests.xml" $FILES 2>&1 | tee -a "$OUT/gpu-tests.log"
+# -v and pytest_instafail: each test's outcome, and a failure's traceback, are in the log as they happen (a run
+# cut by its time limit keeps them; pytest's own summary comes only at the end)
+timeout -k 10 "${GPU_CHECKS_TIMEOUT:-480}" python3 -m pytest -o addopts="" -p no:cacheprovider -p pytest_instafail \
+  -v --tb=short -rA -m gpu --junitxml "$OUT/gpu-tests.xml" $FILES 2>&1 | tee -a "$OUT/gpu-tests.log"
 exit "${PIPESTATUS[0]}"

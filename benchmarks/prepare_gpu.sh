@@ -15,6 +15,7 @@ set -euo pipefail
 DEST=${1:?usage: prepare_gpu.sh DEST}
 PY_VERSION=${PY_VERSION:-3.12}
 rm -rf "$DEST"; mkdir -p "$DEST"
+DEST=$(cd "$DEST" && pwd)  # absolute: the DeepSpeed wheel is built from another folder
 P=(--no-deps --only-binary=:all: --python-version "$PY_VERSION" --implementation cp --platform manylinux_2_28_x86_64
    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$DEST")
 python3 -m pip download -q "${P[@]}" trl==1.16.0 transformers==5.23.0 tokenizers==0.23.3 datasets==5.2.0 peft==0.21.2 \
