@@ -4,10 +4,10 @@ Every generation goes through this interface (ARCHITECTURE 7b): online rollouts,
 ``alignkit generate`` (:func:`alignkit.rollout.generate.generate`,
 :func:`alignkit.rollout.vlm_generate.generate_with_images`), Safe-MM-DPO's on-policy cost estimate. The engine owns the padding policy (left-padded batches of
 ``SamplingParams.batch_size`` prompts), pad / EOS, sampling and decoding, so a generator is a registry
-entry: Hugging Face ``generate`` with the KV cache is the engine now; a vLLM / SGLang engine is one more
-entry that receives the same :class:`Prompt` s and returns the same :class:`Generations`. Log-probs of
-the completions are computed afterwards by the training forward (``forward_logps``), so the old
-log-probs match the training numerics exactly and the first PPO ratio is 1.
+entry: Hugging Face ``generate`` with the KV cache (``hf``) and vLLM (``vllm``, rollout/vllm_engine.py) receive
+the same :class:`Prompt` s and return the same :class:`Generations`. Log-probs of the completions are computed
+afterwards by the training forward (``forward_logps``), so with ``hf`` the old log-probs match the training
+numerics exactly and the first PPO ratio is 1 (another sampler's are corrected for: ``importance_sampling``).
 
 The engine gets the plain module to generate with: the caller enters ``Strategy.full_params`` once per
 rollout (FSDP2 / ZeRO-3 gather the parameters once, never per token), or, with
@@ -36,6 +36,7 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
 import torch
 from torch import nn
 
+from alignkit.distributed.env import read_env
 from alignkit.progress import track
 from alignkit.registry import Registry
 
@@ -89,8 +90,6 @@ class EngineRun:
     @classmethod
     def of(cls, cfg: Any, max_new_tokens: int) -> EngineRun:
         """The facts of run config ``cfg`` generating up to ``max_new_tokens`` after a prompt."""
-        from alignkit.distributed.env import read_env
-
         return cls(cfg.data.max_length + max_new_tokens, cfg.model.dtype, read_env().world_size)
 
 
