@@ -74,7 +74,7 @@ def main() -> None:
         row["hf"] = rollout_rate(HFEngine(tok), model, rows, params, args.repeats)
         vllm = VLLMEngine(tok, VLLMConfig(), max(len(p) for p in prompts) + args.max_new_tokens)
         start = time.perf_counter()
-        vllm.sync(model)  # builds the engine and pushes the weights
+        vllm.sync_weights(model)  # builds the engine and pushes the weights
         row["vllm_start_s"] = round(time.perf_counter() - start, 1)
         row["vllm"] = rollout_rate(vllm, model, rows, params, args.repeats)
         row["vllm_over_hf"] = round(row["vllm"]["tokens_per_s"] / row["hf"]["tokens_per_s"], 2)

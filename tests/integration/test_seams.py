@@ -1,8 +1,9 @@
-"""The seams, proven from outside the package (ARCHITECTURE 7, 7b; docs/architecture.md "how to add"):
+"""The seams, proven from outside the package (ARCHITECTURE 7, 7b, 9b; docs/architecture.md "how to add"):
 a toy red-team algorithm whose rollout sends the policy's completions through a frozen ``target`` role
-before scoring (tests/plugins/redteam_toy.py), and a toy non-token model kind trained by alignkit's own
-GRPO (tests/plugins/bandit_kind.py). Both are registered by the config's ``plugins:`` and trained
-through the CLI, in one process and under 2-process DDP."""
+before scoring (tests/plugins/redteam_toy.py), a toy non-token model kind trained by alignkit's own
+GRPO (tests/plugins/bandit_kind.py), and a rollout engine that records its lifecycle
+(tests/plugins/recording_engine.py). Each is registered by the config's ``plugins:`` and trained
+through the CLI (the first two in one process and under 2-process DDP)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,29 @@ def test_a_plugin_model_kind_is_trained_by_grpo(micro_model: Path, prompts: Path
     policy = BanditKind().build(type("Spec", (), {"source": str(final)})(), None, torch.float32, None)
     p_c = policy.table.detach().softmax(1)[:, 2]
     assert isinstance(policy, TablePolicy) and float(p_c.max()) >= 0.9  # "C" learned for the prompts' context
+
+
+def test_a_plugin_rollout_engine_runs_its_lifecycle(micro_model: Path, prompts: Path, tmp_path: Path) -> None:
+    """``rollout.engine: recording``, built from its own section; every generation (the step-0 evaluation, two
+    rollouts, the final evaluation) is one phase sync_weights -> wake -> generate -> sleep, and the weights count as
+    changed exactly where an optimizer step came between two phases. The memory planner leaves the engine its share."""
+    out, calls = tmp_path / "run", tmp_path / "calls.jsonl"
+    evals = write_rows(make_prompt_rows(3, seed=1), tmp_path / "eval.jsonl")
+    cfg = base(micro_model, prompts, out, 1, plugins=["tests.plugins.recording_engine"], algorithm="grpo",
+               data={"eval": str(evals)}, rollout={"max_new_tokens": 6, "engine": "recording"},
+               recording_engine={"log": str(calls), "reserved": 0.25},
+               reward={"functions": [{"name": "length"}]})
+    logged = train(cfg, tmp_path, 1)
+    steps = [r for r in logged if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["loss"] == r["loss"] for r in steps)
+    assert [r["step"] for r in logged if "eval/reward_mean" in r] == [0, 2]
+    record = [json.loads(x) for x in calls.read_text().splitlines()]
+    assert record[0] == {"call": "from_settings", "rank": 0, "max_model_len": 48 + 6, "dtype": "auto"}
+    phases = [record[i : i + 4] for i in range(1, len(record), 4)]
+    assert [[c["call"] for c in p] for p in phases] == [["sync_weights", "wake", "generate", "sleep"]] * 4, record
+    # step-0 eval (first push), rollout 1 (same weights), rollout 2 (after step 1), final eval (after step 2)
+    assert [p[0]["changed"] for p in phases] == [True, False, True, True]
+    assert [(p[2]["prompts"], p[2]["temperature"]) for p in phases] == [(3, 0.0), (8, 1.0), (8, 1.0), (3, 0.0)]
+    estimate = run_cli(["estimate", str(tmp_path / "run.yaml"), "--gpu-memory", "80GB"], cwd=REPO)
+    assert_ok(estimate)
+    assert f"{(0.9 - 0.25) * 80:.1f} GB usable" in estimate.stdout.splitlines()[-1], estimate.stdout

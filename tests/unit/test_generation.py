@@ -203,7 +203,8 @@ def test_cost_estimate_samples_through_the_engine(llava: tuple[nn.Module, Any], 
     for r, p in zip(requests, prompts):
         assert r.inputs is not None
         assert torch.equal(r.inputs["pixel_values"], pixel_inputs(processor, p.images)["pixel_values"])
-    got = sample_responses(model, processor.tokenizer, requests, max_new_tokens=6, do_sample=False, temperature=1.0)
+    got = sample_responses(model, build_engine("hf", processor.tokenizer), requests, max_new_tokens=6, do_sample=False,
+                           temperature=1.0)
     tok = processor.tokenizer
     ids, mask = left_pad([r.ids for r in requests], tok.pad_token_id)
     with torch.no_grad():

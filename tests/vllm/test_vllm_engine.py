@@ -6,7 +6,8 @@ DDP, ``alignkit generate`` and server tests start processes of their own (an eng
 
 * greedy completions equal HF generate's for the same weights and prompts;
 * after an optimizer step (full fine-tuning, and LoRA with its adapters merged on the way) they equal HF's
-  from the updated weights, and differ from the ones before the step (the weights really moved in);
+  from the updated weights, and differ from the ones before the step (the weights really moved in); before the
+  step's weights are pushed (``sync_weights``) the engine refuses to generate;
 * sampled completions: one request with n samples per prompt group, and the engine's log-probs of the
   sampled tokens equal the trainer's forward at the sampling temperature (importance ratio ~1);
 * GRPO with ``engine: vllm`` learns the digit task (the online learning test's threshold), in one process,
@@ -33,7 +34,7 @@ import torch
 pytest.importorskip("vllm")
 
 from alignkit.models.tiny import build_tiny_model
-from alignkit.rollout.engine import HFEngine, SamplingParams
+from alignkit.rollout.engine import HFEngine, SamplingParams, generate_once
 from alignkit.rollout.vllm_engine import VLLMConfig, VLLMEngine
 from tests.conftest import assert_ok, run_cli
 
@@ -78,7 +79,7 @@ GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
 
 
 def both(engine: VLLMEngine, hf: HFEngine, model: Any, prompts: list[list[int]]) -> tuple[Any, Any]:
-    return engine.generate(model, prompts, GREEDY), hf.generate(model, prompts, GREEDY)
+    return generate_once(engine, model, prompts, GREEDY), generate_once(hf, model, prompts, GREEDY)
 
 
 def test_greedy_equals_hf_generate(setup: tuple[Any, Any, list[list[int]]], engine: VLLMEngine) -> None:
@@ -88,7 +89,7 @@ def test_greedy_equals_hf_generate(setup: tuple[Any, Any, list[list[int]]], engi
     assert v.completion_ids == h.completion_ids
     assert v.finish_reasons == h.finish_reasons and v.texts == h.texts
     assert "stop" in v.finish_reasons  # the SFT policy ends its answers with EOS (kept, as HF's)
-    assert not engine.sync(model)  # unchanged weights are not pushed again
+    assert not engine.sync_weights(model)  # unchanged weights are not pushed again
 
 
 def lm_step(model: Any, prompts: list[list[int]], lr: float) -> None:
@@ -116,6 +117,8 @@ def test_greedy_equal_after_an_optimizer_step(setup: tuple[Any, Any, list[list[i
     before, h0 = both(engine, hf, model, prompts)
     assert before.completion_ids == h0.completion_ids
     lm_step(model, prompts, lr=3e-2)
+    with pytest.raises(RuntimeError, match="sync_weights"):  # the step's weights are not in the engine yet
+        engine.generate(model, prompts, GREEDY)
     after, h1 = both(engine, hf, model, prompts)
     assert after.completion_ids == h1.completion_ids  # the engine generates from the updated weights
     assert after.completion_ids != before.completion_ids  # ... which changed the completions
@@ -134,7 +137,7 @@ def test_sampling_groups_and_logps(setup: tuple[Any, Any, list[list[int]]], engi
     rows = [p for p in prompts[:4] for _ in range(8)]  # 4 groups of 8, as a GRPO rollout sends them
     params = SamplingParams(max_new_tokens=8, temperature=0.7, top_p=1.0)
     torch.manual_seed(0)
-    gens = engine.generate(model, rows, params)
+    gens = generate_once(engine, model, rows, params)
     assert len(gens.completion_ids) == 32 and gens.logps is not None
     assert all(len(lp) == len(c) for lp, c in zip(gens.logps, gens.completion_ids))
     assert len({tuple(c) for c in gens.completion_ids[:8]}) > 1  # a group's samples differ

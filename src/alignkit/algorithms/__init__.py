@@ -1,7 +1,8 @@
 """Algorithms by the name the config's ``algorithm`` key uses.
 
-Importing this package registers every algorithm and its config section (config/sections.py); entry
-points that load a config (the CLI, the runner, scripts) import it first."""
+Importing this package registers every algorithm and its config section (config/sections.py), and every
+shipped rollout engine with its section (``vllm:``); entry points that load a config (the CLI, the runner,
+scripts) import it first."""
 
 from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
 from alignkit.algorithms.dpo import DPO
@@ -21,6 +22,7 @@ from alignkit.algorithms.vlm import VLMSFT
 from alignkit.config.schema import RunConfig
 from alignkit.config.sections import ALGORITHMS, register_algorithm
 from alignkit.models.roles import Workload
+from alignkit.rollout.engine import load_engines
 
 for _name, _cls in (("sft", SFT), ("reward_model", RewardModel), ("cost_model", CostModel), ("dpo", DPO),
                     ("safe_dpo", SafeDPO), ("vlm_sft", VLMSFT), ("flow_sft", FlowSFT), ("orpo", ORPO),
@@ -28,6 +30,7 @@ for _name, _cls in (("sft", SFT), ("reward_model", RewardModel), ("cost_model", 
     register_algorithm(_name)(_cls)
 for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam, FlowGRPO, FlowRTPO):  # the online loop's algorithms
     register_algorithm(_online.name)(_online)
+load_engines()  # the engines' sections are read from the config like the algorithms'
 
 
 def workload_of(cfg: RunConfig) -> Workload:

@@ -11,11 +11,12 @@ from typing import Any
 
 from torch import nn
 
+from alignkit.algorithms.online import RolloutConfig
 from alignkit.data.io import Row
 from alignkit.data.preference import as_chat
 from alignkit.data.safety import prompt_ids
 from alignkit.data.tokenize import render_chat
-from alignkit.rollout.engine import Prompt, SamplingParams, build_engine
+from alignkit.rollout.engine import Prompt, RolloutEngine, SamplingParams, build_engine, generate_once
 from alignkit.rollout.vlm_generate import image_prompt
 from alignkit.scoring import EstimatePrompt, prompt_images
 
@@ -35,14 +36,20 @@ def prompt_inputs(tokenizer: Any, prompts: list[EstimatePrompt], *, chat_templat
     return requests
 
 
-def sample_responses(lm: nn.Module, tokenizer: Any, prompts: list[Prompt], *, max_new_tokens: int,
+def estimate_engine(cfg: Any, tokenizer: Any, max_new_tokens: int) -> RolloutEngine:
+    """The run's rollout engine (``rollout.engine``, built from its settings) for the estimate's responses of up to
+    ``max_new_tokens``."""
+    return build_engine(cfg.section(RolloutConfig).engine, tokenizer, cfg, max_new_tokens=max_new_tokens)
+
+
+def sample_responses(lm: nn.Module, engine: RolloutEngine, prompts: list[Prompt], *, max_new_tokens: int,
                      do_sample: bool, temperature: float) -> list[str]:
-    """Responses of the HF causal LM ``lm`` (special tokens stripped) to the requests of
-    :func:`prompt_inputs`, by the rollout engine in ONE batch: the batch split decides which random numbers
-    each row's draws take, so one batch keeps a seeded estimate's samples what they were. ``lm`` is put in
+    """Responses of the HF causal LM ``lm`` (special tokens stripped) to the requests of :func:`prompt_inputs`, by
+    ``engine`` (:func:`estimate_engine`) in ONE batch and one generation phase: the batch split decides which random
+    numbers each row's draws take, so one batch keeps a seeded estimate's samples what they were. ``lm`` is put in
     eval mode for the call and restored."""
     params = SamplingParams(max_new_tokens, temperature if do_sample else 0.0, batch_size=max(1, len(prompts)))
-    return build_engine("hf", tokenizer).generate(lm, prompts, params).texts
+    return generate_once(engine, lm, prompts, params).texts
 
 
 def prompt_share(n_prompts: int, total: int, estimate: int, rank: int, world: int) -> list[int]:

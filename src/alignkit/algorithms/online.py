@@ -31,14 +31,20 @@ import torch
 from alignkit.algorithms.base import Algorithm, Batch, Context, Example, MetricSums
 from alignkit.algorithms.reward import RewardConfig
 from alignkit.config.schema import RunConfig, f
-from alignkit.config.sections import register_section
+from alignkit.config.sections import register_section, section_name
 from alignkit.data.prompts import PromptData
 from alignkit.losses.rl import sampler_is_weights
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
-from alignkit.rollout.engine import ENGINES, Generations
+from alignkit.rollout.engine import (
+    ENGINES,
+    Generations,
+    ImportanceSampling,
+    RolloutEngine,
+    engine_class,
+    engine_settings,
+)
 from alignkit.rollout.experience import Sample, collate_samples, flat, per_sequence, token_seq, tokens_in
 from alignkit.rollout.score import Scorer
-from alignkit.rollout.vllm_engine import VLLMConfig
 
 
 @register_section("rollout")
@@ -56,7 +62,8 @@ class RolloutConfig:
         "ranks; the later slices are scored by a policy that has moved (ratio != 1, clipped). Each rank's samples "
         "per iteration (per_device x accumulation) must be a multiple of it.", gt=0)
     engine: str = f("hf", "Rollout engine by name: hf = Hugging Face generate with the KV cache; vllm = a colocated "
-                    "vLLM engine (the vllm: section; needs the vllm extra).")
+                    "vLLM engine (the vllm: section; needs the vllm extra); or one a plugin registers. The engine "
+                    "reads its own section.")
     gather_full_params: bool = f(
         True, "FSDP2 / ZeRO-3: gather the full policy ONCE per rollout for generation; false = generate on the "
         "sharded model (parameters gathered per forward: slow, for models too big to gather).")
@@ -76,8 +83,13 @@ class RolloutConfig:
         return self.update_epochs * self.mini_batches
 
     def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            ENGINES.get(self.engine)  # one line with the closest name
+        engine_class(self.engine)  # an unknown name: one line with the closest name
+
+
+def run_engine(cfg: RunConfig) -> tuple[type[RolloutEngine], Any]:
+    """The class of the run's ``rollout.engine`` and its settings (its own section of ``cfg``; None without one)."""
+    engine = engine_class(cfg.section(RolloutConfig).engine)
+    return engine, engine_settings(engine, cfg)
 
 
 class OnlineAlgorithm(Algorithm):
@@ -85,7 +97,7 @@ class OnlineAlgorithm(Algorithm):
     :meth:`rollout` (default: generate -> score -> :meth:`make_experience`) and its :meth:`evaluate`."""
 
     name: str = "online"
-    config_sections = ("rollout", "reward", "vllm")
+    config_sections = ("rollout", "reward")
     #: :meth:`evaluate` runs on every rank, also one with no eval prompt (fewer prompts than ranks): the gathers and
     #: forwards of a sharded policy (FSDP2 / ZeRO-3) are collectives every rank must join
     evaluate_on_every_rank: bool = False
@@ -96,12 +108,22 @@ class OnlineAlgorithm(Algorithm):
         self.reference = "none"
 
     @classmethod
+    def own_sections(cls) -> list[str]:
+        """Its sections and the engines' (``vllm:``): ``rollout.engine`` picks which one is read."""
+        engines = [section_name(t) for t in (ENGINES.get(n).settings_type for n in ENGINES) if t is not None]
+        return [*super().own_sections(), *engines]
+
+    @classmethod
     def reserved_memory_fraction(cls, cfg: RunConfig) -> float:
-        """``engine: vllm``: the engine's ``vllm.gpu_memory_utilization`` (none with sleep mode, which hands
-        the memory back during the update)."""
-        v = cfg.section(VLLMConfig)
-        uses = cfg.section(RolloutConfig).engine == "vllm" and not v.sleep_mode
-        return v.gpu_memory_utilization if uses else 0.0
+        """What the run's rollout engine holds through the update (``vllm.gpu_memory_utilization`` unless it sleeps)."""
+        engine, settings = run_engine(cfg)
+        return engine.reserved_memory_fraction(settings)
+
+    def importance_sampling(self) -> ImportanceSampling | None:
+        """How the loss weights the tokens the run's engine sampled (``vllm.importance_sampling_*``); None: the
+        engine samples the trainer's distribution exactly."""
+        engine, settings = run_engine(self.cfg)
+        return engine.importance_sampling(settings)
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         """Once before the first rollout (``train_set``: the prompt rows): with ``rollout.disable_dropout``
@@ -184,9 +206,9 @@ class OnlineAlgorithm(Algorithm):
                 s["loss_mask"] = [0.0 if cut else 1.0] * len(s["completion_ids"])
 
     def keep_sampler_logps(self, samples: list[Sample], gens: Generations) -> None:
-        """``vllm.importance_sampling``: each sample keeps the sampler's log-probs of its tokens
-        (``sampler_logps``) when the engine reports them, for the loss's importance weights."""
-        if gens.logps is not None and self.cfg.section(VLLMConfig).importance_sampling:
+        """Each sample keeps the sampler's log-probs of its tokens (``sampler_logps``) when the engine reports
+        them and the loss corrects for them (:meth:`importance_sampling`), for the loss's importance weights."""
+        if gens.logps is not None and self.importance_sampling() is not None:
             for s, logps in zip(samples, gens.logps):
                 s["sampler_logps"] = logps
 
@@ -194,14 +216,14 @@ class OnlineAlgorithm(Algorithm):
         """``(N,)`` the importance weights of the tokens a rollout engine sampled (``sampler_logps`` in the batch:
         pi_old / pi_sampler, truncated or masked per ``vllm.importance_sampling_*``), their mean / max and the
         share changed by the cap logged over the ``keep`` tokens; all ones without ``sampler_logps``."""
-        if "sampler_logps" not in batch:
+        v = self.importance_sampling()
+        if "sampler_logps" not in batch or v is None:
             return torch.ones_like(old_logps)
-        v = self.cfg.section(VLLMConfig)
         ratio = sampler_is_weights(old_logps, flat(batch, "sampler_logps"), cap=float("inf"),
-                                   mode=v.importance_sampling_mode, seq=token_seq(batch),
+                                   mode=v.mode, seq=token_seq(batch),
                                    num_seqs=int(batch["response_lengths"].shape[0]))
-        w = sampler_is_weights(old_logps, flat(batch, "sampler_logps"), cap=v.importance_sampling_cap,
-                               mode=v.importance_sampling_mode, seq=token_seq(batch),
+        w = sampler_is_weights(old_logps, flat(batch, "sampler_logps"), cap=v.cap,
+                               mode=v.mode, seq=token_seq(batch),
                                num_seqs=int(batch["response_lengths"].shape[0]))
         m.add_masked_mean("sampler_is_ratio", ratio, keep)  # before the cap: how far the two samplers differ
         m.add_masked_mean("sampler_is_weight", w, keep)

@@ -40,9 +40,10 @@ from typing import Any, Literal
 import torch
 
 from alignkit.algorithms.base import Batch, Context, Example, MetricSums
-from alignkit.algorithms.cost_estimate import prompt_inputs, prompt_share, sample_responses
+from alignkit.algorithms.cost_estimate import estimate_engine, prompt_inputs, prompt_share, sample_responses
 from alignkit.algorithms.dpo import DPO, DPOConfig, PairValues, cache_pair_values, dpo_reference
 from alignkit.algorithms.lagrange import DualConfig, Multiplier
+from alignkit.algorithms.online import run_engine
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.io import DataError, read_rows
@@ -180,6 +181,14 @@ class SafeDPO(DPO):
         return [r for r, need in (("reward", v.needs_reward), ("cost", v.needs_cost or s.cost_eval_every > 0)) if need]
 
     @classmethod
+    def reserved_memory_fraction(cls, cfg: RunConfig) -> float:
+        """What the J_C estimate's rollout engine (``rollout.engine``) holds through training, where it estimates."""
+        if not cfg.section(SafeDPOConfig).cost_eval_every:
+            return 0.0
+        engine, settings = run_engine(cfg)
+        return engine.reserved_memory_fraction(settings)
+
+    @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
         _check_config(cfg)
         s = cfg.section(SafeDPOConfig)
@@ -284,12 +293,13 @@ class SafeDPO(DPO):
         prompts = [self.prompts[i] for i in idx]
         chat, tok = self.cfg.data.chat_template, self.text_tokenizer
         requests = prompt_inputs(tok, prompts, chat_template=chat, processor=self.processor)
+        engine = estimate_engine(self.cfg, tok, s.cost_max_new_tokens)
         accelerated = strategy.device.type != "cpu"  # fork the device's generator too, where there is one
         with torch.random.fork_rng(devices=[strategy.device] if accelerated else [], device_type=strategy.device.type
                                    if accelerated else None):
             torch.manual_seed(self.cfg.training.seed * 1_000_003 + estimate * 1_009 + strategy.dp_rank)
             with strategy.full_params(models.handles["policy"].module) as module, strategy.autocast():
-                responses = sample_responses(hf_model(module), tok, requests, max_new_tokens=s.cost_max_new_tokens,
+                responses = sample_responses(hf_model(module), engine, requests, max_new_tokens=s.cost_max_new_tokens,
                                              do_sample=s.cost_do_sample, temperature=s.cost_temperature)
         with strategy.autocast():
             costs = score_responses(models["cost"], tok, prompts, responses, chat_template=chat,

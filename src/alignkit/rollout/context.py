@@ -16,7 +16,7 @@ import torch
 
 from alignkit.data.batch import Batch
 from alignkit.distributed import comm
-from alignkit.rollout.engine import Generations, RolloutEngine, SamplingParams
+from alignkit.rollout.engine import Generations, RolloutEngine, SamplingParams, generation_phase
 from alignkit.rollout.experience import Sample, micro_batches
 from alignkit.rollout.score import ScoreInputs, Scorer, gather_scores, nan_stats
 
@@ -90,28 +90,35 @@ class RolloutContext:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
     def generate(self, role: str, prompts: list[Any], params: SamplingParams | None = None) -> Generations:
-        """One output per prompt from ``role`` (trainable or frozen) through its kind's adapter, with the
-        role's full parameters gathered once for the call (FSDP2 / ZeRO-3), or, with
+        """One output per prompt from ``role`` (trainable or frozen) through its kind's adapter, in one phase of the
+        engine's lifecycle (``generation_phase``: the role's weights pushed where they changed, its memory retaken,
+        then released), with the role's full parameters gathered once for the call (FSDP2 / ZeRO-3), or, with
         ``rollout.gather_full_params: false``, on the sharded module with every rank stepping together. An engine
         that computes in this thread (``runs_in_caller``: HF generate) runs under the Strategy's autocast, as the
         log-prob forward does."""
         kind, module, params = self.models.kind(role), self.models[role], params or self.params
         with self.timed("generate"), ExitStack() as stack:
             engine = self.engine_for(role)
-            if getattr(engine, "runs_in_caller", False):  # fp32 master weights decode in bf16, not in fp32 GEMMs
+            if engine.runs_in_caller:  # fp32 master weights decode in bf16, not in fp32 GEMMs
                 stack.enter_context(self.strategy.autocast())
             if self.gather_full_params or not self.strategy.frozen_plan():
-                with self.strategy.full_params(module) as plain:
-                    return kind.generate(plain, engine, prompts, params)
-            return kind.generate(self.strategy.unwrap(module), engine, prompts, params, synced=True)
+                plain = stack.enter_context(self.strategy.full_params(module))
+                stack.enter_context(generation_phase(engine, plain))
+                return kind.generate(plain, engine, prompts, params)
+            if not engine.generates_sharded:
+                raise ValueError(f"rollout.engine: {engine.name} generates from the full weights; set "
+                                 "rollout.gather_full_params: true")
+            sharded = self.strategy.unwrap(module)
+            stack.enter_context(generation_phase(engine, sharded))
+            return kind.generate(sharded, engine, prompts, params, synced=True)
 
     def engine_for(self, role: str) -> RolloutEngine:
         """The run's engine, or for a role with a tokenizer of its own (a red-team target of another family)
-        the same engine class padding, stopping and decoding with that tokenizer."""
+        the engine's copy with the same settings padding, stopping and decoding with that tokenizer."""
         mine, policy = self.models.tokenizer(role), self.models.tokenizer("policy")
         if mine is None or mine is policy:
             return self.engine
-        return type(self.engine)(mine)  # type: ignore[call-arg]  (an engine is built from a tokenizer)
+        return self.engine.with_tokenizer(mine)
 
     def samples(self, completion_ids: list[list[int]]) -> list[Sample]:
         """Samples (this rank's prompt ids + the given completion ids), in the order of ``rows``."""

@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from alignkit.errors import DataError
-from alignkit.rollout.engine import SamplingParams, build_engine
+from alignkit.rollout.engine import SamplingParams, build_engine, generate_once
 
 
 def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
@@ -42,4 +42,4 @@ def generate(
     # the template already holds the special tokens; each text alone gives the ids a padded batch holds
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     params = SamplingParams(max_new_tokens, temperature if do_sample else 0.0, batch_size=batch_size)
-    return build_engine(engine, tokenizer).generate(model, ids, params, progress="generating").texts
+    return generate_once(build_engine(engine, tokenizer), model, ids, params, progress="generating").texts

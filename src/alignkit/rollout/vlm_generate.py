@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from alignkit.rollout.engine import Prompt, SamplingParams, build_engine
+from alignkit.rollout.engine import Prompt, SamplingParams, build_engine, generate_once
 
 #: processor outputs with one entry per token, not per image: the engine pads and masks the ids itself
 _PER_TOKEN = ("input_ids", "attention_mask", "token_type_ids")
@@ -46,7 +46,7 @@ def generate_with_images(
     requests = [image_prompt(processor, tok.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True),
                              imgs) for p, imgs in zip(prompts, images)]
     params = SamplingParams(max_new_tokens, 0.0, batch_size=batch_size)
-    return build_engine("hf", tok).generate(model, requests, params, progress="generating").texts
+    return generate_once(build_engine("hf", tok), model, requests, params, progress="generating").texts
 
 
 def shapes_accuracy(model: nn.Module, processor: Any, rows: Sequence[dict[str, Any]], image_root: str,

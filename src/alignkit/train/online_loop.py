@@ -67,7 +67,8 @@ class OnlineTrainer:
         self.n_local = b.per_device * b.accumulation
         self.per_iteration = b.global_batch // self.G
         self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
-        self.engine = build_engine(cfg.section(RolloutConfig).engine, algo.tokenizer, cfg)
+        r = cfg.section(RolloutConfig)
+        self.engine = build_engine(r.engine, algo.tokenizer, cfg, max_new_tokens=r.max_new_tokens)
         self.out = Path(cfg.output_dir)
         #: seconds of the last iteration's logging and evaluation + checkpointing (logged with the next one)
         self._tail_s: dict[str, float] = {}
