@@ -35,13 +35,13 @@ from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strateg
 from alignkit.errors import ConfigError
 from alignkit.logging import RunLogger, scrub, setup_console
 from alignkit.models import attention, fused
-from alignkit.models.loading import count_parameters
 from alignkit.models.kinds import KINDS
-from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
 from alignkit.models.liger import check_liger
+from alignkit.models.loading import count_parameters
+from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
 from alignkit.plot import plot_after_run
-from alignkit.train.hub_push import publish
 from alignkit.train.checkpoint import resolve_resume, role_dir
+from alignkit.train.hub_push import publish
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
 from alignkit.train.optim import build_optimizer, optimizer_impl
@@ -247,7 +247,8 @@ def memory_table(cfg: RunConfig, workload: Workload, strategy: Strategy) -> str:
     """The memory estimator's per-component table (policy, optimizer, gradients, reference, frozen
     models, activations) for this run's engine, as the seed guides print one at start-up."""
     from alignkit.distributed.auto import memory_inputs
-    from alignkit.distributed.plan import estimate, format_table
+    from alignkit.distributed.plan import estimate
+    from alignkit.distributed.plan_report import format_table
 
     stage = getattr(strategy, "zero_stage", None)
     name = strategy.frozen_plan() or (f"zero{stage}" if stage in (1, 2) else "ddp")
