@@ -39,7 +39,7 @@ from typing import Any, Sequence
 from alignkit.config.loader import resolve_batch
 from alignkit.config.schema import DistributedConfig, RunConfig
 from alignkit.distributed.env import DistEnv
-from alignkit.distributed.model_dims import PRESETS, ModelDims, dims_from_pretrained
+from alignkit.distributed.model_dims import PRESETS, ModelDims
 from alignkit.distributed.activations import activation_bytes
 from alignkit.distributed.plan import (
     GB,
@@ -48,7 +48,7 @@ from alignkit.distributed.plan import (
     choose_strategy,
     estimate,
 )
-from alignkit.errors import ModelError
+from alignkit.models.dims import resolve_dims
 from alignkit.models.fused import fused_layers_on
 from alignkit.models.roles import ModelSpec, Workload
 
@@ -60,23 +60,6 @@ CPU_PROCESS_BASELINE_BYTES = int(0.5e9)
 
 
 # --------------------------------------------------------------------------- config -> inputs
-def resolve_dims(spec: str, trust_remote_code: bool = False) -> ModelDims:
-    """A preset name (``llama-7b``, ...) or a local model / LoRA adapter directory."""
-    from alignkit.models.adapters import adapter_base, is_adapter_dir
-    from alignkit.models.sources import check_hub
-
-    if spec in PRESETS:
-        return PRESETS[spec]
-    check_hub(spec)
-    path = adapter_base(spec) if is_adapter_dir(spec) else spec
-    try:
-        return dims_from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelError(f"cannot read the model dimensions of {spec!r} ({first}); give a local model "
-                         f"directory or a preset: {', '.join(PRESETS)}") from None
-
-
 def _lora(cfg: RunConfig) -> tuple[int, tuple[str, ...], float] | None:
     """(r, estimator targets, dropout) from ``model.lora`` or a LoRA adapter directory; None = full."""
     from alignkit.models.adapters import adapter_config, is_adapter_dir

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
+from alignkit.data.prompts import prompt_text
 from alignkit.errors import ConfigError
 from alignkit.models.roles import ModelSpec
 from alignkit.registry import Registry
 from alignkit.rollout.engine import SamplingParams
-from alignkit.rollout.generate import prompt_text
 from alignkit.rollout.rewards import RewardFunctionError, by_field, resolve
 
 TARGETS: Registry[type] = Registry("red-team target")

@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
+from alignkit.files import write_text_atomic
 from alignkit.logging import scrub
-from alignkit.train.checkpoint import write_text_atomic
 
 CARD = "README.md"
 PLOT = "summary.png"

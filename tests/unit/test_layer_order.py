@@ -1,0 +1,132 @@
+"""The package's floors: a module imports alignkit modules on its own floor or below, never above.
+
+Every import of an alignkit module is read off the source with ``ast``: at module level, under ``if
+TYPE_CHECKING:`` and inside functions (a function-local import still makes the lower floor depend on the
+upper one; it only hides the cycle from the interpreter). docs/architecture.md names the floors.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "src" / "alignkit"
+
+#: bottom to top; a module's floor is that of its longest listed prefix
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("alignkit", "alignkit.errors", "alignkit.registry", "alignkit.constants", "alignkit.resources",
+              "alignkit.progress", "alignkit.files")),
+    ("config", ("alignkit.config",)),
+    ("kernels and runtime", ("alignkit.ops", "alignkit.losses", "alignkit.logging", "alignkit.plot",
+                             "alignkit.distributed", "alignkit.distributed.env", "alignkit.distributed.comm")),
+    # the estimator's arithmetic: pure numbers from model dimensions, no model built
+    ("estimator arithmetic", ("alignkit.distributed.model_dims", "alignkit.distributed.pipeline_dims",
+                              "alignkit.distributed.activations", "alignkit.distributed.plan",
+                              "alignkit.distributed.plan_report")),
+    ("data", ("alignkit.data",)),
+    ("models", ("alignkit.models",)),
+    # the planner asks the model kinds for their dimensions; the kinds never ask it back
+    ("planner", ("alignkit.distributed.auto", "alignkit.distributed.preflight")),
+    ("engines", ("alignkit.distributed.strategy",)),
+    ("rollout", ("alignkit.rollout", "alignkit.scoring")),
+    ("algorithms", ("alignkit.algorithms",)),
+    ("train", ("alignkit.train",)),
+    ("entry points", ("alignkit.cli", "alignkit.__main__", "alignkit.demo", "alignkit.docs_gen", "alignkit.launch",
+                      "alignkit.launch_slurm", "alignkit.launch_k8s")),
+)
+
+#: (importing module, imported module) pairs that still run up a floor, each with why it is left; the test
+#: fails on any other, and on an entry here that no longer occurs (remove it then)
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    ("alignkit.models.kinds", "alignkit.rollout.engine"):
+        "type hints only (Generations, RolloutEngine, SamplingParams): the engine lifecycle work owns both files",
+    ("alignkit.models.roles", "alignkit.distributed.strategy.base"):
+        "type hint only (Handle of a trained role in the Models bundle)",
+    ("alignkit.rollout.context", "alignkit.algorithms.base"):
+        "type hint only (MetricSums): moves with the engine lifecycle work on rollout/context.py",
+    ("alignkit.rollout.vllm_engine", "alignkit.algorithms.online"):
+        "RolloutConfig read by the vLLM engine: the engine lifecycle work moves the settings into the engine",
+    ("alignkit.algorithms.flow_grpo", "alignkit.train.ema"):
+        "ParamEMA: flow_grpo.py is being reworked by the diffusion work; ParamEMA moves below the algorithms then",
+}
+
+
+def floor_of(module: str) -> int:
+    best, floor = -1, None
+    for i, (_, prefixes) in enumerate(FLOORS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, floor = len(p), i
+    assert floor is not None, f"{module} is on no floor: add it to FLOORS"
+    return floor
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def alignkit_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of an alignkit module in ``path``, relative ones resolved;
+    ``from alignkit.x import y`` counts ``alignkit.x.y`` where that is a module, else ``alignkit.x``."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "alignkit"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            if base.split(".")[0] != "alignkit":
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                is_module = (PKG.parent / Path(*sub.split("."))).with_suffix(".py").is_file() or (
+                    PKG.parent / Path(*sub.split(".")) / "__init__.py").is_file()
+                out.append((node.lineno, sub if is_module else base))
+    return out
+
+
+def upward_imports() -> dict[tuple[str, str], list[str]]:
+    found: dict[tuple[str, str], list[str]] = {}
+    for f in sorted(PKG.rglob("*.py")):
+        importer = module_name(f)
+        for line, imported in alignkit_imports(f):
+            if floor_of(imported) > floor_of(importer):
+                where = found.setdefault((importer, imported), [])
+                if f"{f.relative_to(PKG)}:{line}" not in where:  # ``from x import a, b`` is one import
+                    where.append(f"{f.relative_to(PKG)}:{line}")
+    return found
+
+
+def test_no_import_runs_up_a_floor() -> None:
+    found = upward_imports()
+    new = [f"{where[0]}: {a} (floor {FLOORS[floor_of(a)][0]}) imports {b} (floor {FLOORS[floor_of(b)][0]})"
+           for (a, b), where in found.items() if (a, b) not in KNOWN_UPWARD]
+    assert not new, "imports that run up a floor:\n" + "\n".join(new)
+    gone = [pair for pair in KNOWN_UPWARD if pair not in found]
+    assert not gone, f"no longer upward, remove from KNOWN_UPWARD: {gone}"
+
+
+def test_every_module_is_on_a_floor() -> None:
+    modules = [module_name(f) for f in PKG.rglob("*.py")]
+    assert len(modules) > 100, "the rule must look at real files"
+    for m in modules:
+        floor_of(m)
+
+
+def test_the_rule_sees_function_local_and_relative_imports(tmp_path: Path, monkeypatch) -> None:
+    pkg = tmp_path / "alignkit" / "data"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "io.py").write_text("")
+    (pkg / "m.py").write_text("from . import io\n\ndef f():\n    from alignkit.train.step import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "PKG", tmp_path / "alignkit")
+    assert alignkit_imports(pkg / "m.py") == [(1, "alignkit.data.io"), (4, "alignkit.train.step")]
+    assert floor_of("alignkit.train.step") > floor_of("alignkit.data.m")
+    assert floor_of("alignkit.distributed.auto") > floor_of("alignkit.models.kinds") > floor_of(
+        "alignkit.distributed.plan")
