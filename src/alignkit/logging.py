@@ -17,6 +17,7 @@ from typing import Any
 
 from alignkit.errors import ConfigError
 from alignkit.files import write_text_atomic
+from alignkit.progress import make_bar
 
 log = logging.getLogger("alignkit")
 
@@ -122,7 +123,6 @@ class RunLogger:
     def start_progress(self, total: int, initial: int = 0) -> None:
         if not self.is_main:
             return
-        from alignkit.progress import make_bar
 
         on = self._progress_mode == "on" or (self._progress_mode == "auto" and sys.stderr.isatty())
         if on:

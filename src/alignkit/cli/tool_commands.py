@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from alignkit.errors import ConfigError, UserError
+
 
 def cmd_score(args: argparse.Namespace) -> int:
     from alignkit.scoring import score_command
@@ -48,8 +50,6 @@ def holds_this_tiny_model(out_dir: Path, recipe: dict[str, Any], overwrite: bool
     A folder holding anything else is replaced only when asked (``--overwrite``): it may hold a model the user
     made or trained."""
     import json
-
-    from alignkit.errors import UserError
 
     held = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     if overwrite or not held:
@@ -95,8 +95,6 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 def objects_range(text: str) -> tuple[int, int]:
     """``--objects``: ``N`` or ``LO-HI`` -> (lo, hi); the range itself is checked by the generator."""
-    from alignkit.errors import ConfigError
-
     try:
         lo, _, hi = text.partition("-")
         return int(lo), int(hi or lo)

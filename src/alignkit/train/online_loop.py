@@ -35,6 +35,7 @@ from alignkit.config.loader import BatchPlan
 from alignkit.data.sampler import GlobalOrder
 from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
+from alignkit.errors import ConfigError, DataError
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
 from alignkit.rollout.context import Experience, RolloutContext
@@ -265,8 +266,6 @@ class OnlineTrainer:
 def check_groups(plan: RunPlan, cfg: RunConfig) -> None:
     """The global batch (completions) must hold whole groups of ``num_generations``, and each rank's
     completions split evenly into ``rollout.mini_batches``."""
-    from alignkit.errors import ConfigError
-
     r, b = cfg.section(RolloutConfig), plan.batch
     G, M = r.num_generations, r.mini_batches
     if b.global_batch % G:
@@ -290,8 +289,6 @@ def online_steps(n_prompts: int, plan: RunPlan, cfg: RunConfig) -> RunPlan:
 def online_step_plan(n_prompts: int, b: BatchPlan, cfg: RunConfig) -> StepPlan:
     """Steps of an online run over ``n_prompts``: an iteration draws global_batch / num_generations prompts and
     takes update_epochs x mini_batches optimizer steps (``alignkit validate`` and ``launch`` count the same)."""
-    from alignkit.errors import DataError
-
     per_iteration = b.global_batch // cfg.section(RolloutConfig).num_generations
     iterations = n_prompts // per_iteration
     if iterations == 0:
