@@ -40,11 +40,11 @@ def alignkit_side(policy: str, prompts_file: str, aggregation: str, out: Path) -
 
     from alignkit.algorithms import ALGORITHMS, workload_of
     from alignkit.config import load_config
+    from alignkit.data.prompts import prompt_text
     from alignkit.distributed.env import DistEnv
     from alignkit.models.loading import load_tokenizer
     from alignkit.rollout.context import RolloutContext
     from alignkit.rollout.engine import SamplingParams, build_engine
-    from alignkit.rollout.generate import prompt_text
     from alignkit.train.runner import build_models, strategy_for
 
     torch.set_num_threads(2)

@@ -217,7 +217,7 @@ def child_probe_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
 
     bench_rewards.RECORD = []
     out = child_alignkit(probe_spec(spec))  # puts this checkout's src on sys.path
-    from alignkit.rollout.generate import prompt_text
+    from alignkit.data.prompts import prompt_text
 
     tok = AutoTokenizer.from_pretrained(spec["policy"])
     prompts = [json.loads(x)["prompt"] for x in Path(spec["prompts"]).read_text().splitlines()]

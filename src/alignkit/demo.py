@@ -26,6 +26,7 @@ from alignkit.logging import setup_console
 from alignkit.models.tiny import build_tiny_model
 from alignkit.resources import resource_path
 from alignkit.rollout.generate import generate
+from alignkit.train.runner import run_train
 
 log = logging.getLogger("alignkit")
 
@@ -58,8 +59,6 @@ def step_zero_eval(metrics: Path) -> dict[str, float]:
 
 
 def run_demo(output_dir: Path, *, max_steps: int | None = None, size: str = "micro", n_judge: int = 90) -> dict[str, Any]:
-    from alignkit.train.runner import run_train
-
     setup_console(True)
     t0 = time.perf_counter()
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from alignkit.errors import ConfigError
+from alignkit.files import write_text_atomic
+from alignkit.progress import make_bar
 
 log = logging.getLogger("alignkit")
 
@@ -121,7 +123,6 @@ class RunLogger:
     def start_progress(self, total: int, initial: int = 0) -> None:
         if not self.is_main:
             return
-        from alignkit.progress import make_bar
 
         on = self._progress_mode == "on" or (self._progress_mode == "auto" and sys.stderr.isatty())
         if on:
@@ -166,8 +167,6 @@ class RunLogger:
         step appears once; returns how many rows were dropped (rank 0 only, else 0)."""
         if self._jsonl is None:
             return 0
-        from alignkit.train.checkpoint import truncate_metrics
-
         path = Path(self._jsonl.name)
         self._jsonl.close()
         dropped = truncate_metrics(path, step)
@@ -196,3 +195,24 @@ def peak_memory_mb(device_type: str) -> float:
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 1024 if sys.platform != "darwin" else rss / 2**20
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Drop the rows of ``metrics.jsonl`` logged after ``step`` (a resumed run logs them again, so each
+    step appears once); returns how many were dropped. Written atomically."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row_step = json.loads(line).get("step", 0)
+        except (ValueError, AttributeError):  # a line cut by a crash
+            dropped += 1
+            continue
+        if isinstance(row_step, int) and row_step > step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        write_text_atomic(path, "".join(f"{x}\n" for x in kept))
+    return dropped

@@ -18,9 +18,9 @@ estimate; an online scorer whose vocabulary differs from the policy's re-tokenis
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from alignkit.config.loader import read_yaml
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.collate import TokenCollator
 from alignkit.data.io import DataError, Row, read_rows, require_messages
@@ -35,6 +36,8 @@ from alignkit.data.preference import encode_scored, row_images, text_or_messages
 from alignkit.data.tokenize import encode_chat
 from alignkit.data.vlm import RowImages, pixel_inputs
 from alignkit.models.policy import model_inputs
+from alignkit.models.scalar import load_scorer
+from alignkit.models.vlm import is_vlm_source
 
 
 @dataclass
@@ -136,8 +139,6 @@ def trained_format(model_dir: str | Path) -> dict[str, Any]:
     """``{"chat_template": bool, "max_length": int}`` the model was trained with, read from the
     ``config.yaml`` alignkit writes beside every final model and checkpoint; ``{}`` when absent
     (a model trained elsewhere)."""
-    from alignkit.config.loader import read_yaml
-
     path = Path(model_dir) / "config.yaml"
     if not path.is_file():
         return {}
@@ -149,9 +150,6 @@ def score_command(model_dir: str, file: str, out: str | None, *, batch_size: int
                   chat_template: bool | None = None) -> list[dict[str, Any]]:
     """Scores rows the way the model was trained: ``chat_template`` / ``max_length`` default to the
     training run's ``data.*`` (its config.yaml), else no template and 512 tokens."""
-    from alignkit.models.scalar import load_scorer
-    from alignkit.models.vlm import is_vlm_source
-
     trained = trained_format(model_dir)
     chat_template = trained.get("chat_template", False) if chat_template is None else chat_template
     max_length = trained.get("max_length", 512) if max_length is None else max_length

@@ -138,7 +138,8 @@ def test_batches_of_batch_size_with_each_rows_images_stitched_in_order() -> None
 
 
 def test_generate_equals_the_former_path_and_the_engine(lm: tuple[nn.Module, Any]) -> None:
-    from alignkit.rollout.generate import generate, prompt_text
+    from alignkit.data.prompts import prompt_text
+    from alignkit.rollout.generate import generate
 
     model, tok = lm
     prompts: list[Any] = [*TEXTS, [{"role": "user", "content": "a chat prompt"}]]

@@ -26,10 +26,10 @@ from alignkit.distributed.plan import (
     choose_strategy,
     estimate,
     fits,
-    format_table,
     parse_memory,
     trainable_params,
 )
+from alignkit.distributed.plan_report import format_table
 
 LLAMA7B = PRESETS["llama-7b"]
 RM7B = LLAMA7B.as_score_model()

@@ -103,7 +103,7 @@ def test_prompt_rows_put_the_row_prompt_into_the_instruction(micro_model: Path, 
     from alignkit.algorithms.redteam import INSTRUCTIONS
     from alignkit.data.synth import write_rows
     from alignkit.models.loading import load_tokenizer
-    from alignkit.rollout.generate import prompt_text
+    from alignkit.data.prompts import prompt_text
 
     tok = load_tokenizer(ModelConfig(name_or_path=str(micro_model)))
     path = write_rows([{"prompt": "the cat sat", "topic": "pets"}], tmp_path / "p.jsonl")

@@ -20,7 +20,10 @@ from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.vlm import VLMData
 from alignkit.errors import ConfigError
+from alignkit.models.adapters import adapter_base, is_adapter_dir
 from alignkit.models.roles import ModelSpec
+from alignkit.models.sources import model_errors
+from alignkit.models.vlm import describe_trainable, is_vlm_source
 
 log = logging.getLogger("alignkit")
 
@@ -56,9 +59,6 @@ def load_processor(cfg: RunConfig) -> Any:
     """The model's processor (image processor + tokenizer with the image token); a pad token if it has none."""
     from transformers import AutoProcessor
 
-    from alignkit.models.adapters import adapter_base, is_adapter_dir
-    from alignkit.models.sources import model_errors
-
     source = cfg.model.tokenizer or cfg.model.name_or_path
     with model_errors(source):
         try:
@@ -79,8 +79,6 @@ def load_processor(cfg: RunConfig) -> Any:
 def is_vision_language(cfg: RunConfig) -> bool:
     """Whether the run's model is a vision-language model (LLaVA family): then preference rows may carry
     images and the models are built as VLMs (reward / cost models with a score head on LLaVA)."""
-    from alignkit.models.vlm import is_vlm_source
-
     return is_vlm_source(cfg.model.name_or_path, cfg.model.trust_remote_code)
 
 
@@ -127,8 +125,6 @@ class VLMSFT(SFT):
                           chunk_size=v.logps_chunk_size, train_parts=v.train_parts(), projector_from=v.projector_from)]
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
-        from alignkit.models.vlm import describe_trainable
-
         if ctx.strategy.is_main:
             v = self.cfg.section(VLMConfig)
             src = f", projector from {v.projector_from}" if v.projector_from else ""

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from alignkit.errors import ConfigError, UserError
+
 
 def cmd_score(args: argparse.Namespace) -> int:
     from alignkit.scoring import score_command
@@ -48,8 +50,6 @@ def holds_this_tiny_model(out_dir: Path, recipe: dict[str, Any], overwrite: bool
     A folder holding anything else is replaced only when asked (``--overwrite``): it may hold a model the user
     made or trained."""
     import json
-
-    from alignkit.errors import UserError
 
     held = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     if overwrite or not held:
@@ -95,8 +95,6 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 def objects_range(text: str) -> tuple[int, int]:
     """``--objects``: ``N`` or ``LO-HI`` -> (lo, hi); the range itself is checked by the generator."""
-    from alignkit.errors import ConfigError
-
     try:
         lo, _, hi = text.partition("-")
         return int(lo), int(hi or lo)
@@ -131,6 +129,15 @@ def cmd_vllm_serve(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    _register_score(sub)
+    _register_merge_lora(sub)
+    _register_vllm_serve(sub)
+    _register_demo(sub)
+    _register_tiny_model(sub)
+    _register_data(sub)
+
+
+def _register_score(sub: Any) -> None:
     sp = sub.add_parser("score", help="score every response of a .jsonl/.parquet file with a reward or cost model")
     sp.add_argument("model_dir", help="a trained reward/cost model (full or LoRA adapter directory)")
     sp.add_argument("file", help="rows: prompt/chosen/rejected, PKU-SafeRLHF, prompt/response or messages")
@@ -142,12 +149,16 @@ def register(sub: Any) -> None:
                     help="render string rows with the chat template (default: as MODEL_DIR was trained, else no)")
     sp.set_defaults(func=cmd_score)
 
+
+def _register_merge_lora(sub: Any) -> None:
     sp = sub.add_parser("merge-lora", help="merge a LoRA adapter into its base and save a plain HF model")
     sp.add_argument("adapter_dir")
     sp.add_argument("out_dir")
     sp.add_argument("--base", default=None, help="base model (default: the one recorded in adapter_config.json)")
     sp.set_defaults(func=cmd_merge_lora)
 
+
+def _register_vllm_serve(sub: Any) -> None:
     sp = sub.add_parser("vllm-serve", help="serve a model with vLLM for training runs' rollouts (vllm.server_url)")
     sp.add_argument("model", help="a Hugging Face model dir (the policy's start)")
     sp.add_argument("--host", default="127.0.0.1")
@@ -157,6 +168,8 @@ def register(sub: Any) -> None:
     sp.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     sp.set_defaults(func=cmd_vllm_serve)
 
+
+def _register_demo(sub: Any) -> None:
     sp = sub.add_parser("demo", help="build a tiny model, run SFT on the shipped data, print before/after")
     sp.add_argument("--output-dir", default="runs/demo")
     sp.add_argument("--max-steps", type=int, default=None)
@@ -165,6 +178,8 @@ def register(sub: Any) -> None:
                          "two on a busy or slower machine)")
     sp.set_defaults(func=cmd_demo)
 
+
+def _register_tiny_model(sub: Any) -> None:
     sp = sub.add_parser("tiny-model", help="write a tiny random model + tokenizer in Hugging Face format")
     sp.add_argument("out_dir")
     sp.add_argument("--arch", default="llama", choices=["llama", "llava", "sd3"],
@@ -181,6 +196,8 @@ def register(sub: Any) -> None:
                          "unless it holds the tiny model of the same arguments, which is kept)")
     sp.set_defaults(func=cmd_tiny_model)
 
+
+def _register_data(sub: Any) -> None:
     sp = sub.add_parser("data", help="data utilities")
     dsub = sp.add_subparsers(dest="data_command", required=True)
     ss = dsub.add_parser("synth", help="generate synthetic data with programmatically checkable answers")

@@ -127,6 +127,11 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping of options, got {value!r}")
         return build_dataclass(tp, value, key)
+    return _convert_scalar(value, tp, key)
+
+
+def _convert_scalar(value: Any, tp: Any, key: str) -> Any:
+    """``value`` as the plain type ``tp`` (bool, int, float, str), with YAML's spellings of each accepted."""
     if tp is bool:
         if isinstance(value, bool):
             return value

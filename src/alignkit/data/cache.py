@@ -42,10 +42,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from alignkit import progress
 from alignkit.data.columns import Columns, write_columns
 from alignkit.data.io import Row, RowCounts
 from alignkit.data.sources import Source, fingerprint, open_typed, parse_raw, write_raw_rows
-from alignkit.errors import DataError
+from alignkit.errors import DataError, UserError
 
 log = logging.getLogger("alignkit")
 
@@ -219,8 +220,6 @@ def run_forked(fn: Callable[..., None], *args: Any) -> None:
 
 
 def _forked_main(send: Any, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-    from alignkit.errors import UserError
-
     try:
         fn(*args)
         status: tuple[Any, ...] = ("ok",)
@@ -251,7 +250,6 @@ def _build_here(src: Source, job: Job, typed: Any, build: Path, key_fields: dict
     num_proc = max(1, min(job.num_proc, n_raw // 1000 or 1))
     log.info(f"Preparing {src.name}: tokenising {n_raw} rows once with data.num_proc={num_proc} (other ranks wait, "
              "up to distributed.timeout_minutes; `alignkit prepare CONFIG` does this ahead of a run)")
-    from alignkit import progress
 
     # datasets' own bar where alignkit shows bars; elsewhere (logs to a file) the lines around it say enough
     (datasets.enable_progress_bars if progress.use_bar() else datasets.disable_progress_bars)()

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 from alignkit.constants import BUILTIN_PREFIX
 from alignkit.errors import DataError
+from alignkit.progress import Progress
+from alignkit.resources import resource_path
 
 
 @dataclass
@@ -91,8 +93,6 @@ def _rows(n: int, split: str) -> str:
 def resolve_path(spec: str) -> Path:
     """A path on disk, or a data set shipped inside the package (``builtin:sft_train.jsonl``)."""
     if spec.startswith(BUILTIN_PREFIX):
-        from alignkit.resources import resource_path
-
         return resource_path(spec)
     p = Path(spec).expanduser()
     if not p.exists():
@@ -183,8 +183,6 @@ def convert_rows(
     ``row.drop(...)``, else NOTHING_TO_LEARN) and may ``row.note(...)`` changes to a row it keeps. A
     file without rows, or files of which no row is left, are a DataError.
     """
-    from alignkit.progress import Progress
-
     out: list[Any] = []
     counts = RowCounts()
 

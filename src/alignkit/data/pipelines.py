@@ -22,6 +22,8 @@ from typing import Any, Callable
 import torch
 
 from alignkit.config.schema import DataConfig
+from alignkit.data.assemble import cache_root, load_examples
+from alignkit.data.cache import Job
 from alignkit.data.collate import TokenCollator, count_loss_tokens
 from alignkit.data.io import Row, RowCounts, convert_rows
 from alignkit.data.preference import PairCollator, count_pairs, pair_converter
@@ -45,9 +47,6 @@ def pair_features() -> dict[str, str]:
 def cached_examples(tokenizer: Any, cfg: DataConfig, specs: list[str], split: str, convert: Callable[[Row], Any],
                     fmt: str, features: Any) -> tuple[Any, RowCounts]:
     """The examples of ``specs`` from the cache (prepared first if it lacks them), and the row counts."""
-    from alignkit.data.assemble import cache_root, load_examples
-    from alignkit.data.cache import Job
-
     job = Job(convert, fmt, features, tokenizer, cfg.max_length, cfg.num_proc)
     train = split == "train"
     weights = cfg.train_weights if train and list(specs) == list(cfg.train) else None

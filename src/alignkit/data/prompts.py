@@ -13,9 +13,18 @@ from typing import Any
 from alignkit.config.schema import DataConfig
 from alignkit.data.io import Row, RowCounts, convert_rows, require_field, require_messages
 from alignkit.errors import DataError
-from alignkit.rollout.generate import prompt_text
 
 PROMPT_TRUNCATED = "prompt truncated to data.max_length - rollout.max_new_tokens (its first tokens dropped)"
+
+
+def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
+    """A prompt as the model sees it: chat template with the assistant turn opened, if there is one."""
+    if getattr(tokenizer, "chat_template", None):
+        msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    if isinstance(prompt, list):
+        raise DataError("message-list prompts need a tokenizer with a chat template")
+    return prompt
 
 
 class PromptData:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO, Callable, Sequence
 
 from alignkit.data.io import Row, RowCounts, parse_jsonl_line
-from alignkit.data.sources import Source, open_typed, resolve_source
+from alignkit.data.sources import Source, _raw_rows, open_typed, resolve_source
 from alignkit.errors import ConfigError, DataError
 
 
@@ -142,7 +142,5 @@ class RowStream:
 
 
 def _json_rows(src: Source) -> list[dict[str, Any]]:
-    from alignkit.data.sources import _raw_rows
-
     assert src.path is not None
     return [json.loads(raw) for _, raw in _raw_rows(src.path, "json")]

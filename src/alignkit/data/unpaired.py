@@ -26,6 +26,7 @@ import torch
 
 from alignkit.config.schema import DataConfig
 from alignkit.constants import IGNORE_INDEX
+from alignkit.data.batch import Batch
 from alignkit.data.collate import TokenCollator
 from alignkit.data.io import TRUNCATED, DataError, Row, RowCounts, convert_rows
 from alignkit.data.preference import _bool, as_chat, pair_from_row, text_or_messages, truncate_prompt_response
@@ -136,8 +137,6 @@ def _lengths(labels: list[list[int]]) -> torch.Tensor:
 
 def kl_batch(batch: Any) -> Any:
     """The KL sequences of a collated batch as a batch of their own (inputs and fields split again)."""
-    from alignkit.data.batch import Batch
-
     return Batch({k[len("kl_in."):]: v for k, v in batch.items() if k.startswith("kl_in.")},
                  {k[len("kl."):]: v for k, v in batch.items() if k.startswith("kl.")})
 

@@ -32,7 +32,7 @@ import torch
 
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.collate import TokenCollator
-from alignkit.data.io import NOTHING_TO_LEARN, TRUNCATED, Row
+from alignkit.data.io import NOTHING_TO_LEARN, TRUNCATED, Row, convert_rows
 from alignkit.data.tokenize import encode_chat, render_chat
 from alignkit.errors import DataError
 
@@ -301,8 +301,6 @@ class VLMData:
                            loss_on=self.loss_on)
 
     def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
-        from alignkit.data.io import convert_rows
-
         limit = self.cfg.max_train_examples if split == "train" else self.cfg.max_eval_examples
         examples, counts = convert_rows(specs, self.convert, skip_invalid=self.cfg.skip_invalid, limit=limit)
         self.row_counts[split], self.skipped[split] = counts, counts.total_dropped

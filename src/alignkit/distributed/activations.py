@@ -7,7 +7,8 @@ breakdown at the start of backward.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from alignkit.registry import Registry
 
@@ -48,29 +49,6 @@ def layer_saved_bytes_per_token(inputs: MemoryInputs) -> int:
     if inputs.autocast and full:
         return _autocast_full_layer_bytes(inputs)
     targets = set() if full else set(inputs.lora_targets)
-    lb = DTYPE_BYTES[inputs.lora_dtype]
-    cast = not full and inputs.lora_dtype != inputs.param_dtype
-    drop = inputs.lora_dropout > 0
-    # CUDA's fused dropout keeps a bool mask; the CPU path multiplies by a noise tensor of x's dtype.
-    mask = 1 if inputs.device == "cuda" else lb
-
-    def input_saved(mods: Sequence[str], in_features: int, already_saved: bool = False) -> int:
-        """Bytes kept for the input shared by ``mods`` (q, k and v read the same norm output)."""
-        if full:
-            return 0 if already_saved else p * in_features
-        hits = sum(m in targets for m in mods)
-        if not hits:
-            return 0  # frozen linears need only their weight for the input gradient
-        if inputs.autocast:  # peft's fp32 cast of x is transient: lora_A's autocast copy (p bytes) is what it saves
-            return hits * (inputs.lora_r * p + p * in_features + (mask * in_features if drop else 0))
-        per_hit = inputs.lora_r * lb  # lora_A output, saved by lora_B
-        if drop:
-            per_hit += (lb + mask) * in_features  # dropout output + its mask
-        elif cast:
-            per_hit += lb * in_features  # x.to(lora dtype), saved by lora_A
-        shared = 0 if (cast or drop or already_saved) else p * in_features
-        return shared + hits * per_hit
-
     # the input (fp32 upcast; fused: its own dtype) + the normalised tensor when norms train (fused: recomputed)
     norm = _norm_input_bytes(inputs) * h + (p * h if full and not inputs.fused_layers else 0)
     attn = p * (2 * q + 2 * kv) + 4 * d.n_heads  # rotated q, k, v, SDPA output, logsumexp
@@ -78,9 +56,36 @@ def layer_saved_bytes_per_token(inputs: MemoryInputs) -> int:
     if inputs.fused_layers and not targets & {"gate", "up", "down"}:
         mlp = 2 * p * i + (p * h if full else 0)  # gate and up outputs (+ the input, for the weights' grads)
     else:
-        mlp = 3 * p * i + input_saved(("gate", "up"), h) + input_saved(("down",), i)  # gate, SiLU, up outputs
-    return (2 * norm + rsqrt + input_saved(("q", "k", "v"), h) + attn
-            + input_saved(("o",), q, already_saved=True) + mlp)
+        # gate, SiLU, up outputs
+        mlp = 3 * p * i + _linear_input_bytes(inputs, ("gate", "up"), h) + _linear_input_bytes(inputs, ("down",), i)
+    return (2 * norm + rsqrt + _linear_input_bytes(inputs, ("q", "k", "v"), h) + attn
+            + _linear_input_bytes(inputs, ("o",), q, already_saved=True) + mlp)
+
+
+def _linear_input_bytes(inputs: MemoryInputs, mods: Sequence[str], in_features: int,
+                        already_saved: bool = False) -> int:
+    """Per token: bytes kept for the input shared by the linears ``mods`` (q, k and v read the same norm
+    output), full fine-tuning or LoRA (lora_A's output, a cast or dropout copy of the input)."""
+    p, full = inputs.p, inputs.lora_r is None
+    if full:
+        return 0 if already_saved else p * in_features
+    hits = sum(m in set(inputs.lora_targets) for m in mods)
+    if not hits:
+        return 0  # frozen linears need only their weight for the input gradient
+    lb = DTYPE_BYTES[inputs.lora_dtype]
+    drop = inputs.lora_dropout > 0
+    # CUDA's fused dropout keeps a bool mask; the CPU path multiplies by a noise tensor of x's dtype.
+    mask = 1 if inputs.device == "cuda" else lb
+    if inputs.autocast:  # peft's fp32 cast of x is transient: lora_A's autocast copy (p bytes) is what it saves
+        return hits * (inputs.lora_r * p + p * in_features + (mask * in_features if drop else 0))
+    cast = inputs.lora_dtype != inputs.param_dtype
+    per_hit = inputs.lora_r * lb  # lora_A output, saved by lora_B
+    if drop:
+        per_hit += (lb + mask) * in_features  # dropout output + its mask
+    elif cast:
+        per_hit += lb * in_features  # x.to(lora dtype), saved by lora_A
+    shared = 0 if (cast or drop or already_saved) else p * in_features
+    return shared + hits * per_hit
 
 
 def _autocast_full_layer_bytes(inputs: MemoryInputs) -> int:

@@ -38,19 +38,24 @@ from typing import Any, Sequence
 
 from alignkit.config.loader import resolve_batch
 from alignkit.config.schema import DistributedConfig, RunConfig
-from alignkit.distributed.env import DistEnv
-from alignkit.distributed.model_dims import PRESETS, ModelDims, dims_from_pretrained
 from alignkit.distributed.activations import activation_bytes
+from alignkit.distributed.env import DistEnv
+from alignkit.distributed.model_dims import PRESETS, ModelDims
 from alignkit.distributed.plan import (
     GB,
     MemoryInputs,
     choose_shard_frozen,
     choose_strategy,
     estimate,
+    trainable_params,
 )
-from alignkit.errors import ModelError
+from alignkit.models.adapters import adapter_config, is_adapter_dir
+from alignkit.models.dims import resolve_dims
 from alignkit.models.fused import fused_layers_on
+from alignkit.models.kinds import KINDS
 from alignkit.models.roles import ModelSpec, Workload
+from alignkit.models.vlm import PARTS, is_vlm_source, part_params
+from alignkit.ops.logprobs import chunk_rows
 
 #: peft module names -> the estimator's projection names
 LORA_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
@@ -60,27 +65,8 @@ CPU_PROCESS_BASELINE_BYTES = int(0.5e9)
 
 
 # --------------------------------------------------------------------------- config -> inputs
-def resolve_dims(spec: str, trust_remote_code: bool = False) -> ModelDims:
-    """A preset name (``llama-7b``, ...) or a local model / LoRA adapter directory."""
-    from alignkit.models.adapters import adapter_base, is_adapter_dir
-    from alignkit.models.sources import check_hub
-
-    if spec in PRESETS:
-        return PRESETS[spec]
-    check_hub(spec)
-    path = adapter_base(spec) if is_adapter_dir(spec) else spec
-    try:
-        return dims_from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelError(f"cannot read the model dimensions of {spec!r} ({first}); give a local model "
-                         f"directory or a preset: {', '.join(PRESETS)}") from None
-
-
 def _lora(cfg: RunConfig) -> tuple[int, tuple[str, ...], float] | None:
     """(r, estimator targets, dropout) from ``model.lora`` or a LoRA adapter directory; None = full."""
-    from alignkit.models.adapters import adapter_config, is_adapter_dir
-
     lora = cfg.model.lora
     if lora is not None:
         r, modules, dropout = lora.r, list(lora.target_modules), lora.dropout
@@ -108,8 +94,6 @@ def reference_kind(workload: Workload) -> str:
 
 def _kind_dims(spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
     """The dimensions of ``spec``'s model as its kind's adapter reads them (models/kinds.py)."""
-    from alignkit.models.kinds import KINDS
-
     return KINDS.get(spec.kind).dims(spec, trust_remote_code)
 
 
@@ -142,8 +126,6 @@ def _image_inputs(cfg: RunConfig, workload: Workload, spec: ModelSpec, dims: Mod
 
 def _as_extra(inputs: MemoryInputs) -> ModelDims:
     """A further trained model's dims with its trained count (LoRA adapters) for the estimate's extra rows."""
-    from alignkit.distributed.plan import trainable_params
-
     return replace(inputs.policy, trained_params=None if inputs.lora_r is None else trainable_params(inputs))
 
 
@@ -151,8 +133,6 @@ def with_vision(dims: ModelDims, spec: ModelSpec, trust_remote_code: bool) -> tu
     """A vision-language model's dimensions with its vision tower and projector counted, and how many of
     its parameters stay frozen while it trains (the parts outside ``spec.train_parts``; a reward / cost
     model on a VLM trains its projector and language model). Text models: unchanged, 0."""
-    from alignkit.models.vlm import PARTS, is_vlm_source, part_params
-
     if spec.kind == "diffusion" or spec.source in PRESETS or not is_vlm_source(spec.source, trust_remote_code):
         return dims, 0
     parts = part_params(spec.source, trust_remote_code)
@@ -233,8 +213,6 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
 
 def _chunk_rows(vocab: int, device: str) -> int:
     """The LM head's rows per chunk when the algorithm leaves it to memory: the op's own rule."""
-    from alignkit.ops.logprobs import chunk_rows
-
     return chunk_rows(max(1, vocab), device)
 
 

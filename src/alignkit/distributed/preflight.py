@@ -19,6 +19,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import alignkit
 from alignkit.errors import UserError
 
 #: report fields that must be equal on every rank (host is only shown)
@@ -34,8 +35,6 @@ def local_report(backend: str, strategy: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
     import transformers
-
-    import alignkit
 
     return {"torch": torch.__version__, "transformers": transformers.__version__,
             "alignkit": getattr(alignkit, "__version__", "?"), "backend": backend, "strategy": strategy,

@@ -125,7 +125,7 @@ class CausalLMKind(ModelKind):
         return engine.generate(hf_model(module), prompts, params, synced=synced)
 
     def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
-        from alignkit.distributed.auto import resolve_dims
+        from alignkit.models.dims import resolve_dims
 
         return resolve_dims(spec.source, trust_remote_code)
 
@@ -168,7 +168,7 @@ class ScalarKind(ModelKind):
         return token_values(module, batch)
 
     def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
-        from alignkit.distributed.auto import resolve_dims
+        from alignkit.models.dims import resolve_dims
 
         d = resolve_dims(spec.source, trust_remote_code)
         return d.as_score_model() if d.head == "lm" else d

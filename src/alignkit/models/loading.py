@@ -13,6 +13,10 @@ from torch import nn
 
 from alignkit.config.schema import LoraConfig as LoraSection
 from alignkit.config.schema import ModelConfig
+from alignkit.errors import ModelError
+from alignkit.models.adapters import adapter_base, is_adapter_dir
+from alignkit.models.attention import PACKED_CHOICES, check_installed, resolve
+from alignkit.models.sources import model_errors
 
 log = logging.getLogger("alignkit")
 
@@ -52,10 +56,8 @@ def quiet_peft() -> Iterator[None]:
 def load_tokenizer(cfg: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 
-    from alignkit.models.sources import model_errors  # a missing model: one line, not a traceback
-
     source = cfg.tokenizer or cfg.name_or_path
-    with model_errors(source):
+    with model_errors(source):  # a missing model: one line, not a traceback
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
     if tok.pad_token_id is None:
         # Many base models ship without a pad token; EOS is the usual stand-in. Pad positions
@@ -67,15 +69,11 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 def attention_for(requested: str) -> str:
     """``auto`` and ``sdpa`` become ``sdpa_packed``: SDPA, except that a packed row attends within each example
     through a varlen kernel or per example (models.attention); a kernel that is not installed is a ConfigError."""
-    from alignkit.models.attention import resolve
-
     return resolve(requested)  # type: ignore[return-value]
 
 
 def plain_attention(requested: str | None) -> str | None:
     """What transformers itself is given for parts that never see packed rows: ``auto`` is its ``sdpa``."""
-    from alignkit.models.attention import PACKED_CHOICES, check_installed
-
     check_installed(requested)
     return "sdpa" if requested in PACKED_CHOICES else requested
 
@@ -117,13 +115,9 @@ def vlm_attention(requested: str | None, trust_remote_code: bool, source: str) -
     ``sdpa_packed`` attends per example instead of over a (T, T) block mask of the whole row (2.3x
     faster on a packed shapes micro-batch of 16 rows); the vision tower and the other parts keep the
     requested kernel. transformers takes a dict keyed by sub-config (``text_config``)."""
-    from alignkit.models.attention import PACKED_CHOICES
-
     if requested not in PACKED_CHOICES:
         return plain_attention(requested)
     from transformers import AutoConfig
-
-    from alignkit.models.adapters import adapter_base, is_adapter_dir
 
     config = AutoConfig.from_pretrained(adapter_base(source) if is_adapter_dir(source) else source,
                                         trust_remote_code=trust_remote_code)
@@ -186,8 +180,6 @@ def check_lora_targets(model: nn.Module, targets: list[str], modules: Iterable[t
     ``modules`` (``named_modules()`` of the part that gets adapters), else one line naming the missing ones and
     the model's linear layers; peft itself fails with a 50-line traceback when none match and skips a typo
     silently when others do. The default list passes where one of its names matches (e.g. OPT's out_proj)."""
-    from alignkit.errors import ModelError
-
     modules = list(modules)
     missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n, _ in modules)]
     if not missing or (list(targets) == LORA_DEFAULT and len(missing) < len(targets)):

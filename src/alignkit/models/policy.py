@@ -21,10 +21,12 @@ from torch import nn
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.batch import Batch, at_targets, model_inputs, select_targets
 from alignkit.models.attention import packed_model_inputs
+from alignkit.models.liger import liger_nll_sum
 from alignkit.models.loading import split_lm
 from alignkit.models.vlm import image_free_anchor
 from alignkit.ops.logprobs import chunked_token_logps
 from alignkit.ops.segments import segment_sum
+
 
 def final_hidden(backbone: nn.Module, hf_model: nn.Module, input_ids: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor:
     """``(B, T, H)`` final hidden states of ``backbone`` (the model without its head), KV cache off; a VLM
@@ -63,8 +65,6 @@ class CausalLMLogps(nn.Module):
         hidden = final_hidden(backbone, self.hf_model, input_ids, inputs)  # (B, T, H)
         hidden, targets = (select_targets(x, targets, target_index) for x in (hidden, targets))
         if liger_nll:
-            from alignkit.models.liger import liger_nll_sum
-
             return liger_nll_sum(hidden, head.weight, targets, bias=getattr(head, "bias", None))
         return chunked_token_logps(
             hidden, head.weight, targets, bias=getattr(head, "bias", None), chunk_size=self.chunk_size,

@@ -22,7 +22,11 @@ from torch import nn
 
 from alignkit.config.schema import ModelConfig
 from alignkit.data.batch import Batch
+from alignkit.models.adapters import adapters_disabled
 from alignkit.models.kinds import KINDS, ModelKind
+from alignkit.models.loading import load_tokenizer
+from alignkit.models.policy import sequence_sums
+from alignkit.models.sources import model_errors
 
 if TYPE_CHECKING:
     from alignkit.distributed.strategy.base import Handle
@@ -121,8 +125,6 @@ class Workload:
 def build_model(spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
     """The model of ``spec`` built by its kind's adapter; a missing / unreachable model or a corrupt weights
     file is one ModelError line."""
-    from alignkit.models.sources import model_errors
-
     with model_errors(spec.source):
         return KINDS.get(spec.kind).build(spec, cfg, dtype, tokenizer)
 
@@ -173,8 +175,6 @@ class Models:
         if spec is None or spec.shares is None:
             yield self[role]
             return
-        from alignkit.models.adapters import adapters_disabled
-
         owner = self[spec.shares]
         was_training = owner.training
         owner.eval()
@@ -194,8 +194,6 @@ class Models:
 
     def sequence_logps(self, role: str, batch: Batch) -> torch.Tensor:
         """``(S,)`` per-sequence sums of :meth:`logps` (``seq_index``; S = ``len(response_lengths)``)."""
-        from alignkit.models.policy import sequence_sums
-
         return sequence_sums(self.logps(role, batch), batch)
 
     def scores(self, role: str, batch: Batch) -> torch.Tensor:
@@ -246,8 +244,6 @@ OWN_TOKENIZER_ROLES = ("reward", "cost", "target")
 def role_tokenizer(spec: ModelSpec, run_tokenizer: Any, cfg: ModelConfig) -> Any:
     """The tokenizer ``spec``'s role reads with: ``spec.tokenizer`` if set; for a frozen scorer or target of a
     text policy, the one saved in its local directory (a reward_model run's final/ has it), else the run's."""
-    from alignkit.models.loading import load_tokenizer
-
     source = spec.tokenizer
     if source is None and spec.role in OWN_TOKENIZER_ROLES and not spec.trainable and hasattr(run_tokenizer, "get_vocab"):
         local = Path(spec.source)

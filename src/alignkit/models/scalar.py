@@ -18,10 +18,19 @@ import torch
 from torch import nn
 
 from alignkit.config.schema import ModelConfig
+from alignkit.distributed.env import read_env
 from alignkit.errors import ModelError
-from alignkit.models.adapters import adapter_base, attach_adapter, is_adapter_dir
-from alignkit.models.loading import apply_lora, attention_for, enable_checkpointing, quiet_load_report, vlm_attention
+from alignkit.models.adapters import adapter_base, adapter_config, attach_adapter, is_adapter_dir
+from alignkit.models.loading import (
+    apply_lora,
+    attention_for,
+    enable_checkpointing,
+    load_tokenizer,
+    quiet_load_report,
+    vlm_attention,
+)
 from alignkit.models.policy import final_hidden
+from alignkit.models.vlm import is_vlm_source, lora_on_language_model, register_llava_scorer, train_only
 from alignkit.ops.segments import last_positions
 
 HEAD_NAMES = ("score", "classifier")
@@ -91,8 +100,6 @@ def load_scalar_model(
     """
     from transformers import AutoModelForSequenceClassification
 
-    from alignkit.models.vlm import is_vlm_source, lora_on_language_model, register_llava_scorer, train_only
-
     path = name_or_path or cfg.name_or_path
     adapter = path if is_adapter_dir(path) else None
     vlm = is_vlm_source(str(path), cfg.trust_remote_code)
@@ -132,8 +139,6 @@ def describe_new_head(info: dict[str, Any], path: str, *, trainable: bool) -> No
     """transformers' loading report in one line (rank 0): a reward/cost model from a causal-LM
     checkpoint gets a fresh score head and leaves the LM head unused, which is expected when it is
     about to be trained; any other missing or unused weight is worth a warning."""
-    from alignkit.distributed.env import read_env
-
     missing, unused = list(info.get("missing_keys") or []), list(info.get("unexpected_keys") or [])
     if not (missing or unused) or not read_env().is_main:
         return
@@ -160,8 +165,6 @@ def saved_scorer_kind(model_dir: str | Path) -> tuple[bool, Any] | None:
     would get a fresh random head, and its scores would mean nothing."""
     import json
 
-    from alignkit.models.adapters import adapter_config
-
     model_dir = Path(model_dir)
     if is_adapter_dir(model_dir):
         kind = adapter_config(model_dir).get("task_type")
@@ -174,8 +177,6 @@ def saved_scorer_kind(model_dir: str | Path) -> tuple[bool, Any] | None:
 
 def load_scorer(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> tuple[ScalarHeadModel, Any]:
     """A trained reward/cost model (full or adapter directory) and its tokenizer, for scoring."""
-    from alignkit.models.loading import load_tokenizer
-
     model_dir = Path(model_dir)
     found = saved_scorer_kind(model_dir)
     if found is None:

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from alignkit.errors import ConfigError
+from alignkit.resources import resource_path
 
 PAD_TOKEN = "<|pad|>"
 BOS_TOKEN = "<|bos|>"
@@ -54,8 +55,6 @@ SIZES: dict[str, dict[str, int]] = {
 
 def default_corpus() -> Path:
     """The tokenizer corpus shipped in ``alignkit/resources/corpus.txt``."""
-    from alignkit.resources import resource_path
-
     return resource_path("corpus.txt")
 
 

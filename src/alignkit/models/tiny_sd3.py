@@ -25,7 +25,10 @@ from typing import Any
 
 import torch
 
+from alignkit.data.captions import pil_pixels
+from alignkit.data.synth_vlm import CANVAS, draw, make_scene
 from alignkit.models.tiny import _check_choice, train_tokenizer
+from alignkit.progress import track
 
 #: positions of the CLIP text encoders (and their tokenizers' ``model_max_length``), as CLIP's
 TEXT_LENGTH = 77
@@ -109,10 +112,6 @@ def fit_vae(vae: Any, *, steps: int, seed: int = 0, batch: int = 16, lr: float =
     VAE is trained): a random VAE decodes every latent to colour noise, so the images a pipeline draws would say
     nothing of what its transformer learned. Returns the last step's reconstruction MSE (pixels in [-1, 1])."""
     import random
-
-    from alignkit.data.captions import pil_pixels
-    from alignkit.data.synth_vlm import CANVAS, draw, make_scene
-    from alignkit.progress import track
 
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(vae.parameters(), lr=lr)

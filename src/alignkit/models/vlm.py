@@ -23,6 +23,9 @@ from torch import nn
 
 from alignkit.config.schema import ModelConfig
 from alignkit.errors import ModelError
+from alignkit.models.adapters import adapter_base, attach_adapter, is_adapter_dir
+from alignkit.models.loading import check_lora_targets, load_vlm, quiet_peft, upcast_trainable
+from alignkit.models.sources import check_hub
 
 PARTS: tuple[str, ...] = ("vision_tower", "projector", "language_model")
 _VISION_KEYS = ("vision_tower.", "vision_model.")
@@ -167,10 +170,6 @@ def is_vlm_source(source: str, trust_remote_code: bool = False) -> bool:
     model: its config has a ``vision_config``. False when the config cannot be read (the loader then says why)."""
     from transformers import AutoConfig
 
-    from alignkit.errors import ModelError
-    from alignkit.models.adapters import adapter_base, is_adapter_dir
-    from alignkit.models.sources import check_hub
-
     if not source:  # no model named (alignkit estimate --preset)
         return False
     try:
@@ -189,8 +188,6 @@ def part_params(source: str, trust_remote_code: bool = False) -> dict[str, int]:
     """part -> parameters of the LLaVA-family model at ``source`` (its config built on the meta device:
     no weights read), for the memory estimator."""
     from transformers import AutoConfig, AutoModelForImageTextToText
-
-    from alignkit.models.adapters import adapter_base, is_adapter_dir
 
     config = AutoConfig.from_pretrained(adapter_base(source) if is_adapter_dir(source) else source,
                                         trust_remote_code=trust_remote_code)
@@ -269,8 +266,6 @@ def lora_on_language_model(model: nn.Module, cfg: ModelConfig, also_train: Itera
     saved with the adapter (``task_type`` SEQ_CLS adds the score head)."""
     from peft import LoraConfig, get_peft_model
 
-    from alignkit.models.loading import check_lora_targets, quiet_peft, upcast_trainable
-
     assert cfg.lora is not None
     check_lora_targets(model, cfg.lora.target_modules, ((n, m) for n, m in model.named_modules() if "language_model" in n))
     targets = "|".join(re.escape(t) for t in cfg.lora.target_modules)
@@ -292,9 +287,6 @@ def load_vlm_model(cfg: ModelConfig, source: str, dtype: torch.dtype, *, trainab
     Trainable: ``projector_from`` replaces its projector; then only ``train_parts`` (None: all) train;
     with ``lora`` the language model trains through new LoRA adapters instead of in full.
     """
-    from alignkit.models.adapters import adapter_base, attach_adapter, is_adapter_dir
-    from alignkit.models.loading import load_vlm
-
     plain = dataclasses.replace(cfg, lora=None)  # our own LoRA below: on the language model only
     if is_adapter_dir(source):  # e.g. a LoRA sft stage's final/: base + its adapter (and projector copy)
         base = load_vlm(plain, name_or_path=adapter_base(source), dtype=dtype, trainable=trainable)

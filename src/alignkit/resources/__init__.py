@@ -9,6 +9,8 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
+from alignkit.constants import BUILTIN_PREFIX
+
 
 def _root() -> Path:
     """The ``alignkit/resources`` directory (the package is installed as plain files, not a zip)."""
@@ -29,8 +31,6 @@ def resource_path(name: str) -> Path:
     Looks in ``resources/data/`` then ``resources/``; a leading ``builtin:`` is accepted. Raises
     ``FileNotFoundError`` listing the available names when there is no such file.
     """
-    from alignkit.constants import BUILTIN_PREFIX
-
     name = name.removeprefix(BUILTIN_PREFIX)
     root = _root()
     # A bare file name only: "../" must not reach outside the resources.

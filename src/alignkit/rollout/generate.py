@@ -8,18 +8,8 @@ from typing import Any
 
 from torch import nn
 
-from alignkit.errors import DataError
+from alignkit.data.prompts import prompt_text
 from alignkit.rollout.engine import SamplingParams, build_engine, generate_once
-
-
-def prompt_text(tokenizer: Any, prompt: str | list[dict[str, str]]) -> str:
-    """A prompt as the model sees it: chat template with the assistant turn opened, if there is one."""
-    if getattr(tokenizer, "chat_template", None):
-        msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    if isinstance(prompt, list):
-        raise DataError("message-list prompts need a tokenizer with a chat template")
-    return prompt
 
 
 def generate(

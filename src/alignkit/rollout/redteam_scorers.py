@@ -40,8 +40,14 @@ from typing import Any
 import torch
 
 from alignkit.errors import ConfigError, ModelError
+from alignkit.models.scalar import load_scorer
+from alignkit.models.sources import model_errors
 from alignkit.registry import Registry
+from alignkit.rollout import image_rewards
+from alignkit.rollout.redteam_reward import jaccard, ngrams
 from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, by_field, call, combine, resolve
+from alignkit.rollout.score import on_main
+from alignkit.scoring import score_responses, trained_format
 
 
 @dataclass
@@ -104,8 +110,6 @@ class ToxicityScorer(ModelScorer):
     def load(self, device: torch.device) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from alignkit.models.sources import model_errors
-
         with model_errors(self.cfg.model):
             self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model, trust_remote_code=self.model_cfg.trust_remote_code)
             model = AutoModelForSequenceClassification.from_pretrained(
@@ -167,17 +171,12 @@ class ScalarModelScorer(ModelScorer):
     """A reward or cost model alignkit trained, on (attack, output) pairs encoded as its training pairs."""
 
     def load(self, device: torch.device) -> None:
-        from alignkit.models.scalar import load_scorer
-        from alignkit.scoring import trained_format
-
         self.model, self.tokenizer = load_scorer(self.cfg.model)  # full or LoRA adapter directory, with its tokenizer
         self.model.to(device)
         # encoded as its training run did (its config.yaml), as `alignkit score` does
         self.chat_template = bool(trained_format(self.cfg.model).get("chat_template", False))
 
     def score(self, texts: list[str], batch: Judged, start: int, device: torch.device) -> list[float]:
-        from alignkit.scoring import score_responses
-
         prompts = batch.attacks[start : start + len(texts)]
         scores = score_responses(self.model, self.tokenizer, prompts, texts, chat_template=self.chat_template,
                                  max_length=self.cfg.max_length, device=device)
@@ -192,8 +191,6 @@ class ClipQualityScorer(ModelScorer):
 
     def load(self, device: torch.device) -> None:
         from transformers import CLIPModel, CLIPProcessor
-
-        from alignkit.models.sources import model_errors
 
         with model_errors(self.cfg.model):
             self.tokenizer = CLIPProcessor.from_pretrained(self.cfg.model)
@@ -221,8 +218,6 @@ class FluencyScorer(ModelScorer):
 
     def load(self, device: torch.device) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from alignkit.models.sources import model_errors
 
         with model_errors(self.cfg.model):
             self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model, trust_remote_code=self.model_cfg.trust_remote_code)
@@ -256,8 +251,6 @@ class SeedSimilarityScorer:
         pass
 
     def __call__(self, batch: Judged, device: torch.device) -> list[float]:
-        from alignkit.rollout.redteam_reward import jaccard, ngrams
-
         return [jaccard(ngrams(a, 2), ngrams(str(s), 2)) for a, s in zip(batch.attacks, batch.seeds)]
 
 
@@ -272,8 +265,6 @@ class ShapesColourScorer:
         pass
 
     def __call__(self, batch: Judged, device: torch.device) -> list[float | None]:
-        from alignkit.rollout import image_rewards
-
         if len(batch.images) != len(batch.attacks) or any(im is None for im in batch.images):
             raise ConfigError(f"redteam.scorers: {self.function} scores rendered images (a flow policy's or the "
                               "t2i_vlm target's)")
@@ -323,8 +314,6 @@ def judge_placed(scorers: list[tuple[str, Any, Any]], batch: Judged, device: tor
     """Every scorer's values of this rank's samples (``key`` -> list, NaN = unscorable) for ``(key, config,
     scorer)`` entries: computed here (``local``) or on rank 0 over every rank's samples, each rank receiving
     its own (``main``: ``rollout.score.on_main``)."""
-    from alignkit.rollout.score import on_main
-
     def compute(items: list[Judged]) -> dict[str, list[float]]:
         whole = Judged.join(items)
         return {key: [float("nan") if v is None else float(v) for v in scorer(whole, device)]

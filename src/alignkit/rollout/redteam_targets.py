@@ -22,12 +22,14 @@ from typing import Any
 
 import torch
 
+from alignkit.data.prompts import prompt_text
 from alignkit.errors import ConfigError
 from alignkit.models.roles import ModelSpec
+from alignkit.models.sources import model_errors
 from alignkit.registry import Registry
 from alignkit.rollout.engine import SamplingParams
-from alignkit.rollout.generate import prompt_text
 from alignkit.rollout.rewards import RewardFunctionError, by_field, resolve
+from alignkit.rollout.vlm_generate import image_prompt
 
 TARGETS: Registry[type] = Registry("red-team target")
 
@@ -80,12 +82,8 @@ class T2IVLMTarget(LMTarget):
                 images: list[Any] | None = None) -> list[str]:
         """The VLM's continuation of each attack on its image: ``images`` when given (flow_rtpo's trained image
         policy drew them), else the renderer's."""
-        from alignkit.rollout.vlm_generate import image_prompt
-
         if self.processor is None:
             from transformers import AutoProcessor
-
-            from alignkit.models.sources import model_errors
 
             with model_errors(self.cfg.model):
                 self.processor = AutoProcessor.from_pretrained(self.cfg.tokenizer or self.cfg.model)

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from alignkit.data.judges import is_unsafe, judge_correct
+from alignkit.data.synth_redteam import is_toxic
+from alignkit.data.synth_vlm import judge, question_kind
 from alignkit.errors import ConfigError, UserError
 from alignkit.registry import Registry
 
@@ -58,8 +60,6 @@ def unsafe(prompts: list[Any], completions: list[str], **_: Any) -> list[float |
 @REWARD_FUNCTIONS.register("toxic_words")
 def toxic_words(prompts: list[Any], completions: list[str], **_: Any) -> list[float | None]:
     """1.0 when the completion holds a toxic word of the synthetic red-team world (``data/synth_redteam.py``)."""
-    from alignkit.data.synth_redteam import is_toxic
-
     return [float(is_toxic(c)) for c in completions]
 
 
@@ -74,8 +74,6 @@ def shapes_correct(prompts: list[Any], completions: list[str], *, scene: list[An
                    **_: Any) -> list[float | None]:
     """1.0 when the shapes task's judge (``alignkit.data.synth_vlm``) accepts the answer to the prompt's last
     question about the row's ``scene``, else 0.0; None for a row without a scene or a shapes question."""
-    from alignkit.data.synth_vlm import judge, question_kind
-
     out: list[float | None] = []
     for p, c, sc in zip(prompts, completions, scene or [None] * len(completions)):
         question = _last_user_text(p)

@@ -20,6 +20,7 @@ from alignkit.distributed import comm
 from alignkit.errors import DataError, ModelError, UserError
 from alignkit.models.roles import Models, same_vocabulary
 from alignkit.rollout.rewards import RewardFunctionError, WeightedFunction, by_field, call, combine, resolve
+from alignkit.scoring import score_responses
 
 
 @dataclass
@@ -93,7 +94,6 @@ class Scorer:
                 with strategy.autocast():
                     out += models.scores(role, batch).float().cpu().tolist()
             return out
-        from alignkit.scoring import score_responses
 
         try:
             with strategy.autocast():

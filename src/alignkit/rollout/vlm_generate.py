@@ -13,6 +13,13 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from alignkit.config.schema import ModelConfig
+from alignkit.data.synth_vlm import judge, question_kind
+from alignkit.data.vlm import chat_and_images, open_image, resolve_image
+from alignkit.errors import DataError
+from alignkit.models.adapters import adapter_base, is_adapter_dir
+from alignkit.models.sources import model_errors
+from alignkit.models.vlm import load_vlm_model
 from alignkit.rollout.engine import Prompt, SamplingParams, build_engine, generate_once
 
 #: processor outputs with one entry per token, not per image: the engine pads and masks the ids itself
@@ -54,9 +61,6 @@ def shapes_accuracy(model: nn.Module, processor: Any, rows: Sequence[dict[str, A
     """Exact-match accuracy of greedy answers to the shapes task's eval rows (one question each), per
     question kind, over colour + shape questions (``colour_shape``) and over all (:mod:`alignkit.data.synth_vlm`
     judges them from each row's scene)."""
-    from alignkit.data.synth_vlm import judge, question_kind
-    from alignkit.data.vlm import open_image
-
     prompts, images, questions = [], [], []
     for r in rows:
         q = r["conversations"][0]["value"]
@@ -78,9 +82,6 @@ def shapes_accuracy(model: nn.Module, processor: Any, rows: Sequence[dict[str, A
 def image_prompts(rows: Sequence[Any], image_root: str | None) -> tuple[list[list[dict[str, str]]], list[list[Any]]]:
     """Prompts and images of image-text rows (:mod:`alignkit.data.vlm` formats): each chat up to its last
     user turn (a trailing assistant answer is dropped), its images read (a bad one names the row)."""
-    from alignkit.data.vlm import chat_and_images, open_image, resolve_image
-    from alignkit.errors import DataError
-
     prompts, images = [], []
     for row in rows:
         messages, refs = chat_and_images(row)
@@ -96,11 +97,6 @@ def image_prompts(rows: Sequence[Any], image_root: str | None) -> tuple[list[lis
 def load_vlm_for_generation(model_dir: str) -> tuple[nn.Module, Any]:
     """A LLaVA-family model (full or LoRA adapter directory) and its processor, frozen."""
     from transformers import AutoProcessor
-
-    from alignkit.config.schema import ModelConfig
-    from alignkit.models.adapters import adapter_base, is_adapter_dir
-    from alignkit.models.sources import model_errors
-    from alignkit.models.vlm import load_vlm_model
 
     with model_errors(model_dir):
         model = load_vlm_model(ModelConfig(name_or_path=model_dir), model_dir, torch.float32, trainable=False)

@@ -26,6 +26,7 @@ import torch
 
 from alignkit.distributed import comm
 from alignkit.errors import TrainingError
+from alignkit.files import fsync_dir, write_text_atomic
 
 if TYPE_CHECKING:
     from alignkit.distributed.strategy.base import Handle, Strategy
@@ -67,25 +68,7 @@ def _fsync_tree(path: Path) -> None:
         if p.is_file():
             with p.open("rb") as fh:
                 os.fsync(fh.fileno())
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path)
 
 
 def disk_full(error: BaseException, where: Path) -> bool:
@@ -167,29 +150,8 @@ def discard(path: Path) -> None:
     hidden trash name first (atomic; loaders ignore it, the next run removes it), then deleted."""
     trash = path.with_name(f"{TRASH_PREFIX}{path.name[len(PREFIX):]}-{os.getpid()}")
     os.rename(path, trash)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
-
-
-def truncate_metrics(path: Path, step: int) -> int:
-    """Drop the rows of ``metrics.jsonl`` logged after ``step`` (a resumed run logs them again, so each
-    step appears once); returns how many were dropped. Written atomically."""
-    if not path.is_file():
-        return 0
-    kept, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row_step = json.loads(line).get("step", 0)
-        except (ValueError, AttributeError):  # a line cut by a crash
-            dropped += 1
-            continue
-        if isinstance(row_step, int) and row_step > step:
-            dropped += 1
-        else:
-            kept.append(line)
-    if dropped:
-        write_text_atomic(path, "".join(f"{x}\n" for x in kept))
-    return dropped
 
 
 def save_checkpoint(
@@ -238,7 +200,7 @@ def save_checkpoint(
         if final.exists():  # re-saving a step after a resume
             discard(final)
         os.rename(tmp, final)
-        _fsync_dir(output_dir)
+        fsync_dir(output_dir)
         write_text_atomic(output_dir / LATEST, final.name)
         if save_total_limit:
             for old in list_checkpoints(output_dir)[:-save_total_limit]:

@@ -16,10 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alignkit.algorithms import ALGORITHMS
 from alignkit.config.loader import resolve_batch
 from alignkit.config.schema import RunConfig
 from alignkit.constants import BUILTIN_PREFIX
+from alignkit.data.pipelines import PairData, TokenData
 from alignkit.data.sampler import GlobalOrder
+from alignkit.models.loading import load_tokenizer
+from alignkit.train.run_plan import plan_steps
 
 #: epochs of the run's order replayed at most (a long multi-epoch run is sized from its first ones)
 MAX_EPOCHS = 10
@@ -56,8 +60,6 @@ def _local(spec: str) -> bool:
 
 def _packed(data: Any) -> bool | None:
     """Whether the pipeline packs a micro-batch into one row (pairs always are); None = a pipeline not sized here."""
-    from alignkit.data.pipelines import PairData, TokenData
-
     if isinstance(data, PairData):  # VLM pairs carry images: their tokens are not the whole story
         return True if data.processor is None else None
     if isinstance(data, TokenData):
@@ -74,9 +76,6 @@ def drawn_batches(cfg: RunConfig, n_gpus: int) -> tuple[DrawnBatches | None, str
     if hub:
         return None, f"{hub[0]} is not a local file (a Hub dataset is not downloaded to estimate)"
     try:
-        from alignkit.algorithms import ALGORITHMS
-        from alignkit.models.loading import load_tokenizer
-
         algo = ALGORITHMS.get(cfg.algorithm)(cfg, load_tokenizer(cfg.model))
         data = getattr(algo, "data", None)
         packed = _packed(data)
@@ -93,8 +92,6 @@ def drawn_batches(cfg: RunConfig, n_gpus: int) -> tuple[DrawnBatches | None, str
 def _replay(examples: Any, per_device: int, accumulation: int, world: int, cfg: RunConfig,
             packed: bool) -> DrawnBatches:
     """Walk the run's micro-batches on every rank (epochs as the loop does) and keep the largest."""
-    from alignkit.train.run_plan import plan_steps
-
     n = len(examples)
     steps = plan_steps(n, per_device, accumulation, world, cfg.training)
     want = steps.total * accumulation  # micro-batches per rank the run draws (fewer at an epoch's end: an upper bound)

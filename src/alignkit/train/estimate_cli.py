@@ -15,10 +15,10 @@ from alignkit.distributed.plan import (
     choose_strategy,
     estimate,
     fits,
-    format_table,
     frozen_bytes,
     parse_memory,
 )
+from alignkit.distributed.plan_report import format_table
 from alignkit.errors import ConfigError
 from alignkit.train.drawn_batches import drawn_batches
 

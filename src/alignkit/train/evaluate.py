@@ -15,8 +15,9 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader
 
+import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections: eval_command loads a config)
 from alignkit.algorithms.base import Context, Example, MetricSums, OfflineAlgorithm
-from alignkit.config import RunConfig
+from alignkit.config import RunConfig, load_config
 from alignkit.data.sampler import EvalSampler
 from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
@@ -109,7 +110,4 @@ def run_eval(cfg: RunConfig, model_dir: str | None = None, out: str | None = Non
 
 
 def eval_command(config: str, overrides: list[str], model_dir: str | None, out: str | None) -> dict[str, Any]:
-    import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
-    from alignkit.config import load_config
-
     return run_eval(load_config(config, overrides), model_dir, out)

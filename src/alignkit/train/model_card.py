@@ -23,8 +23,11 @@ from typing import Any
 
 import yaml
 
+from alignkit.data.sources import resolve_source
+from alignkit.errors import DataError
+from alignkit.files import write_text_atomic
 from alignkit.logging import scrub
-from alignkit.train.checkpoint import write_text_atomic
+from alignkit.plot import METRICS_FILE, read_metrics
 
 CARD = "README.md"
 PLOT = "summary.png"
@@ -147,9 +150,6 @@ def _card_meta(path: Path) -> dict[str, Any]:
 
 def hub_datasets(cfg: dict[str, Any]) -> list[str]:
     """The entries of data.train that are Hub data sets (local files, folders and builtin: sets are not)."""
-    from alignkit.data.sources import resolve_source
-    from alignkit.errors import DataError
-
     names = []
     for spec in cfg.get("data", {}).get("train") or []:
         try:
@@ -179,9 +179,6 @@ def _data_section(cfg: dict[str, Any]) -> str:
 
 def read_run_metrics(run_dir: Path) -> dict[str, tuple[list[float], list[float]]]:
     """``{metric: (steps, values)}`` from the run's metrics.jsonl; empty without one (logging without jsonl)."""
-    from alignkit.errors import DataError
-    from alignkit.plot import METRICS_FILE, read_metrics
-
     try:
         return read_metrics(run_dir / METRICS_FILE).series
     except (DataError, OSError):

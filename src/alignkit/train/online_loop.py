@@ -35,6 +35,7 @@ from alignkit.config.loader import BatchPlan
 from alignkit.data.sampler import GlobalOrder
 from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
+from alignkit.errors import ConfigError, DataError
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
 from alignkit.rollout.context import Experience, RolloutContext
@@ -87,10 +88,7 @@ class OnlineTrainer:
         # every rank samples its own completions: a prompt whose group spans ranks must not get the
         # same completions twice (rank 0 keeps the run's seed, so one process samples as before)
         torch.manual_seed(cfg.training.seed + 1_000_003 * self.strategy.dp_rank)
-        state = self.checkpointer.resume(cfg.checkpoint.resume_from, weights_only=cfg.checkpoint.resume_weights_only)
-        self.algo.load_state_dict(state.algo)
-        if self.checkpointer.resumed is not None:
-            self.algo.load_files(self.checkpointer.resumed, Context(self.models, self.strategy, state.step))
+        state = self._resume()
         window, losses, metrics, eval_metrics = Window(), [], {}, {}
         guard = NonfiniteGuard(cfg.training.nonfinite, cfg.training.max_nonfinite_steps, log)
         if self.eval_prompts:  # where the policy starts: the eval curves' first point
@@ -102,17 +100,7 @@ class OnlineTrainer:
                 lr = self.models.handles[self.models.primary].scheduler.get_last_lr()[0]
                 experience, rollout_s = self._rollout(state)
                 samples, stats = experience.samples, experience.stats
-                start = time.perf_counter()
-                results = []
-                for part in self._mini_batches(samples):
-                    if state.step >= total:
-                        break
-                    results.append(self._step(part))
-                    state.step += 1
-                    self.algo.on_optimizer_step(Context(self.models, self.strategy, state.step))
-                    guard.observe(state.step, results[-1])
-                    losses.append(results[-1].loss)
-                update_s = time.perf_counter() - start
+                results, update_s = self._update(samples, state, guard, losses)
                 result = results[-1]
                 stats.add("rollout_s", rollout_s, 1)
                 stats.add("update_s", update_s, 1)
@@ -145,6 +133,31 @@ class OnlineTrainer:
             final_weights=lambda: self.algo.output_weights(Context(self.models, self.strategy, state.step)))
         log.close()
         return TrainResult(final_dir, metrics, eval_metrics, losses)
+
+    def _resume(self) -> TrainState:
+        """The run's state: a fresh one, or the checkpoint's (``checkpoint.resume_from``) with the algorithm's."""
+        ck = self.cfg.checkpoint
+        state = self.checkpointer.resume(ck.resume_from, weights_only=ck.resume_weights_only)
+        self.algo.load_state_dict(state.algo)
+        if self.checkpointer.resumed is not None:
+            self.algo.load_files(self.checkpointer.resumed, Context(self.models, self.strategy, state.step))
+        return state
+
+    def _update(self, samples: list[Sample], state: TrainState, guard: NonfiniteGuard,
+                losses: list[float]) -> tuple[list[StepResult], float]:
+        """The iteration's optimizer steps over its samples (up to the run's last step), each step's loss
+        appended to ``losses``; the steps' results and the seconds they took."""
+        start = time.perf_counter()
+        results = []
+        for part in self._mini_batches(samples):
+            if state.step >= self.plan.steps.total:
+                break
+            results.append(self._step(part))
+            state.step += 1
+            self.algo.on_optimizer_step(Context(self.models, self.strategy, state.step))
+            guard.observe(state.step, results[-1])
+            losses.append(results[-1].loss)
+        return results, time.perf_counter() - start
 
     def _mini_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """The iteration's optimizer steps in order: per update epoch, ``rollout.mini_batches`` disjoint slices.
@@ -254,8 +267,6 @@ class OnlineTrainer:
 def check_groups(plan: RunPlan, cfg: RunConfig) -> None:
     """The global batch (completions) must hold whole groups of ``num_generations``, and each rank's
     completions split evenly into ``rollout.mini_batches``."""
-    from alignkit.errors import ConfigError
-
     r, b = cfg.section(RolloutConfig), plan.batch
     G, M = r.num_generations, r.mini_batches
     if b.global_batch % G:
@@ -279,8 +290,6 @@ def online_steps(n_prompts: int, plan: RunPlan, cfg: RunConfig) -> RunPlan:
 def online_step_plan(n_prompts: int, b: BatchPlan, cfg: RunConfig) -> StepPlan:
     """Steps of an online run over ``n_prompts``: an iteration draws global_batch / num_generations prompts and
     takes update_epochs x mini_batches optimizer steps (``alignkit validate`` and ``launch`` count the same)."""
-    from alignkit.errors import DataError
-
     per_iteration = b.global_batch // cfg.section(RolloutConfig).num_generations
     iterations = n_prompts // per_iteration
     if iterations == 0:

@@ -7,14 +7,17 @@ import dataclasses
 import yaml
 
 from alignkit.algorithms import ALGORITHMS, workload_of
+from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config import load_config
 from alignkit.config.loader import BatchPlan, resolve_batch, to_dict
 from alignkit.config.schema import RunConfig
 from alignkit.config.sections import registered_sections
 from alignkit.distributed.env import read_env
 from alignkit.distributed.strategy.base import pick_backend, pick_compute_dtype, pick_device
+from alignkit.distributed.strategy.deepspeed_config import build_deepspeed_config
 from alignkit.errors import UserError
 from alignkit.models.loading import load_tokenizer
+from alignkit.train.online_loop import check_groups, online_step_plan
 from alignkit.train.run_plan import StepPlan, plan_run, plan_steps
 
 
@@ -43,8 +46,6 @@ def print_plan(config: str, overrides: list[str], *, world_size: int | None = No
     device = pick_device(env)
     dtype = pick_compute_dtype(cfg.model.dtype, device)
     if run.strategy == "deepspeed":  # its JSON's own rules (train_batch_size = micro x accumulation x world, ...)
-        from alignkit.distributed.strategy.deepspeed_config import build_deepspeed_config
-
         build_deepspeed_config(run.distributed.deepspeed, per_device=plan.per_device, accumulation=plan.accumulation,
                                world_size=env.world_size, max_grad_norm=cfg.training.max_grad_norm, dtype=dtype)
     backend = pick_backend(cfg.distributed.backend, device) if env.world_size > 1 else "none"
@@ -53,9 +54,6 @@ def print_plan(config: str, overrides: list[str], *, world_size: int | None = No
         n_train = plan.global_batch * (cfg.training.max_steps or 0)
     else:
         n_train = len(algo.data.build_dataset(cfg.data.train, "train"))
-    from alignkit.algorithms.online import OnlineAlgorithm
-    from alignkit.train.online_loop import check_groups
-
     if isinstance(algo, OnlineAlgorithm):
         check_groups(run, cfg)  # as the online loop does before it counts its steps
     steps = step_plan(algo, n_train, plan, cfg)
@@ -110,9 +108,6 @@ def batch_growth_note(cfg: RunConfig, processes: int) -> str | None:
 def step_plan(algo: object, n_train: int, b: BatchPlan, cfg: RunConfig) -> StepPlan:
     """The steps of a run over ``n_train`` examples, counted as its loop trains them: an online algorithm's
     iterations draw global_batch / num_generations prompts each (validate and launch share this count)."""
-    from alignkit.algorithms.online import OnlineAlgorithm
-    from alignkit.train.online_loop import online_step_plan
-
     if isinstance(algo, OnlineAlgorithm):
         return online_step_plan(n_train, b, cfg)
     return plan_steps(n_train, b.per_device, b.accumulation, b.world_size, cfg.training)

@@ -27,21 +27,24 @@ from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config import RunConfig, to_dict
 from alignkit.config.schema import ModelConfig
 from alignkit.data.streaming import RowStream
-from alignkit.distributed.auto import frozen_roles, frozen_sharding
+from alignkit.distributed.auto import frozen_roles, frozen_sharding, memory_inputs
 from alignkit.distributed.env import DistEnv, read_env
+from alignkit.distributed.plan import estimate
+from alignkit.distributed.plan_report import format_table
 from alignkit.distributed.preflight import preflight
 from alignkit.distributed.strategy import build_strategy
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
+from alignkit.distributed.strategy.sharded import decoder_blocks
 from alignkit.errors import ConfigError
 from alignkit.logging import RunLogger, scrub, setup_console
 from alignkit.models import attention, fused
-from alignkit.models.loading import count_parameters
 from alignkit.models.kinds import KINDS
-from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
 from alignkit.models.liger import check_liger
+from alignkit.models.loading import count_parameters
+from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
 from alignkit.plot import plot_after_run
-from alignkit.train.hub_push import publish
 from alignkit.train.checkpoint import resolve_resume, role_dir
+from alignkit.train.hub_push import publish
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
 from alignkit.train.optim import build_optimizer, optimizer_impl
@@ -185,8 +188,6 @@ def compile_decoder_blocks(module: torch.nn.Module) -> int:
     """``Module.compile`` each repeated transformer block of ``module`` (regional compilation: the blocks
     share one compiled graph, and parameter names, state dicts and engine wrapping are unchanged);
     ``dynamic=True`` so a new sequence length does not recompile. Returns how many blocks."""
-    from alignkit.distributed.strategy.sharded import decoder_blocks
-
     blocks = decoder_blocks(module)
     if not blocks:
         raise ConfigError(f"training.torch_compile: found no decoder blocks in {type(module).__name__} "
@@ -246,9 +247,6 @@ def memory_line(device: torch.device) -> str:
 def memory_table(cfg: RunConfig, workload: Workload, strategy: Strategy) -> str:
     """The memory estimator's per-component table (policy, optimizer, gradients, reference, frozen
     models, activations) for this run's engine, as the seed guides print one at start-up."""
-    from alignkit.distributed.auto import memory_inputs
-    from alignkit.distributed.plan import estimate, format_table
-
     stage = getattr(strategy, "zero_stage", None)
     name = strategy.frozen_plan() or (f"zero{stage}" if stage in (1, 2) else "ddp")
     try:

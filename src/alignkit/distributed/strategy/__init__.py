@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from alignkit.config.schema import DistributedConfig, RunConfig
+from alignkit.distributed.auto import auto_strategy
 from alignkit.distributed.env import DistEnv
 from alignkit.distributed.strategy.base import Handle, Strategy
 from alignkit.distributed.strategy.ddp import DDPStrategy
@@ -37,8 +38,6 @@ def resolve_strategy(cfg: RunConfig, env: DistEnv, workload: Workload, memory: D
     if name != "auto":
         return name, "set in the config", cfg.distributed
     if env.world_size > 1:
-        from alignkit.distributed.auto import auto_strategy
-
         return auto_strategy(cfg, env, workload, memory)
     return "single", "auto: one process", cfg.distributed
 

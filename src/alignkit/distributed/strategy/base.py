@@ -25,10 +25,11 @@ import torch.distributed as dist
 from torch import nn
 
 from alignkit.config.schema import DistributedConfig
-from alignkit.distributed import comm
+from alignkit.distributed import auto, comm
 from alignkit.distributed.env import DistEnv
 from alignkit.errors import ConfigError
 from alignkit.models.loading import hf_model
+from alignkit.models.weights import load_weights_into
 
 if TYPE_CHECKING:
     from alignkit.config.loader import BatchPlan
@@ -161,9 +162,7 @@ class Strategy(ABC):
                                f"({' + '.join(frozen_roles)}: {why})"
 
     def _auto_shard_frozen(self, plan: str, estimate: FrozenSharding) -> tuple[bool, str]:
-        from alignkit.distributed.auto import probe_device_memory
-
-        memory = probe_device_memory(self.env)
+        memory = auto.probe_device_memory(self.env)  # looked up when called: a replaced probe is seen
         # Rank 0 alone decides, for the smallest device of all ranks; every rank takes its answer, so
         # the sharded forwards stay in lock-step even if another rank could not read the model config.
         smallest = -int(comm.all_reduce_max(torch.tensor(-memory.bytes_per_rank, dtype=torch.int64)).item())
@@ -307,8 +306,6 @@ class Strategy(ABC):
 
     def load_training_state(self, handle: Handle, ckpt_dir: Path) -> None:
         """Model weights and optimizer state from a checkpoint directory (every rank reads)."""
-        from alignkit.models.weights import load_weights_into
-
         load_weights_into(hf_model(self.unwrap(handle.module)), ckpt_dir)
         state = torch.load(ckpt_dir / "optimizer.pt", map_location=self.device, weights_only=True)
         handle.optimizer.load_state_dict(state["optimizer"])

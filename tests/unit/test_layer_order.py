@@ -1,0 +1,211 @@
+"""The package's floors: a module imports alignkit modules on its own floor or below, never above.
+
+Every import of an alignkit module is read off the source with ``ast``: at module level, under ``if
+TYPE_CHECKING:`` and inside functions (a function-local import still makes the lower floor depend on the
+upper one; it only hides the cycle from the interpreter). docs/architecture.md names the floors.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "src" / "alignkit"
+
+#: bottom to top; a module's floor is that of its longest listed prefix
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("alignkit", "alignkit.errors", "alignkit.registry", "alignkit.constants", "alignkit.resources",
+              "alignkit.progress", "alignkit.files")),
+    ("config", ("alignkit.config",)),
+    ("kernels and runtime", ("alignkit.ops", "alignkit.losses", "alignkit.logging", "alignkit.plot",
+                             "alignkit.distributed", "alignkit.distributed.env", "alignkit.distributed.comm")),
+    # the estimator's arithmetic: pure numbers from model dimensions, no model built
+    ("estimator arithmetic", ("alignkit.distributed.model_dims", "alignkit.distributed.pipeline_dims",
+                              "alignkit.distributed.activations", "alignkit.distributed.plan",
+                              "alignkit.distributed.plan_report")),
+    ("data", ("alignkit.data",)),
+    ("models", ("alignkit.models",)),
+    # the planner asks the model kinds for their dimensions; the kinds never ask it back
+    ("planner", ("alignkit.distributed.auto", "alignkit.distributed.preflight")),
+    ("engines", ("alignkit.distributed.strategy",)),
+    ("rollout", ("alignkit.rollout", "alignkit.scoring")),
+    ("algorithms", ("alignkit.algorithms",)),
+    ("train", ("alignkit.train",)),
+    ("entry points", ("alignkit.cli", "alignkit.__main__", "alignkit.demo", "alignkit.docs_gen", "alignkit.launch",
+                      "alignkit.launch_slurm", "alignkit.launch_k8s")),
+)
+
+#: (importing module, imported module) pairs that still run up a floor, each with why it is left; the test
+#: fails on any other, and on an entry here that no longer occurs (remove it then)
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    ("alignkit.models.kinds", "alignkit.rollout.engine"):
+        "type hints only (Generations, RolloutEngine, SamplingParams): the engine lifecycle work owns both files",
+    ("alignkit.models.roles", "alignkit.distributed.strategy.base"):
+        "type hint only (Handle of a trained role in the Models bundle)",
+    ("alignkit.rollout.context", "alignkit.algorithms.base"):
+        "type hint only (MetricSums): moves with the engine lifecycle work on rollout/context.py",
+    ("alignkit.rollout.vllm_engine", "alignkit.algorithms.online"):
+        "RolloutConfig read by the vLLM engine: the engine lifecycle work moves the settings into the engine",
+    ("alignkit.algorithms.flow_grpo", "alignkit.train.ema"):
+        "ParamEMA: flow_grpo.py is being reworked by the diffusion work; ParamEMA moves below the algorithms then",
+}
+
+
+#: modules whose functions import alignkit modules when called, how many such imports, and why; any other
+#: module imports alignkit at module level only (a new late import is a failure: hoist it, or say why here)
+LATE_IMPORTS: dict[str, tuple[int, str]] = {
+    "alignkit.cli": (3, "start-up: `alignkit --help` loads no command's implementation"),
+    "alignkit.cli.generate_command": (13, "start-up: a command's modules load when it runs"),
+    "alignkit.cli.generate_images": (17, "start-up: a command's modules load when it runs"),
+    "alignkit.cli.migrate_command": (2, "start-up: a command's modules load when it runs"),
+    "alignkit.cli.plot_command": (1, "start-up: matplotlib's plotting loads when `alignkit plot` runs"),
+    "alignkit.cli.run_commands": (13, "start-up: a command's modules load when it runs"),
+    "alignkit.cli.tool_commands": (10, "start-up: a command's modules load when it runs"),
+    "alignkit.docs_gen": (2, "the CLI and alias pages need no torch; only the config page loads the algorithms"),
+    "alignkit.models.adapters": (3, "cycle: models/loading.py imports the adapters at module level"),
+    "alignkit.models.tiny": (2, "cycle: tiny_vlm / tiny_sd3 build on tiny's Llama; sd3 needs diffusers"),
+    "alignkit.train.evaluate": (1, "cycle: train/runner.py imports evaluate (alignkit eval builds a Session)"),
+    "alignkit.algorithms.flow_sft": (1, "models/diffusion.py: reworked by the diffusion work, left as it is"),
+    "alignkit.distributed.auto": (1, "models/diffusion.py: reworked by the diffusion work, left as it is"),
+    "alignkit.rollout.redteam_targets": (1, "rollout/t2i_render.py: reworked by the diffusion work, left as it is"),
+    "alignkit.models.kinds": (17, "the engine lifecycle and diffusion work rewrite the kinds: left as they are"),
+    "alignkit.models.diffusion": (1, "reworked by the diffusion work: left as it is"),
+    "alignkit.algorithms.flow_rtpo": (1, "reworked by the diffusion work: left as it is"),
+    "alignkit.rollout.t2i_render": (3, "reworked by the diffusion work: left as it is"),
+    "alignkit.rollout.engine": (1, "reworked by the engine lifecycle work: left as it is"),
+    "alignkit.rollout.vllm_engine": (4, "reworked by the engine lifecycle work: left as it is"),
+}
+
+
+def floor_of(module: str) -> int:
+    best, floor = -1, None
+    for i, (_, prefixes) in enumerate(FLOORS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, floor = len(p), i
+    assert floor is not None, f"{module} is on no floor: add it to FLOORS"
+    return floor
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def alignkit_imports(path: Path) -> list[tuple[int, str, str]]:
+    """(line, module, where) of every import of an alignkit module in ``path``, relative ones resolved;
+    ``from alignkit.x import y`` counts ``alignkit.x.y`` where that is a module, else ``alignkit.x``. ``where``:
+    ``module`` (runs on import), ``typing`` (under ``if TYPE_CHECKING:``) or ``function`` (runs when called)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    where: dict[int, str] = {}
+    for outer in ast.walk(tree):
+        kind = ("function" if isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) else
+                "typing" if isinstance(outer, ast.If) and "TYPE_CHECKING" in ast.unparse(outer.test) else None)
+        if kind:
+            for node in ast.walk(outer):  # outer nodes come first: the innermost function or block wins
+                where[id(node)] = kind
+    out = []
+    for node in ast.walk(tree):
+        at = where.get(id(node), "module")
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, at) for a in node.names if a.name.split(".")[0] == "alignkit"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            if base.split(".")[0] != "alignkit":
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                is_module = (PKG.parent / Path(*sub.split("."))).with_suffix(".py").is_file() or (
+                    PKG.parent / Path(*sub.split(".")) / "__init__.py").is_file()
+                out.append((node.lineno, sub if is_module else base, at))
+    return out
+
+
+def upward_imports() -> dict[tuple[str, str], list[str]]:
+    found: dict[tuple[str, str], list[str]] = {}
+    for f in sorted(PKG.rglob("*.py")):
+        importer = module_name(f)
+        for line, imported, _ in alignkit_imports(f):
+            if floor_of(imported) > floor_of(importer):
+                where = found.setdefault((importer, imported), [])
+                if f"{f.relative_to(PKG)}:{line}" not in where:  # ``from x import a, b`` is one import
+                    where.append(f"{f.relative_to(PKG)}:{line}")
+    return found
+
+
+def test_no_import_runs_up_a_floor() -> None:
+    found = upward_imports()
+    new = [f"{where[0]}: {a} (floor {FLOORS[floor_of(a)][0]}) imports {b} (floor {FLOORS[floor_of(b)][0]})"
+           for (a, b), where in found.items() if (a, b) not in KNOWN_UPWARD]
+    assert not new, "imports that run up a floor:\n" + "\n".join(new)
+    gone = [pair for pair in KNOWN_UPWARD if pair not in found]
+    assert not gone, f"no longer upward, remove from KNOWN_UPWARD: {gone}"
+
+
+def test_every_module_is_on_a_floor() -> None:
+    modules = [module_name(f) for f in PKG.rglob("*.py")]
+    assert len(modules) > 100, "the rule must look at real files"
+    for m in modules:
+        floor_of(m)
+
+
+def test_the_rule_sees_function_local_and_relative_imports(tmp_path: Path, monkeypatch) -> None:
+    pkg = tmp_path / "alignkit" / "data"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "io.py").write_text("")
+    (pkg / "m.py").write_text("from . import io\n\ndef f():\n    from alignkit.train.step import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "PKG", tmp_path / "alignkit")
+    assert alignkit_imports(pkg / "m.py") == [(1, "alignkit.data.io", "module"), (4, "alignkit.train.step", "function")]
+    assert floor_of("alignkit.train.step") > floor_of("alignkit.data.m")
+    assert floor_of("alignkit.distributed.auto") > floor_of("alignkit.models.kinds") > floor_of(
+        "alignkit.distributed.plan")
+    (pkg / "io.py").write_text("from alignkit.data.m import f\n")  # io -> m -> io at module level
+    with pytest.raises(AssertionError, match="alignkit.data.io -> alignkit.data.m -> alignkit.data.io"):
+        test_no_import_cycle_at_module_level()
+    (pkg / "m.py").write_text("from . import io\n\ndef f():\n    from alignkit.data import io\n")
+    with pytest.raises(AssertionError, match="alignkit.data.m: 1 function-local alignkit imports"):
+        test_late_imports_are_few_and_each_says_why()
+
+
+def test_late_imports_are_few_and_each_says_why() -> None:
+    counts: dict[str, int] = {}
+    for f in sorted(PKG.rglob("*.py")):
+        late = [line for line, _, at in alignkit_imports(f) if at == "function"]
+        if late:
+            counts[module_name(f)] = len(set(late))
+    over = [f"{m}: {n} function-local alignkit imports (allowed: {LATE_IMPORTS.get(m, (0, ''))[0]})"
+            for m, n in counts.items() if n > LATE_IMPORTS.get(m, (0, ""))[0]]
+    assert not over, "\n".join(over)
+    assert sum(counts.values()) <= sum(n for n, _ in LATE_IMPORTS.values())
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    """The imports that run when a module is imported form no cycle (a late import no longer hides one)."""
+    graph = {module_name(f): {m for _, m, at in alignkit_imports(f) if at == "module"} for f in PKG.rglob("*.py")}
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            if d == m or d not in graph:
+                continue
+            if state.get(d) == 1:
+                return [*path, m, d]
+            if d not in state and (cycle := visit(d, [*path, m])):
+                return cycle
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            cycle = visit(m, [])
+            assert cycle is None, " -> ".join(cycle[cycle.index(cycle[-1]):])
