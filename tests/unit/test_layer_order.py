@@ -47,8 +47,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
         "type hint only (Handle of a trained role in the Models bundle)",
     ("alignkit.rollout.context", "alignkit.algorithms.base"):
         "type hint only (MetricSums): moves with the engine lifecycle work on rollout/context.py",
-    ("alignkit.rollout.vllm_engine", "alignkit.algorithms.online"):
-        "RolloutConfig read by the vLLM engine: the engine lifecycle work moves the settings into the engine",
     ("alignkit.algorithms.flow_grpo", "alignkit.train.ema"):
         "ParamEMA: flow_grpo.py is being reworked by the diffusion work; ParamEMA moves below the algorithms then",
 }
