@@ -58,7 +58,7 @@ def test_flow_grpo_draws_through_ctx_generate_and_scores_through_models_logps(mi
                                          for i, p in enumerate(PROMPTS)], params)
     assert torch.equal(direct.trajectory.latents, drawn.trajectory.latents)
 
-    units = algo.units_of(drawn)
+    units = algo.units_of(drawn, PROMPTS)
     for u in units:
         u["advantage"] = torch.tensor(1.0)
     batch = algo.collate(units)

@@ -17,7 +17,8 @@ Per iteration of the online loop (``num_generations`` images per prompt, groups 
    one per image, shared by its timesteps;
 4. update: each (image, denoising step) pair of the first ``timestep_fraction`` of the steps is a loss unit
    (flow_grpo's per-timestep accumulation); its log-prob is recomputed under the current policy at the stored
-   latents (``models.logps``: the kind's transition at the stored latents) and the loss (``losses/flow.py`` ``flow_grpo_loss``: clipped ratio, + beta KL of the step's mean to
+   latents (``models.logps``: the kind's transition at the stored latents) and the loss (``losses/flow.py``
+   ``flow_grpo_loss``: clipped ratio, + beta KL of the step's mean to
    the LoRA-off base) is summed over the step's pairs / (global pairs / dp_size) by the shared step code;
    ``rollout.mini_batches: 2`` (the shipped recipe, as flow_grpo's two optimizer steps per epoch) splits the
    images into two disjoint halves, the second scored by the policy the first step moved (ratio != 1, clipped).
@@ -244,7 +245,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         if quality is not None:
             gathered["reward/quality"] = quality
         gathered.update({f"reward/{k}": v for k, v in scores.items()})
-        samples = self.units_of(drawn)
+        samples = self.units_of(drawn, prompts)
         stats = self.make_experience(ctx, samples, [], gathered)
         for name, values in gathered.items():
             ok = values[~torch.isnan(values)]
@@ -252,13 +253,13 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         stats.add("var", terms["var"], 1)
         return Experience(samples, gathered, stats)
 
-    def units_of(self, drawn: ImageGenerations) -> list[Sample]:
+    def units_of(self, drawn: ImageGenerations, prompts: list[str]) -> list[Sample]:
         """One loss unit per (image, trained denoising step), step-major (a micro-batch holds one step of
         several images, as flow_grpo's): the stored transition (``transition_units``), ``old_logp`` the sampler's,
-        ``image`` its index on this rank. Tensors stay on the device."""
+        ``image`` its index on this rank (``prompt`` its prompt: samples.jsonl). Tensors stay on the device."""
         units = transition_units(drawn, self.opts.train_steps)
         for u in units:
-            u["old_logp"] = u.pop("logp")
+            u["old_logp"], u["prompt"] = u.pop("logp"), prompts[u["image"]]
         return units
 
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],

@@ -137,7 +137,7 @@ class FlowRTPO(RedTeam):
         self.image = ImagePolicy(cfg, image_reference(cfg))
         self.answers_per_attack = self.image.per_attack  # RedTeam.rollout: the VLM answers each image
         self.evaluating = False
-        self.drawn: Any = None  # this rollout's images (ImageGenerations), from answered() to rollout()
+        self.drawn: Any = None  # this rollout's (prompts, ImageGenerations), from answered() to rollout()
 
     @classmethod
     def check_config(cls, cfg: RunConfig) -> None:
@@ -188,9 +188,9 @@ class FlowRTPO(RedTeam):
         else:
             start = time.perf_counter()
             keys = [f"sample:{i}" for i in range(ctx.mine.start * k, ctx.mine.stop * k)]  # the image's global index
-            self.drawn = self.image.render(ctx, shown, keys, steps=o.num_inference_steps, noise_level=o.noise_level,
-                                           step=self.image.step)
-            images, self.sample_s = self.drawn.images, time.perf_counter() - start
+            self.drawn = shown, self.image.render(ctx, shown, keys, steps=o.num_inference_steps,
+                                                  noise_level=o.noise_level, step=self.image.step)
+            images, self.sample_s = self.drawn[1].images, time.perf_counter() - start
         seeds = [row["prompt"] for row in ctx.rows for _ in range(k)]
         fields = [row["fields"] for row in ctx.rows for _ in range(k)]
         outputs = self.target.respond(ctx, shown, seeds, fields, images=images)
@@ -204,7 +204,7 @@ class FlowRTPO(RedTeam):
         o = self.image.opts
         tox, quality = exp.scores["toxicity"], self.image_quality(exp.scores)
         terms = redteam_reward(tox, quality, tau=o.tau, w_cvar=o.w_cvar, w_quality=o.w_quality if quality is not None else 0.0)
-        units = self.image.units_of(self.drawn)
+        units = self.image.units_of(self.drawn[1], self.drawn[0])
         stats = self.image.make_experience(ctx, units, [], {"reward": terms["reward"]})
         for k, v in stats.means().items():
             exp.stats.add(IMAGE + k, v, 1)
