@@ -16,6 +16,7 @@ head), ``vlm`` (a LLaVA-family model with the ``lm`` forward; its batches carry 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,6 +24,7 @@ from torch import nn
 
 from alignkit.config.schema import ModelConfig
 from alignkit.data.batch import Batch
+from alignkit.models import diffusion_sample
 from alignkit.registry import Registry
 
 if TYPE_CHECKING:
@@ -190,11 +192,9 @@ class DiffusionKind(ModelKind):
         ``FlowSampling``): images, the trajectory with each SDE step's log-prob, the conditioning. The token engine
         is not used (no engine samples a flow SDE; a sharded module steps every rank alike, as it draws a fixed
         number of steps), nor its autocast: the sampler runs in the pipeline's dtypes."""
-        from alignkit.models.diffusion_sample import generate
-
         device = next(module.parameters()).device
         with torch.autocast(device.type, enabled=False):
-            return generate(module, prompts, params)
+            return diffusion_sample.generate(module, prompts, params)
 
     def logps(self, module: nn.Module, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
               params: Any = None, with_step: bool = False) -> Any:
@@ -203,14 +203,10 @@ class DiffusionKind(ModelKind):
         meaning here); with ``with_entropy`` also the ``(B,)`` per-element entropy of each step's Gaussian, with
         ``with_step`` instead the whole :class:`~alignkit.ops.flow_sde.SDEStep` (the mean and noise scale
         Flow-GRPO's KL term reads)."""
-        import math
-
-        from alignkit.models.diffusion_sample import FlowSampling, transition
-
-        if not isinstance(params, FlowSampling) or temperature != 1.0:
+        if not isinstance(params, diffusion_sample.FlowSampling) or temperature != 1.0:
             raise TypeError("a diffusion model's log-probs take the sampler's settings (params=FlowSampling(...)), "
                             "not a temperature")
-        step = transition(module, batch, params)
+        step = diffusion_sample.transition(module, batch, params)
         if with_step:
             return step
         if with_entropy:
