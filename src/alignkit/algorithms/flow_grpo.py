@@ -3,8 +3,9 @@ flow-matching text-to-image policy (``model.kind: diffusion``, LoRA on its trans
 
 Per iteration of the online loop (``num_generations`` images per prompt, groups contiguous in global order):
 
-1. rollout: this rank's images drawn by the SDE sampler (``rollout/flow_sample.py``: sigma_t = a sqrt(t / (1 - t)),
-   ``num_inference_steps`` steps, classifier-free guidance) with the log-prob of every transition; each image's
+1. rollout: this rank's images drawn by the policy's kind (``ctx.generate``: the diffusion kind's SDE sampler,
+   ``models/diffusion_sample.py``: sigma_t = a sqrt(t / (1 - t)), ``num_inference_steps`` steps, classifier-free
+   guidance) with the log-prob of every transition; each image's
    noise from a generator seeded by (``training.seed``, the optimizer step, its global index), so images are
    the same over any split into ranks and after a resume;
 2. rewards: the scorers of ``flow_grpo.scorers`` (the red-team registry: ``shapes_colour``, ``clip_quality``,
@@ -16,7 +17,8 @@ Per iteration of the online loop (``num_generations`` images per prompt, groups 
    one per image, shared by its timesteps;
 4. update: each (image, denoising step) pair of the first ``timestep_fraction`` of the steps is a loss unit
    (flow_grpo's per-timestep accumulation); its log-prob is recomputed under the current policy at the stored
-   latents and the loss (``losses/flow.py`` ``flow_grpo_loss``: clipped ratio, + beta KL of the step's mean to
+   latents (``models.logps``: the kind's transition at the stored latents) and the loss (``losses/flow.py``
+   ``flow_grpo_loss``: clipped ratio, + beta KL of the step's mean to
    the LoRA-off base) is summed over the step's pairs / (global pairs / dp_size) by the shared step code;
    ``rollout.mini_batches: 2`` (the shipped recipe, as flow_grpo's two optimizer steps per epoch) splits the
    images into two disjoint halves, the second scored by the policy the first step moved (ratio != 1, clipped).
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +39,7 @@ from typing import Any, Literal
 import torch
 
 from alignkit.algorithms.base import Batch, Context, Example, MetricSums, policy_specs, resolve_reference
-from alignkit.algorithms.flow_sft import StepSeeded, seeded, unwrap_flow
+from alignkit.algorithms.flow_sft import StepSeeded, seeded
 from alignkit.algorithms.grpo import group_stats
 from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
 from alignkit.algorithms.redteam import RedTeamScorerConfig, scorer_keys
@@ -45,11 +48,17 @@ from alignkit.config.sections import register_section
 from alignkit.data.captions import ImagePromptData
 from alignkit.errors import ConfigError
 from alignkit.losses.flow import flow_grpo_loss
+from alignkit.models.diffusion_sample import (
+    FlowSampling,
+    ImageGenerations,
+    ImagePrompt,
+    flow_policy,
+    transition_batch,
+    transition_units,
+)
 from alignkit.models.roles import ImageShape, Models, ModelSpec
-from alignkit.ops.flow_sde import sde_step
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample
-from alignkit.rollout.flow_sample import Conditioning, decode, latent_shape, sample, schedule, velocity
 from alignkit.rollout.redteam_reward import redteam_advantages, redteam_reward
 from alignkit.rollout.redteam_scorers import Judged, build_scorer, check_scorer_name, judge_placed, weighted_term
 from alignkit.rollout.score import gather_scores
@@ -147,7 +156,6 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         self.scorer_list = [(key, s, build_scorer(s, cfg.model)) for key, s in scorer_keys(o.scorers)]
         self.step = 0  # optimizer steps done: seeds the next rollout's noise
         self.ema: ParamEMA | None = None  # flow_grpo.ema: built before training from the trained weights
-        self.negative: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
@@ -159,7 +167,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         super().before_training(ctx, train_set, eval_set)
-        unwrap_flow(ctx.models[self.role])  # a one-line error for a policy of another kind
+        flow_policy(ctx.models[self.role])  # a one-line error for a policy of another kind
         if self.opts.ema:
             self.ema = ParamEMA(self.ema_params(ctx), decay=self.opts.ema_decay, interval=self.opts.ema_interval)
 
@@ -194,33 +202,27 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         return (f"{o.num_inference_steps} SDE steps ({o.train_steps} trained, noise_level={o.noise_level}), "
                 f"guidance={o.guidance_scale}, {o.resolution} px; evaluation: {o.eval_num_inference_steps} ODE steps")
 
-    def conditioning(self, flow: Any, prompts: list[str]) -> Conditioning:
-        embeds, pooled = flow.encode_text(prompts, self.opts.max_sequence_length)
-        if self.opts.guidance_scale <= 1.0:
-            return Conditioning(embeds, pooled)
-        neg, neg_pooled = self.negatives(flow)
-        n = len(prompts)
-        return Conditioning(embeds, pooled, neg.expand(n, *neg.shape[1:]), neg_pooled.expand(n, *neg_pooled.shape[1:]))
-
-    def negatives(self, flow: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """The negative prompt's ``(1, L, D)`` and ``(1, P)`` embeddings (the frozen encoders': computed once)."""
-        if self.negative is None:
-            self.negative = flow.encode_text([self.opts.negative_prompt], self.opts.max_sequence_length)
-        return self.negative
+    def sampling(self, steps: int, noise_level: float) -> FlowSampling:
+        """The diffusion kind's sampler settings: ``steps`` steps at ``noise_level`` (0: the ODE), the rest this
+        section's."""
+        o = self.opts
+        return FlowSampling(steps, noise_level, o.guidance_scale, o.resolution, o.max_sequence_length,
+                            o.negative_prompt)
 
     def render(self, ctx: RolloutContext, prompts: list[str], keys: list[str], *, steps: int, noise_level: float,
-               step: int) -> tuple[Any, list[Any], Conditioning]:
-        """The trajectories and decoded images of ``prompts``, image i's noise seeded by (seed, ``step``, ``keys[i]``)."""
-        module = ctx.models[self.role]
-        flow = unwrap_flow(module)
-        cond = self.conditioning(flow, prompts)
-        gens = [seeded(self.cfg.training.seed, step, key) for key in keys]
-        scale = float(flow.pipe.scheduler.config.num_train_timesteps)
-        with ctx.strategy.full_params(module) as plain:
-            traj = sample(plain, cond, gens, shape=latent_shape(flow, self.opts.resolution),
-                          sigmas=schedule(flow.pipe.scheduler, steps), guidance=self.opts.guidance_scale,
-                          noise_level=noise_level, scale=scale)
-        return traj, decode(flow, traj.latents[:, -1]), cond
+               step: int) -> ImageGenerations:
+        """The images of ``prompts`` with their trajectories, drawn by the policy's kind through ``ctx.generate``
+        (image i's noise seeded by (seed, ``step``, ``keys[i]``)); the seconds are the rollout's ``sample`` phase
+        (time/sample_s), kept apart from the token ``generate`` phase whose seconds give gen_tokens_per_s."""
+        requests = [ImagePrompt(p, seeded(self.cfg.training.seed, step, key)) for p, key in zip(prompts, keys)]
+        before, start = ctx.seconds.pop("generate", None), time.perf_counter()
+        try:
+            return ctx.generate(self.role, requests, self.sampling(steps, noise_level))
+        finally:
+            ctx.seconds.pop("generate", None)
+            if before is not None:
+                ctx.seconds["generate"] = before
+            ctx.seconds["sample"] = ctx.seconds.get("sample", 0.0) + time.perf_counter() - start
 
     def scores(self, ctx: RolloutContext, prompts: list[str], images: list[Any], placement: str) -> dict[str, torch.Tensor]:
         """Every scorer's values of this rank's images (``use/name`` -> ``(n,)``), placed, not gathered."""
@@ -231,11 +233,10 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
     def rollout(self, ctx: RolloutContext) -> Experience:
         o = self.opts
         prompts = [row["prompt"] for row in ctx.rows]
-        with ctx.timed("sample"):  # time/sample_s, time/score_s: the rollout's phases, as a text policy's
-            traj, images, cond = self.render(ctx, prompts, [f"sample:{i}" for i in range(ctx.mine.start, ctx.mine.stop)],
-                                             steps=o.num_inference_steps, noise_level=o.noise_level, step=self.step)
-        with ctx.timed("score"):
-            local = self.scores(ctx, prompts, images, o.placement)
+        drawn = self.render(ctx, prompts, [f"sample:{i}" for i in range(ctx.mine.start, ctx.mine.stop)],
+                            steps=o.num_inference_steps, noise_level=o.noise_level, step=self.step)
+        with ctx.timed("score"):  # time/sample_s, time/score_s: the rollout's phases
+            local = self.scores(ctx, prompts, drawn.images, o.placement)
             scores = gather_scores({k: v.tolist() for k, v in local.items()})
         main, quality = weighted_term(self.scorer_list, scores, "main"), weighted_term(self.scorer_list, scores, "quality")
         assert main is not None
@@ -244,7 +245,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         if quality is not None:
             gathered["reward/quality"] = quality
         gathered.update({f"reward/{k}": v for k, v in scores.items()})
-        samples = self.units_of(traj, cond, prompts)
+        samples = self.units_of(drawn, prompts)
         stats = self.make_experience(ctx, samples, [], gathered)
         for name, values in gathered.items():
             ok = values[~torch.isnan(values)]
@@ -252,16 +253,13 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         stats.add("var", terms["var"], 1)
         return Experience(samples, gathered, stats)
 
-    def units_of(self, traj: Any, cond: Conditioning, prompts: list[str]) -> list[Sample]:
+    def units_of(self, drawn: ImageGenerations, prompts: list[str]) -> list[Sample]:
         """One loss unit per (image, trained denoising step), step-major (a micro-batch holds one step of
-        several images, as flow_grpo's); ``image``: the image's index on this rank. Tensors stay on the device."""
-        units = []
-        for j in range(self.opts.train_steps):
-            for i, prompt in enumerate(prompts):
-                units.append({"latents": traj.latents[i, j], "next_latents": traj.latents[i, j + 1],
-                              "sigma": traj.sigmas[j], "sigma_next": traj.sigmas[j + 1], "old_logp": traj.logps[i, j],
-                              "embeds": cond.embeds[i], "pooled": cond.pooled[i], "prompt": prompt, "image": i})
-        self.sigma_cap = traj.sigma_cap
+        several images, as flow_grpo's): the stored transition (``transition_units``), ``old_logp`` the sampler's,
+        ``image`` its index on this rank (``prompt`` its prompt: samples.jsonl). Tensors stay on the device."""
+        units = transition_units(drawn, self.opts.train_steps)
+        for u in units:
+            u["old_logp"], u["prompt"] = u.pop("logp"), prompts[u["image"]]
         return units
 
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
@@ -286,8 +284,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
 
     # ------------------------------------------------------------------ update
     def collate(self, samples: list[Sample]) -> Batch:
-        keys = ("latents", "next_latents", "sigma", "sigma_next", "old_logp", "advantage", "embeds", "pooled")
-        return Batch({}, {k: torch.stack([s[k] for s in samples]) for k in keys})
+        return transition_batch(samples, ("old_logp", "advantage"))
 
     def units(self, batch: Batch) -> int:
         return int(batch["advantage"].numel())
@@ -295,31 +292,14 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
     def tokens_in(self, batch: Batch) -> int:
         return 0
 
-    def transition(self, module: torch.nn.Module, flow: Any, batch: Batch) -> Any:
-        """The SDE step of the batch's stored transitions under ``module`` (the policy or its LoRA-off base)."""
-        cond = self.conditioning_of(flow, batch)
-        v = velocity(module, batch["latents"], batch["sigma"], cond, guidance=self.opts.guidance_scale,
-                     scale=float(flow.pipe.scheduler.config.num_train_timesteps), detach_uncond=True)
-        return sde_step(v, batch["latents"], batch["sigma"], batch["sigma_next"], noise_level=self.opts.noise_level,
-                        sigma_cap=self.sigma_cap, next_sample=batch["next_latents"])
-
-    def conditioning_of(self, flow: Any, batch: Batch) -> Conditioning:
-        embeds, pooled = batch["embeds"], batch["pooled"]
-        if self.opts.guidance_scale <= 1.0:
-            return Conditioning(embeds, pooled)
-        neg, neg_pooled = self.negatives(flow)
-        n = embeds.shape[0]
-        return Conditioning(embeds, pooled, neg.expand(n, *neg.shape[1:]), neg_pooled.expand(n, *neg_pooled.shape[1:]))
-
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
         o = self.opts
-        module = models[self.role]
-        flow = unwrap_flow(module)
+        params = self.sampling(o.num_inference_steps, o.noise_level)
         ref_mean = None
         if self.reference != "none":
-            with torch.no_grad(), models.running(self.reference_role) as ref:
-                ref_mean = self.transition(ref, flow, batch).mean
-        new = self.transition(module, flow, batch)
+            with torch.no_grad():
+                ref_mean = models.logps(self.reference_role, batch, params=params, with_step=True).mean
+        new = models.logps(self.role, batch, params=params, with_step=True)
         loss, parts = flow_grpo_loss(new.logp, batch["old_logp"], batch["advantage"], clip_range=o.clip_range,
                                      normalizer=normalizer, mean=new.mean, ref_mean=ref_mean, std_t=new.std_t,
                                      beta=o.beta if ref_mean is not None else 0.0)
@@ -345,7 +325,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
                         noise_level=0.0, step=-1)
             return 0.0, 0.0, 0.0
         keys = [f"eval:{rank + world * i}" for i in range(len(prompts))]
-        _, images, _ = self.render(ctx, prompts, keys, steps=self.opts.eval_num_inference_steps, noise_level=0.0, step=-1)
+        images = self.render(ctx, prompts, keys, steps=self.opts.eval_num_inference_steps, noise_level=0.0, step=-1).images
         main = weighted_term(self.scorer_list, self.scores(ctx, prompts, images, "local"), "main")
         assert main is not None
         ok = ~torch.isnan(main)

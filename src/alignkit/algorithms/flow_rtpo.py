@@ -45,13 +45,13 @@ import torch
 
 from alignkit.algorithms.base import Batch, Context, Example, MetricSums, policy_specs
 from alignkit.algorithms.flow_grpo import FlowGRPO, FlowGRPOConfig, flow_image_shape
-from alignkit.algorithms.flow_sft import unwrap_flow
 from alignkit.algorithms.grpo import grpo_reference
 from alignkit.algorithms.redteam import RedTeam, RedTeamConfig
 from alignkit.config.loader import given_keys
 from alignkit.config.schema import LoraConfig, RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.errors import ConfigError
+from alignkit.models.diffusion_sample import TRANSITION_INPUTS, flow_policy
 from alignkit.models.roles import ImageShape, Models, ModelSpec
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.redteam_reward import redteam_reward
@@ -110,7 +110,7 @@ class ImagePolicy(FlowGRPO):
         self.opts, self.reference = cfg.section(FlowGRPOConfig), reference
         self.per_attack = cfg.section(FlowRTPOConfig).images_per_attack
         self.scorer_list: list[Any] = []
-        self.step, self.negative = 0, None
+        self.step = 0
 
     def image_groups(self, ctx: RolloutContext) -> tuple[int, slice]:
         """Groups of one attack's images (contiguous), or at one image per attack a seed prompt's
@@ -137,7 +137,7 @@ class FlowRTPO(RedTeam):
         self.image = ImagePolicy(cfg, image_reference(cfg))
         self.answers_per_attack = self.image.per_attack  # RedTeam.rollout: the VLM answers each image
         self.evaluating = False
-        self.drawn: tuple[Any, Any, list[str]] | None = None
+        self.drawn: Any = None  # this rollout's (prompts, ImageGenerations), from answered() to rollout()
 
     @classmethod
     def check_config(cls, cfg: RunConfig) -> None:
@@ -168,7 +168,7 @@ class FlowRTPO(RedTeam):
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         super().before_training(ctx, train_set, eval_set)
-        unwrap_flow(ctx.models["image_policy"])
+        flow_policy(ctx.models["image_policy"])
 
     def sampling_summary(self) -> str:
         return f"attacker: {super().sampling_summary()}; image policy: {self.image.sampling_summary()}"
@@ -183,13 +183,14 @@ class FlowRTPO(RedTeam):
         if self.evaluating:
             rank, world = ctx.strategy.dp_rank, ctx.strategy.dp_size
             keys = [f"eval:{rank + world * i}" for i in range(len(attacks))]
-            _, images, _ = self.image.render(ctx, attacks, keys, steps=o.eval_num_inference_steps, noise_level=0.0, step=-1)
+            images = self.image.render(ctx, attacks, keys, steps=o.eval_num_inference_steps, noise_level=0.0,
+                                       step=-1).images
         else:
             start = time.perf_counter()
             keys = [f"sample:{i}" for i in range(ctx.mine.start * k, ctx.mine.stop * k)]  # the image's global index
-            traj, images, cond = self.image.render(ctx, shown, keys, steps=o.num_inference_steps,
-                                                   noise_level=o.noise_level, step=self.image.step)
-            self.drawn, self.sample_s = (traj, cond, shown), time.perf_counter() - start
+            self.drawn = shown, self.image.render(ctx, shown, keys, steps=o.num_inference_steps,
+                                                  noise_level=o.noise_level, step=self.image.step)
+            images, self.sample_s = self.drawn[1].images, time.perf_counter() - start
         seeds = [row["prompt"] for row in ctx.rows for _ in range(k)]
         fields = [row["fields"] for row in ctx.rows for _ in range(k)]
         outputs = self.target.respond(ctx, shown, seeds, fields, images=images)
@@ -200,11 +201,10 @@ class FlowRTPO(RedTeam):
         policy's reward, advantages and (image, step) units from the same gathered scores."""
         exp = super().rollout(ctx)
         assert self.drawn is not None
-        traj, cond, shown = self.drawn
         o = self.image.opts
         tox, quality = exp.scores["toxicity"], self.image_quality(exp.scores)
         terms = redteam_reward(tox, quality, tau=o.tau, w_cvar=o.w_cvar, w_quality=o.w_quality if quality is not None else 0.0)
-        units = self.image.units_of(traj, cond, shown)
+        units = self.image.units_of(self.drawn[1], self.drawn[0])
         stats = self.image.make_experience(ctx, units, [], {"reward": terms["reward"]})
         for k, v in stats.means().items():
             exp.stats.add(IMAGE + k, v, 1)
@@ -248,8 +248,12 @@ class FlowRTPO(RedTeam):
 
     @staticmethod
     def image_part(batch: Batch) -> Batch | None:
+        """The image units of a micro-batch, their transition inputs declared again (in the merged batch every
+        ``image/`` key is a field: none may reach the attacker's forward)."""
         part = {k[len(IMAGE):]: v for k, v in batch.items() if k.startswith(IMAGE)}
-        return Batch({}, part) if part else None
+        if not part:
+            return None
+        return Batch({k: part.pop(k) for k in TRANSITION_INPUTS}, part)
 
     def units(self, batch: Batch) -> dict[str, int]:  # type: ignore[override]
         image = self.image_part(batch)

@@ -27,6 +27,7 @@ from alignkit.config.sections import register_section
 from alignkit.data.batch import Batch
 from alignkit.data.captions import CaptionData
 from alignkit.losses.flow import flow_matching_loss, noisy_latents, sample_sigmas
+from alignkit.models.diffusion_sample import flow_policy
 from alignkit.models.roles import ImageShape, Models, ModelSpec
 
 
@@ -51,19 +52,6 @@ class FlowSFTConfig:
 
 def seeded(seed: int, step: int, key: str) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(f"{seed}:{step}:{key}".encode()))
-
-
-def unwrap_flow(module: torch.nn.Module) -> Any:
-    """The :class:`~alignkit.models.diffusion.FlowPolicy` inside an engine's wrapper (DDP / DeepSpeed ``.module``):
-    its frozen encoders run outside the wrapper (they hold none of the trained parameters)."""
-    from alignkit.models.diffusion import FlowPolicy
-
-    while not isinstance(module, FlowPolicy):
-        inner = getattr(module, "module", None)
-        if inner is None:
-            raise TypeError(f"flow_sft trains a diffusion model (model.kind: diffusion), got {type(module).__name__}")
-        module = inner
-    return module
 
 
 class StepSeeded:
@@ -130,7 +118,7 @@ class FlowSFT(StepSeeded, OfflineAlgorithm):
 
     def losses(self, models: Models, batch: Batch, step: int, normalizer: float) -> tuple[torch.Tensor, torch.Tensor]:
         module = models["policy"]
-        flow = unwrap_flow(module)
+        flow = flow_policy(module)
         x0, embeds, pooled = self.encodings(flow, batch)
         noise, sigmas = self.draws(batch["keys"], x0.shape[1:], step)
         noise, sigmas = noise.to(x0), sigmas.to(x0)

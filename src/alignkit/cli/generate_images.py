@@ -3,8 +3,8 @@
 The target is a run config of a diffusion policy (its ``OUTPUT_DIR/final``: a LoRA adapter on
 ``model.name_or_path``, or a whole pipeline; the ``flow_grpo`` section's resolution, evaluation steps, guidance
 and T5 length are the defaults), a diffusers pipeline directory or hub id, or a LoRA directory with ``--base``.
-Each prompt gets ``--num-generations`` images from the deterministic ODE sampler (``rollout/flow_sample.py``, the
-same path as Flow-GRPO's evaluation), image g of prompt i seeded by (``--seed``, i, g): the same command draws the
+Each prompt gets ``--num-generations`` images from the diffusion kind's deterministic ODE sampler (its ``generate``:
+``models/diffusion_sample.py``, the same path as Flow-GRPO's evaluation), image g of prompt i seeded by (``--seed``, i, g): the same command draws the
 same images, so grids before and after training compare. ``--out`` is a folder: ``prompt-0000.png`` ... (the
 group side by side) and ``images.jsonl`` (each input row + its grid + with ``--reward`` a scorer of the red-team
 registry, e.g. shapes_colour, its scores).
@@ -91,7 +91,8 @@ def generate_images(args: argparse.Namespace) -> int:
     from alignkit.data.captions import caption_of
     from alignkit.data.io import read_rows
     from alignkit.models.diffusion import FlowPolicy, load_pipeline
-    from alignkit.rollout.flow_sample import Conditioning, decode, latent_shape, sample, schedule
+    from alignkit.models.diffusion_sample import FlowSampling, ImagePrompt
+    from alignkit.models.kinds import KINDS
 
     if not args.out:
         raise ConfigError("alignkit generate: a text-to-image policy writes images: give --out FOLDER")
@@ -103,6 +104,7 @@ def generate_images(args: argparse.Namespace) -> int:
     if t.lora:
         pipe.load_lora_weights(t.lora)
     flow = FlowPolicy(pipe, lora=False).eval()
+    params = FlowSampling(steps, 0.0, guidance, resolution, t.max_sequence_length)
     rows = read_rows(args.file)
     prompts = [caption_of(r) for r in rows]
     scorer = _scorer(args.reward)
@@ -110,15 +112,8 @@ def generate_images(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     records, scored = [], []
     for i, (row, prompt) in enumerate(zip(rows, prompts)):
-        embeds, pooled = flow.encode_text([prompt] * n, t.max_sequence_length)
-        cond = Conditioning(embeds, pooled)
-        if guidance > 1.0:
-            neg, neg_pooled = flow.encode_text([""] * n, t.max_sequence_length)
-            cond = Conditioning(embeds, pooled, neg, neg_pooled)
-        gens = [seeded(args.seed, i, f"generate:{g}") for g in range(n)]
-        traj = sample(flow, cond, gens, shape=latent_shape(flow, resolution), sigmas=schedule(pipe.scheduler, steps),
-                      guidance=guidance, noise_level=0.0, scale=float(pipe.scheduler.config.num_train_timesteps))
-        images = decode(flow, traj.latents[:, -1])
+        requests = [ImagePrompt(prompt, seeded(args.seed, i, f"generate:{g}")) for g in range(n)]
+        images = KINDS.get("diffusion").generate(flow, None, requests, params).images  # no token engine
         grid = out / f"prompt-{i:04d}.png"
         image_grid(images).save(grid)
         rec: dict[str, Any] = {**row.data, "prompt": prompt, "grid": grid.name}

@@ -79,6 +79,7 @@ class FlowPolicy(nn.Module):
         super().__init__()
         self.transformer = pipe.transformer
         self.lora = lora
+        self.negatives: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}  # :meth:`negative`'s
         object.__setattr__(self, "pipe", pipe)  # not a submodule: its frozen parts stay out of the state dict
         for name, part in pipe.components.items():
             if isinstance(part, nn.Module) and name != "transformer":
@@ -100,6 +101,7 @@ class FlowPolicy(nn.Module):
 
     def _apply(self, fn: Any, recurse: bool = True) -> "FlowPolicy":
         super()._apply(fn, recurse)
+        self.negatives.clear()  # encoded where the encoders were
         for part in self.frozen_parts():  # .to(device) moves the VAE and text encoders too
             part._apply(fn, recurse)
         return self
@@ -119,6 +121,14 @@ class FlowPolicy(nn.Module):
                                                        max_sequence_length=max_sequence_length,
                                                        device=self.transformer.device)
         return embeds, pooled
+
+    def negative(self, prompt: str, max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``(1, L, D)`` and ``(1, P)`` embeddings of classifier-free guidance's negative ``prompt``: the
+        frozen encoders' output, computed once (per device: a move clears it)."""
+        key = (prompt, max_sequence_length)
+        if key not in self.negatives:
+            self.negatives[key] = self.encode_text([prompt], max_sequence_length)
+        return self.negatives[key]
 
     @torch.no_grad()
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 A :class:`ModelSpec`'s ``kind`` names an entry of :data:`KINDS`. The adapter builds the module, and is
 the one place that knows how such a module computes log-probs of given outputs (a policy), scores or
-per-token values (a scalar head), samples outputs (through the run's rollout engine for token models)
-and its dimensions for the memory estimator. A role's tokenizer is its spec's (``roles.role_tokenizer``).
+per-token values (a scalar head), samples outputs (token models through the run's rollout engine, the
+diffusion kind with its own sampler) and its dimensions for the memory estimator. A role's tokenizer is its spec's (``roles.role_tokenizer``).
 Algorithms call these through :class:`~alignkit.models.roles.Models` (``models.logps("policy", batch)``),
 never a token helper directly, so a new kind (a diffusers pipeline, a non-token toy policy) is one
 adapter registered here and no algorithm changes.
@@ -16,6 +16,7 @@ head), ``vlm`` (a LLaVA-family model with the ``lm`` forward; its batches carry 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,6 +24,7 @@ from torch import nn
 
 from alignkit.config.schema import ModelConfig
 from alignkit.data.batch import Batch
+from alignkit.models import diffusion_sample
 from alignkit.registry import Registry
 
 if TYPE_CHECKING:
@@ -71,9 +73,11 @@ class ModelKind:
         """``(N,)`` a value per scored position, aligned with :meth:`logps` (a PPO critic)."""
         raise TypeError(f"a {self.name!r} model gives no per-token values")
 
-    def generate(self, module: nn.Module, engine: RolloutEngine, prompts: list[Any], params: SamplingParams, *,
-                 synced: bool = False) -> Generations:
-        """Sample one output per prompt from the plain (unwrapped, gathered) ``module``."""
+    def generate(self, module: nn.Module, engine: RolloutEngine, prompts: list[Any], params: Any, *,
+                 synced: bool = False) -> Any:
+        """Sample one output per prompt from the plain (unwrapped, gathered) ``module``: a token kind's
+        :class:`~alignkit.rollout.engine.Generations` of ``SamplingParams``, the diffusion kind's images
+        (:class:`~alignkit.models.diffusion_sample.ImageGenerations` of ``FlowSampling``)."""
         raise TypeError(f"a {self.name!r} model cannot generate")
 
     def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
@@ -178,7 +182,36 @@ class ScalarKind(ModelKind):
 class DiffusionKind(ModelKind):
     """A diffusers flow-matching text-to-image pipeline (SD3 class) by hub id or directory: the module is a
     :class:`~alignkit.models.diffusion.FlowPolicy` whose transformer trains (LoRA adapters with ``model.lora``,
-    else all of it) and which saves in diffusers' format; its tokenizer is the pipeline's first CLIP one."""
+    else all of it) and which saves in diffusers' format; its tokenizer is the pipeline's first CLIP one. It
+    samples with its own SDE / ODE sampler and gives the log-probs of stored transitions
+    (:mod:`alignkit.models.diffusion_sample`)."""
+
+    def generate(self, module: nn.Module, engine: RolloutEngine, prompts: list[Any], params: Any, *,
+                 synced: bool = False) -> Any:
+        """``ImageGenerations`` of :class:`~alignkit.models.diffusion_sample.ImagePrompt` s under ``params`` (a
+        ``FlowSampling``): images, the trajectory with each SDE step's log-prob, the conditioning. The token engine
+        is not used (no engine samples a flow SDE; a sharded module steps every rank alike, as it draws a fixed
+        number of steps), nor its autocast: the sampler runs in the pipeline's dtypes."""
+        device = next(module.parameters()).device
+        with torch.autocast(device.type, enabled=False):
+            return diffusion_sample.generate(module, prompts, params)
+
+    def logps(self, module: nn.Module, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
+              params: Any = None, with_step: bool = False) -> Any:
+        """``(B,)`` log-probs of the batch's stored transitions (``next_latents`` from ``latents``, per element
+        mean: Flow-GRPO's) under ``module`` and the sampler's ``params`` (a ``FlowSampling``; temperature has no
+        meaning here); with ``with_entropy`` also the ``(B,)`` per-element entropy of each step's Gaussian, with
+        ``with_step`` instead the whole :class:`~alignkit.ops.flow_sde.SDEStep` (the mean and noise scale
+        Flow-GRPO's KL term reads)."""
+        if not isinstance(params, diffusion_sample.FlowSampling) or temperature != 1.0:
+            raise TypeError("a diffusion model's log-probs take the sampler's settings (params=FlowSampling(...)), "
+                            "not a temperature")
+        step = diffusion_sample.transition(module, batch, params)
+        if with_step:
+            return step
+        if with_entropy:
+            return step.logp, (torch.log(step.std) + 0.5 * math.log(2 * math.pi * math.e)).detach()
+        return step.logp
 
     def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
         from alignkit.models.diffusion import FlowPolicy, add_lora, load_pipeline

@@ -184,13 +184,14 @@ class Models:
         finally:
             owner.train(was_training)
 
-    def logps(self, role: str, batch: Batch, *, temperature: float = 1.0,
-              with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def logps(self, role: str, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
+              **options: Any) -> Any:
         """``(N,)`` log-probs of the batch's targets under ``role`` (row-major over target positions), of
         ``softmax(logits / temperature)`` (online algorithms: the sampler's temperature; offline: 1.0); with
-        ``with_entropy`` the pair (log-probs, ``(N,)`` exact entropies of that distribution, no gradient)."""
+        ``with_entropy`` the pair (log-probs, ``(N,)`` exact entropies of that distribution, no gradient).
+        ``options``: the kind's own (the diffusion kind's ``params``, its sampler's settings, and ``with_step``)."""
         with self.running(role) as module:
-            return self.kind(role).logps(module, batch, temperature=temperature, with_entropy=with_entropy)
+            return self.kind(role).logps(module, batch, temperature=temperature, with_entropy=with_entropy, **options)
 
     def sequence_logps(self, role: str, batch: Batch) -> torch.Tensor:
         """``(S,)`` per-sequence sums of :meth:`logps` (``seq_index``; S = ``len(response_lengths)``)."""

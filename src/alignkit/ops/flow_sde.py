@@ -34,18 +34,23 @@ class SDEStep(NamedTuple):
 
 
 def sde_step(velocity: Tensor, sample: Tensor, sigma: Tensor, sigma_next: Tensor, *, noise_level: float = 0.7,
-             sigma_cap: float | None = None, noise: Tensor | None = None, next_sample: Tensor | None = None) -> SDEStep:
+             sigma_cap: float | Tensor | None = None, noise: Tensor | None = None, next_sample: Tensor | None = None) -> SDEStep:
     """The step from ``sample`` (``(B, ...)``, at ``sigma`` ``(B,)``) to ``sigma_next`` ``(B,)`` under the predicted
-    ``velocity`` (module docstring). The next sample is ``next_sample`` when given (recomputing the log-prob of
-    a stored transition under the current policy), else drawn with ``noise`` (``(B, ...)`` standard normal; a
-    fresh ``randn`` when None). Computed in fp32."""
+    ``velocity`` (module docstring); ``sigma_cap``: a float, or ``(B,)`` one per sample. The next sample is
+    ``next_sample`` when given (recomputing the log-prob of a stored transition under the current policy), else
+    drawn with ``noise`` (``(B, ...)`` standard normal; a fresh ``randn`` when None). Computed in fp32."""
     v, x = velocity.float(), sample.float()
     shape = (-1,) + (1,) * (x.dim() - 1)
     s, s_next = sigma.float().reshape(shape), sigma_next.float().reshape(shape)
     dt = s_next - s
     if (dt >= 0).any():
         raise ValueError("sde_step integrates from noise to data: sigma_next must be below sigma")
-    cap = torch.full_like(s, sigma_cap) if sigma_cap is not None else s
+    if sigma_cap is None:
+        cap = s
+    elif isinstance(sigma_cap, Tensor):  # a stored transition's, on the device: no host read
+        cap = sigma_cap.to(s).reshape(shape)
+    else:
+        cap = torch.full_like(s, sigma_cap)
     std_t = noise_level * torch.sqrt(s / (1 - torch.where(s >= 1, cap, s)))
     mean = x * (1 + std_t**2 / (2 * s) * dt) + v * (1 + std_t**2 * (1 - s) / (2 * s)) * dt
     std = std_t * torch.sqrt(-dt)
