@@ -57,7 +57,7 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
 LATE_IMPORTS: dict[str, tuple[int, str]] = {
     "alignkit.cli": (3, "start-up: `alignkit --help` loads no command's implementation"),
     "alignkit.cli.generate_command": (13, "start-up: a command's modules load when it runs"),
-    "alignkit.cli.generate_images": (17, "start-up: a command's modules load when it runs"),
+    "alignkit.cli.generate_images": (18, "start-up: a command's modules load when it runs"),
     "alignkit.cli.migrate_command": (2, "start-up: a command's modules load when it runs"),
     "alignkit.cli.plot_command": (1, "start-up: matplotlib's plotting loads when `alignkit plot` runs"),
     "alignkit.cli.run_commands": (13, "start-up: a command's modules load when it runs"),

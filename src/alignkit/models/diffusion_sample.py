@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from alignkit.data.batch import Batch
+from alignkit.models.diffusion import FlowPolicy
 from alignkit.ops.flow_sde import SDEStep, ode_step, sde_step
 
 #: the model inputs of a batch of stored transitions (the rest are fields: ``next_latents``, ``sigma_next``,
@@ -161,8 +162,6 @@ class ImageGenerations:
 def flow_policy(module: nn.Module) -> Any:
     """The :class:`~alignkit.models.diffusion.FlowPolicy` inside an engine's wrapper (DDP / DeepSpeed ``.module``):
     its frozen encoders run outside the wrapper (they hold none of the trained parameters)."""
-    from alignkit.models.diffusion import FlowPolicy
-
     while not isinstance(module, FlowPolicy):
         inner = getattr(module, "module", None)
         if inner is None:
