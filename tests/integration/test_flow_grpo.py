@@ -139,17 +139,23 @@ def test_flow_grpo_puts_the_asked_colour_in_the_asked_cell(flow_warm: dict[str, 
     first = next(r for r in rows if "loss" in r)
     # the second step of an iteration scores its half under the policy the first step moved: clipped, KL > 0
     assert first["ratio"] != 1.0 and first["clip_fraction"] > 0 and first["kl"] > 0
-    rise, hit_rise = (sum(x[-6:]) / 6 - sum(x[:6]) / 6 for x in (train, hit))
+    rise = sum(train[-6:]) / 6 - sum(train[:6]) / 6
+    hit_first, hit_last = sum(hit[:6]) / 6, sum(hit[-6:]) / 6
     before = _hits(flow_warm["model"], flow_warm["eval"], tmp_path / "before")
     after = _hits(out / "config.yaml", flow_warm["eval"], tmp_path / "after")
-    # measured with training.seed 42 / 1 / 2 (same warm start, 2 steps an iteration, the batch's std): training
-    # rollouts' shapes_colour 0.073 -> 0.146 / 0.105 -> 0.146 / 0.085 -> 0.144, their shapes_hit 0.89 -> 1.00 /
-    # 0.90 -> 1.00 / 0.90 -> 0.99, the held-out prompts' images (generate, 64) shapes_hit 0.44 -> 0.89 / 0.84 / 0.86;
-    # thresholds: half the smallest rise. eval/reward_mean (shapes_colour of the 16 held-out ODE images) rose a
-    # little (0.018 -> 0.043, 0.021 -> 0.065, 0.028 -> 0.052): the policy draws the asked colour larger, with other
-    # colours mixed in (docs/workflows/flow-grpo.md)
-    assert rise > 0.02 and hit_rise > 0.049, (evals, train, hit, before, after)
-    assert after - before > 0.2, (evals, train, hit, before, after)
+    print(f"flow_grpo learning: rollouts' shapes_colour rise {rise:.3f}, shapes_hit {hit_first:.3f} -> {hit_last:.3f}; "
+          f"held-out shapes_hit {before:.3f} -> {after:.3f}")
+    # measured on two warm starts (tiny-model seed 0, the fixture's: held-out shapes_hit 0.391; seed 1: 0.578) and
+    # training seeds 42 / 1 / 2 (seed 0's) and 42 / 1 (seed 1's): the rollouts' shapes_colour rose 0.057 / 0.048 /
+    # 0.063 and 0.060 / 0.045; their shapes_hit went 0.85 -> 0.96 / 0.87 -> 0.99 / 0.81 -> 0.96 and 1.00 -> 1.00 /
+    # 0.99 -> 1.00 (where it starts near 1 there is nothing left to rise: the bar is on the misses, which must at
+    # least halve); the held-out images' shapes_hit 0.391 -> 0.547 / 0.656 / 0.766 and 0.578 -> 1.00 / 1.00. Warm
+    # starts fitted in a test worker (its thread count varies: fixed since) gave 0.359 -> 0.703 and 0.656 -> 0.703.
+    # Bars: half the smallest rise of each. eval/reward_mean (shapes_colour of the 16 held-out ODE images) rises a
+    # little: the policy draws the asked colour larger, with other colours mixed in (docs/workflows/flow-grpo.md)
+    assert rise > 0.02, (evals, train, hit, before, after)
+    assert 1 - hit_last <= 0.5 * (1 - hit_first) + 0.01, (evals, train, hit, before, after)
+    assert after - before > 0.023, (evals, train, hit, before, after)
 
 
 def test_generate_renders_a_grid_per_prompt_the_same_each_time(micro_sd3: Path, tmp_path: Path,
