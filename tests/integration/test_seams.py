@@ -111,3 +111,18 @@ def test_a_plugin_rollout_engine_runs_its_lifecycle(micro_model: Path, prompts: 
     estimate = run_cli(["estimate", str(tmp_path / "run.yaml"), "--gpu-memory", "80GB"], cwd=REPO)
     assert_ok(estimate)
     assert f"{(0.9 - 0.25) * 80:.1f} GB usable" in estimate.stdout.splitlines()[-1], estimate.stdout
+
+
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.distributed)])
+def test_a_plugin_algorithm_declares_its_own_experience_field_and_role(micro_model: Path, prompts: Path,
+                                                                       tmp_path: Path, nproc: int) -> None:
+    """tests/plugins/judged_grpo.py: a ``judge`` role and a per-token ``judge_logps`` field named by the plugin
+    alone; the judge is loaded and read in the rollout, and the field reaches the loss at the completion
+    positions (the loss's token mean of it equals the rollout's, over every rank)."""
+    out = tmp_path / "run"
+    cfg = base(micro_model, prompts, out, nproc, plugins=["tests.plugins.judged_grpo"], algorithm="judged_grpo",
+               rollout={"max_new_tokens": 6}, reward={"functions": [{"name": "length"}]})
+    logged = train(cfg, tmp_path, nproc)
+    assert [r["step"] for r in logged] == [1, 2]
+    for row in logged:
+        assert row["judge_logp"] < 0 and row["judge_logp"] == pytest.approx(row["judge_logp_rollout"], rel=1e-5)

@@ -16,7 +16,6 @@ from alignkit.config.schema import RunConfig
 from alignkit.data.batch import Batch, model_inputs
 from alignkit.distributed.env import DistEnv
 from alignkit.models.loading import load_tokenizer
-from alignkit.rollout.experience import TOKEN_FIELDS
 from alignkit.train.runner import build_models, strategy_for
 
 SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr=None, master_port=None)
@@ -54,7 +53,7 @@ def test_ppo_lag_fields_never_reach_a_forward(micro_model: Path) -> None:
     samples = []
     for n in (3, 5, 2, 4):
         ids = torch.randint(5, 200, (n,), generator=g).tolist()
-        samples.append({"prompt_ids": [1, 7, 9], "completion_ids": ids, **{f: [0.1] * n for f in TOKEN_FIELDS}})
+        samples.append({"prompt_ids": [1, 7, 9], "completion_ids": ids, **{f: [0.1] * n for f in algo.token_fields}})
     batch = algo.collate(samples)
     assert isinstance(batch, Batch) and set(model_inputs(batch)) == {"input_ids", "attention_mask"}
     assert {"cost_values", "cost_returns", "cost_advantages", "old_logps"} <= set(batch.fields())

@@ -8,9 +8,13 @@ import random
 import pytest
 import torch
 
+from alignkit.algorithms.ppo import PPO
 from alignkit.constants import IGNORE_INDEX
 from alignkit.rollout.context import LazyBatches
-from alignkit.rollout.experience import SEQUENCE_FIELDS, TOKEN_FIELDS, collate_samples
+from alignkit.rollout.experience import collate_samples
+
+#: every per-token field a shipped algorithm declares (PPO's: the shared ones and its critics'), and two sequence fields
+TOKEN_FIELDS, SEQUENCE_FIELDS = PPO.token_fields, ("rewards", "costs")
 
 
 def reference_collate(samples: list[dict], pad: int) -> dict[str, torch.Tensor]:
@@ -50,10 +54,22 @@ def test_collate_samples_equals_the_per_sample_layout(seed: int) -> None:
         if seed % 2:
             s["old_logps"] = [rng.gauss(-2, 1) for _ in range(c)]
         samples.append(s)
-    got, want = collate_samples(samples, 7), reference_collate(samples, 7)
+    got, want = collate_samples(samples, 7, TOKEN_FIELDS, SEQUENCE_FIELDS), reference_collate(samples, 7)
     assert set(got.keys()) == set(want)
     for k in want:
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+
+
+def test_collate_samples_takes_the_declared_fields_only() -> None:
+    """A field is in the micro-batch when the algorithm declares it (a plugin's own name too), at the completion
+    positions; a key no one declares (PPO's per-token ``kl``, a sample's ``log``) stays out."""
+    samples = [{"prompt_ids": [5, 6], "completion_ids": [7, 8, 9], "advantages": [1.0, 2.0, 3.0], "bonus": [0.5, 0.25, 0.0],
+                "kl": [9.0, 9.0, 9.0], "novelty": 0.75, "log": {"x": 1}}]
+    plain = collate_samples(samples, 0)
+    assert "advantages" in plain and not {"bonus", "kl", "novelty", "log"} & set(plain.keys())
+    got = collate_samples(samples, 0, ("advantages", "bonus"), ("novelty",))
+    assert got["bonus"].tolist() == [[0.0, 0.5, 0.25, 0.0, 0.0]] and "kl" not in got
+    assert got["novelty"].tolist() == [0.75] and got["novelty"].dtype == torch.float32
 
 
 def test_lazy_batches_collate_once_on_first_use() -> None:

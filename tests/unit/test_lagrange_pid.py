@@ -126,9 +126,11 @@ def test_ppo_lag_builds_the_pid_multiplier_from_its_section(micro_model) -> None
     """ppo_lag reads the same keys: its dual step after an iteration is the PID step on the window of
     iteration mean costs, lambda 0 is fine, and its state resumes exactly."""
     from alignkit.algorithms import ALGORITHMS
+    from alignkit.algorithms.base import MetricSums
     from alignkit.config.loader import apply_overrides, build_dataclass
     from alignkit.config.schema import RunConfig
     from alignkit.models.loading import load_tokenizer
+    from alignkit.rollout.context import Experience
 
     raw = {"algorithm": "ppo_lag", "model": {"name_or_path": str(micro_model)}, "data": {"train": "x.jsonl"},
            "training": {"per_device_batch_size": 4}}
@@ -138,13 +140,17 @@ def test_ppo_lag_builds_the_pid_multiplier_from_its_section(micro_model) -> None
     tok = load_tokenizer(cfg.model)
     algo, twin = ALGORITHMS.get("ppo_lag")(cfg, tok), ALGORITHMS.get("ppo_lag")(cfg, tok)
     lams = []
+
+    def costs(mean: float) -> Experience:  # an iteration whose gathered costs average ``mean`` (a NaN left out)
+        return Experience([], {"cost": torch.tensor([mean - 1.0, float("nan"), mean + 1.0])}, MetricSums())
+
     for cost in (2.0, 3.0, -1.0, -20.0):  # the first test's sequence, window 1: 2.2, 4.0, 0.9, 0
-        algo._cost_mean = cost
-        lams.append(algo.on_step_end(None)["lambda"])
+        lams.append(algo.on_iteration_end(None, costs(cost))["lambda"])
         if cost == 3.0:
             twin.load_state_dict(json.loads(json.dumps(algo.state_dict())))
-            twin._cost_mean = -1.0
-            assert twin.on_step_end(None)["lambda"] == approx(0.9)
+            assert twin.on_iteration_end(None, costs(-1.0))["lambda"] == approx(0.9)
+    # every cost unscorable: no entry for the window, lambda stays
+    assert algo.on_iteration_end(None, Experience([], {"cost": torch.full((2,), float("nan"))}, MetricSums()))["lambda"] == 0.0
     assert lams == approx([2.2, 4.0, 0.9, 0.0]) and algo.lam == 0.0
 
 

@@ -73,3 +73,18 @@ def test_roles_on_the_policys_ids_keep_the_run_tokenizer(micro_model: Path, othe
     assert role_tokenizer(ModelSpec("reference", str(other_model), "lm"), run, cfg) is run
     assert len(role_tokenizer(ModelSpec("target", str(other_model), "lm"), run, cfg)) == len(
         load_tokenizer(ModelConfig(name_or_path=str(other_model))))
+
+
+def test_a_role_is_any_name_an_algorithm_declares() -> None:
+    """Roles are open (a plugin algorithm names its own, as tests/plugins/judged_grpo.py's ``judge``); a malformed
+    name is one line at the spec, and a role the run did not declare is one line naming the declared ones."""
+    from torch import nn
+
+    assert ModelSpec("judge", "somewhere").role == "judge"
+    with pytest.raises(ValueError, match="ModelSpec.role must be a name") as err:
+        ModelSpec("my judge", "somewhere")
+    assert "\n" not in str(err.value)
+    models = Models(frozen={"judge": nn.Identity()}, specs={"judge": ModelSpec("judge", "somewhere")})
+    assert isinstance(models["judge"], nn.Identity)
+    with pytest.raises(KeyError, match=r"no model with role 'critic' in this run \(have \['judge'\]\)"):
+        models["critic"]

@@ -94,18 +94,14 @@ class GroupRelative(OnlineAlgorithm):
 
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
                         scores: dict[str, torch.Tensor]) -> MetricSums:
+        """The forwards (reference log-probs with a reference; old log-probs when a later step's policy has moved),
+        then :func:`group_experience` on the gathered rewards."""
         g, G = self.cfg.section(GRPOConfig), self.cfg.section(RolloutConfig).num_generations
-        scale = "none" if self.estimator == "dr_grpo" else g.scale_rewards
-        adv = ADVANTAGES.get(self.estimator)(scores["reward"], G, scale_rewards=scale)  # (global,), same on every rank
-        for s, a in zip(samples, adv[ctx.mine].tolist()):
-            s["advantages"] = [a] * len(s["completion_ids"])
-        if self.reference != "none":
-            for s, ref in zip(samples, self.token_logps(ctx, batches, role="reference")):
-                s["ref_logps"] = ref
-        if self.updates_per_iteration > 1:  # a later step's policy has moved: keep the sampler's log-probs
-            for s, old in zip(samples, self.token_logps(ctx, batches)):
-                s["old_logps"] = old
-        return group_stats(scores["reward"], adv, G)
+        ref = self.token_logps(ctx, batches, role="reference") if self.reference != "none" else None
+        old = self.token_logps(ctx, batches) if self.updates_per_iteration > 1 else None
+        return group_experience(samples, scores["reward"], ctx.mine, G, estimator=self.estimator,
+                                scale_rewards="none" if self.estimator == "dr_grpo" else g.scale_rewards,
+                                ref_logps=ref, old_logps=old)
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
         g = self.cfg.section(GRPOConfig)
@@ -141,6 +137,22 @@ def grpo_reference(cfg: RunConfig) -> str:
     """The KL reference the ``grpo:`` section asks for (none at beta 0)."""
     g = cfg.section(GRPOConfig)
     return resolve_reference(cfg, g.reference, needed=g.beta > 0, key="grpo.reference")
+
+
+def group_experience(samples: list[Sample], rewards: torch.Tensor, mine: slice, group_size: int, *, estimator: str,
+                     scale_rewards: str, ref_logps: list[list[float]] | None = None,
+                     old_logps: list[list[float]] | None = None) -> MetricSums:
+    """A group-relative experience from its inputs alone (no model, no process group): the ``estimator``'s
+    advantages of the ``(global,)`` gathered ``rewards`` (groups of ``group_size`` contiguous, the same on every
+    rank), this rank's slice ``mine`` of them on its ``samples`` (one advantage per completion, on each of its
+    tokens), and the given per-sample ``ref_logps`` / ``old_logps``; returns the iteration's statistics."""
+    adv = ADVANTAGES.get(estimator)(rewards, group_size, scale_rewards=scale_rewards)
+    for s, a in zip(samples, adv[mine].tolist()):
+        s["advantages"] = [a] * len(s["completion_ids"])
+    for name, values in (("ref_logps", ref_logps), ("old_logps", old_logps)):
+        for s, v in zip(samples, values or []):
+            s[name] = v
+    return group_stats(rewards, adv, group_size)
 
 
 def group_stats(rewards: torch.Tensor, adv: torch.Tensor, group_size: int) -> MetricSums:

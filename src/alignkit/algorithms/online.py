@@ -43,7 +43,15 @@ from alignkit.rollout.engine import (
     engine_class,
     engine_settings,
 )
-from alignkit.rollout.experience import Sample, collate_samples, flat, per_sequence, token_seq, tokens_in
+from alignkit.rollout.experience import (
+    ROLLOUT_TOKEN_FIELDS,
+    Sample,
+    collate_samples,
+    flat,
+    per_sequence,
+    token_seq,
+    tokens_in,
+)
 from alignkit.rollout.score import Scorer
 
 
@@ -101,6 +109,11 @@ class OnlineAlgorithm(Algorithm):
     #: :meth:`evaluate` runs on every rank, also one with no eval prompt (fewer prompts than ranks): the gathers and
     #: forwards of a sharded policy (FSDP2 / ZeRO-3) are collectives every rank must join
     evaluate_on_every_rank: bool = False
+    #: the per-token fields its samples carry into the update (one float per completion token): what
+    #: :meth:`collate` puts into a micro-batch; a subclass or plugin adds its own (PPO: values, returns)
+    token_fields: tuple[str, ...] = ROLLOUT_TOKEN_FIELDS
+    #: the per-sequence float fields its samples carry into the update (``(B,)`` in a micro-batch)
+    sequence_fields: tuple[str, ...] = ()
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
@@ -136,6 +149,12 @@ class OnlineAlgorithm(Algorithm):
 
     def on_optimizer_step(self, ctx: Context) -> None:
         """After each optimizer step of the update (``ctx.step``: the steps done), e.g. an EMA of the weights."""
+
+    def on_iteration_end(self, ctx: Context, experience: Experience) -> dict[str, float]:
+        """After an iteration's updates, with the iteration's :class:`Experience` (what its rollout drew and
+        scored: an algorithm keeps nothing of a rollout on ``self`` for this hook); returns metrics to log.
+        Default: :meth:`on_step_end` (``ctx.metrics``: the last step's and the iteration's statistics)."""
+        return self.on_step_end(ctx)
 
     def output_weights(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
         """The weights evaluation and the final save see, for the duration (e.g. the EMA's); the trained ones after."""
@@ -251,8 +270,9 @@ class OnlineAlgorithm(Algorithm):
         return float(total[ok].sum()), float(ok.sum()), float(sum(len(c) for c in gens.completion_ids))
 
     def collate(self, samples: list[Sample]) -> Batch:
-        """Samples -> one micro-batch of the log-prob forward (``rollout.experience.collate_samples``)."""
-        return collate_samples(samples, self.tokenizer.pad_token_id)
+        """Samples -> one micro-batch of the log-prob forward (``rollout.experience.collate_samples``) with the
+        declared :attr:`token_fields` / :attr:`sequence_fields`."""
+        return collate_samples(samples, self.tokenizer.pad_token_id, self.token_fields, self.sequence_fields)
 
     @abstractmethod
     def units(self, batch: Batch) -> int:

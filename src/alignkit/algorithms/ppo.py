@@ -41,7 +41,7 @@ from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss
 from alignkit.models.roles import Models, ModelSpec
 from alignkit.rollout.advantages import gae, whiten
-from alignkit.rollout.context import RolloutContext
+from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample, flat, per_sequence, token_seq
 from alignkit.rollout.score import Scorer, nan_stats
 
@@ -83,6 +83,8 @@ class PPOLagConfig(DualConfig):
 class PPO(OnlineAlgorithm):
     name = "ppo"
     constrained = False
+    #: the critics' old values and GAE returns (``cost_``: ppo_lag's cost critic) beside the shared fields
+    token_fields = (*OnlineAlgorithm.token_fields, "returns", "values", "cost_advantages", "cost_returns", "cost_values")
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
@@ -92,7 +94,6 @@ class PPO(OnlineAlgorithm):
             raise ConfigError("ppo_lag: set ppo_lag.cost_functions or ppo_lag.cost_model (what the constraint limits)")
         # J_C = the mean cost of the last ``window`` iterations (one entry per iteration)
         self.multiplier = Multiplier.from_config(lag, lag.window)
-        self._cost_mean = math.nan
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
@@ -148,7 +149,6 @@ class PPO(OnlineAlgorithm):
                 s["reward_advantages"] = s["advantages"]
                 s["advantages"] = [(a - lam * c) / (1 + lam) for a, c in zip(s["advantages"], s["cost_advantages"])]
             names = ["advantages", "reward_advantages", "cost_advantages"]
-            self._cost_mean = nan_stats(scores["cost"])[0]
         moments = token_moments(samples, names)  # one all-reduce over every rank's scorable tokens
         if p.whiten_advantages:  # whiten once: the advantage the policy trains on
             whiten_tokens(samples, "advantages", *moments["advantages"])
@@ -214,11 +214,13 @@ class PPO(OnlineAlgorithm):
         return int(batch["loss_mask"].sum())
 
     # ------------------------------------------------------------------ dual variable
-    def on_step_end(self, ctx: Context) -> dict[str, float]:
-        """After each iteration's updates: the dual step on the window of iteration mean costs."""
+    def on_iteration_end(self, ctx: Context, experience: Experience) -> dict[str, float]:
+        """After each iteration's updates: the dual step on the window of iteration mean costs (this iteration's:
+        the mean of the experience's gathered costs, NaN ones left out; none when every cost is NaN)."""
         if not self.constrained:
-            return {}
-        self.multiplier.update([] if math.isnan(self._cost_mean) else [self._cost_mean])
+            return self.on_step_end(ctx)
+        cost_mean = nan_stats(experience.scores["cost"])[0]
+        self.multiplier.update([] if math.isnan(cost_mean) else [cost_mean])
         j_c = self.multiplier.j_c
         return {"lambda": self.lam, "J_C": math.nan if j_c is None else j_c}
 

@@ -1,7 +1,9 @@
 """Models as declared roles.
 
-An algorithm lists the models it needs as :class:`ModelSpec` s (``policy`` / ``reference`` /
-``reward`` / ``cost`` / ``value`` / ``target``; ``kind``: an entry of :data:`~alignkit.models.kinds.KINDS`,
+An algorithm lists the models it needs as :class:`ModelSpec` s, each under a role it names (the shipped
+algorithms' ``policy`` / ``reference`` / ``reward`` / ``cost`` / ``value`` / ``cost_value`` / ``target`` /
+``image_policy`` / ``image_reference``; a plugin algorithm declares its own the same way: no list to edit);
+``kind``: an entry of :data:`~alignkit.models.kinds.KINDS`,
 lm | scalar | vlm or one registered from outside; trainable or frozen). The
 runner builds each through its kind's adapter, hands trainable ones to the
 Strategy (one handle each) and frozen ones to ``Strategy.prepare_frozen``, and gives the algorithm
@@ -30,10 +32,6 @@ from alignkit.models.sources import model_errors
 
 if TYPE_CHECKING:
     from alignkit.distributed.strategy.base import Handle
-
-#: ``image_policy`` / ``image_reference``: flow_rtpo's second trained policy (a diffusion pipeline) and its LoRA base
-ROLES = ("policy", "reference", "reward", "cost", "value", "cost_value", "target", "image_policy", "image_reference")
-
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -72,8 +70,9 @@ class ModelSpec:
     lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ValueError(f"ModelSpec.role must be one of {ROLES}, got {self.role!r}")
+        if not (isinstance(self.role, str) and self.role.isidentifier()):
+            raise ValueError(f"ModelSpec.role must be a name of letters, digits and underscores (the algorithm's "
+                             f"role, e.g. 'policy'), got {self.role!r}")
         if self.kind not in KINDS:
             raise ValueError(f"ModelSpec.kind must be one of {KINDS.names()}, got {self.kind!r}")
         if self.trainable and (self.transient or self.shares):

@@ -4,7 +4,10 @@ A sample is one completion of one prompt: ``prompt_ids``, ``completion_ids`` and
 (one value per completion token: ``old_logps``, ``ref_logps``, ``advantages``, ``returns``,
 ``values``, ``loss_mask`` (1 = trained on, 0 = a token of an unscorable completion), ``sampler_logps``
 (the rollout engine's log-probs of the sampled tokens, vLLM), ...) plus
-per-sequence scalars (``reward``, ...). :func:`collate_samples` right-pads them into the layout of
+per-sequence scalars. Which fields a run's samples carry is declared by its algorithm
+(``OnlineAlgorithm.token_fields`` / ``sequence_fields``): a plugin algorithm adds one by naming it, without
+editing this module; a sample's other keys (``prompt``, ``log``, intermediate lists) stay out of the micro-batch.
+:func:`collate_samples` right-pads them into the layout of
 the log-prob forward: ``targets[b, p]`` is the token after position p for the completion positions
 only (the prompt never carries loss), and every per-token field is a ``(B, T)`` float tensor holding
 its values at exactly those positions, so ``flat(batch, name)`` lines up with ``forward_logps``'
@@ -20,18 +23,18 @@ import torch
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.batch import Batch, at_targets
 
-#: per-token fields a sample may carry (one float per completion token)
-TOKEN_FIELDS = ("old_logps", "ref_logps", "advantages", "returns", "values", "cost_advantages", "cost_returns",
-                "cost_values", "loss_mask", "sampler_logps")
-#: per-sequence float fields
-SEQUENCE_FIELDS = ("rewards", "costs")
+#: per-token fields every online algorithm's samples may carry (one float per completion token): the loss's
+#: old / reference log-probs and advantages, the rollout's ``loss_mask`` and the engine's ``sampler_logps``
+ROLLOUT_TOKEN_FIELDS = ("old_logps", "ref_logps", "advantages", "loss_mask", "sampler_logps")
 
 Sample = dict[str, Any]
 
 
-def collate_samples(samples: list[Sample], pad_token_id: int) -> Batch:
-    """``(B, T)`` input_ids / attention_mask / targets / seq_index, ``(B,)`` response_lengths, and
-    every per-token / per-sequence field the samples carry. Rows are built as Python lists and turned
+def collate_samples(samples: list[Sample], pad_token_id: int, token_fields: tuple[str, ...] = ROLLOUT_TOKEN_FIELDS,
+                    sequence_fields: tuple[str, ...] = ()) -> Batch:
+    """``(B, T)`` input_ids / attention_mask / targets / seq_index, ``(B,)`` response_lengths, each of
+    ``token_fields`` as a ``(B, T)`` float tensor and each of ``sequence_fields`` as ``(B,)``, where the samples
+    carry it (a declared field no sample has is left out). Rows are built as Python lists and turned
     into one tensor per field (a tensor per sample and field was most of a micro-sized rollout's collate)."""
     prompt = [len(s["prompt_ids"]) for s in samples]
     comp = [len(s["completion_ids"]) for s in samples]
@@ -44,11 +47,11 @@ def collate_samples(samples: list[Sample], pad_token_id: int) -> Batch:
     attn = (torch.arange(T).unsqueeze(0) < torch.tensor([p + c for p, c in zip(prompt, comp)]).unsqueeze(1)).long()
     extra = {f: torch.tensor([[0.0] * (p - 1) + [float(v) for v in s[f]] + [0.0] * (T - p + 1 - c)
                               for s, p, c in zip(samples, prompt, comp)], dtype=torch.float32).view(B, T)
-             for f in TOKEN_FIELDS if f in samples[0]}
+             for f in token_fields if f in samples[0]}
     batch = Batch({"input_ids": ids, "attention_mask": attn},
                   {"targets": targets, "seq_index": torch.arange(B).unsqueeze(1).expand(-1, T).masked_fill(attn == 0, -1),
                    "response_lengths": torch.tensor(comp, dtype=torch.long), **extra})
-    for f in SEQUENCE_FIELDS:
+    for f in sequence_fields:
         if f in samples[0]:
             batch[f] = torch.tensor([float(s[f]) for s in samples], dtype=torch.float32)
     return batch

@@ -111,8 +111,8 @@ class OnlineTrainer:
                     window.add(r)
                 window.sums.merge(stats)  # identical on every rank already: not reduced again
                 iteration = stats.means()  # one read-back of the iteration's statistics
-                extra = self.algo.on_step_end(Context(self.models, self.strategy, state.step,
-                                                      {**result.metrics, **iteration}))
+                extra = self.algo.on_iteration_end(Context(self.models, self.strategy, state.step,
+                                                           {**result.metrics, **iteration}), experience)
                 log.advance({"loss": result.loss, "reward": iteration.get("reward_mean", math.nan)})
                 first = state.step == len(results) and cfg.logging.logging_first_step  # a fresh run's first iteration
                 if first or self._crossed(cfg.logging.logging_steps, state.step, len(results)) or state.step == total:
