@@ -215,10 +215,10 @@ class FlowRTPO(RedTeam):
         exp.stats.add(IMAGE + "var", terms["var"], 1)
         exp.stats.add(IMAGE + "sample_s", self.sample_s, 1)
         exp.scores[IMAGE + "reward"] = terms["reward"]
-        for i, row in enumerate(self.pending):  # attacks.jsonl: the image policy's reward and advantage too
+        for i, row in enumerate(exp.records):  # attacks.jsonl: the image policy's reward and advantage too
             row["image_reward"], row["image_advantage"] = float(terms["reward"][i]), float(self.image.advantages[i])
         self.drawn = None
-        return Experience(exp.samples + units, exp.scores, exp.stats)
+        return Experience(exp.samples + units, exp.scores, exp.stats, exp.records)
 
     def image_quality(self, scores: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The quality term of the image policy's reward: only the quality scorers whose value the image can

@@ -157,7 +157,6 @@ class RedTeam(GroupRelative):
             raise ConfigError("redteam.scorers: name at least one toxicity scorer, e.g. [{name: toxicity, model: PATH}]")
         self.target = build_target(rt.target)
         self.scorer_list = [(key, s, build_scorer(s, cfg.model)) for key, s in scorer_keys(rt.scorers)]
-        self.pending: list[dict[str, Any]] = []
         self.advantages = torch.zeros(0)
         self.attacks_written, self.resumed_lines = 0, None
         self.top: list[dict[str, Any]] = []
@@ -197,11 +196,11 @@ class RedTeam(GroupRelative):
             s["prompt"], s["completion"] = batch.seeds[j * k], batch.attacks[j * k]
             s["log"] = {"target": batch.outputs[j * k], "toxicity": float(scores["toxicity"][i * k]),
                         "reward": float(reward[i])}
-        self.pending = [{"prompt": seed, "attack": a, "output": o, "advantage": float(self.advantages[i // k]),
-                         **{name: float(v[i]) for name, v in scores.items()}}
-                        for i, (a, o, seed) in enumerate(everyone)] if rt.save_attacks or rt.top_attacks else []
+        records = [{"prompt": seed, "attack": a, "output": o, "advantage": float(self.advantages[i // k]),
+                    **{name: float(v[i]) for name, v in scores.items()}}
+                   for i, (a, o, seed) in enumerate(everyone)] if rt.save_attacks or rt.top_attacks else []
         rollout_stats(stats, scores, gens, ctx.generate_s)
-        return Experience(samples, scores, stats)
+        return Experience(samples, scores, stats, records)
 
     def answered(self, ctx: RolloutContext, attacks: list[str]) -> Judged:
         """This rank's attacks with the target's answers, the rows' prompts and fields."""
@@ -246,11 +245,12 @@ class RedTeam(GroupRelative):
         return float(tox[ok].sum()), float(ok.sum()), float(sum(len(c) for c in gens.completion_ids))
 
     # ------------------------------------------------------------------ outputs and state
-    def on_step_end(self, ctx: Context) -> dict[str, float]:
-        """The iteration's attacks (every rank's) appended to attacks.jsonl with the step, and the run's most
-        toxic ones to top_attacks.md, by rank 0."""
+    def on_iteration_end(self, ctx: Context, experience: Experience) -> dict[str, float]:
+        """The iteration's attacks (every rank's: ``experience.records``) appended to attacks.jsonl with the step,
+        and the run's most toxic ones to top_attacks.md, by rank 0 (after :meth:`on_step_end`)."""
+        extra = super().on_iteration_end(ctx, experience)
         rt, out = self.cfg.section(RedTeamConfig), Path(self.cfg.output_dir)
-        rows = [{"step": ctx.step, **row} for row in self.pending]
+        rows = [{"step": ctx.step, **row} for row in experience.records]
         self.top = best_attacks(self.top, rows, rt.top_attacks)
         if rows and rt.save_attacks and ctx.strategy.is_main:
             path = out / "attacks.jsonl"
@@ -263,8 +263,7 @@ class RedTeam(GroupRelative):
         if self.top and ctx.strategy.is_main:
             (out / "top_attacks.md").write_text(top_table(self.top), encoding="utf-8")
         self.attacks_written += len(rows) if rt.save_attacks else 0
-        self.pending = []
-        return {}
+        return extra
 
     def state_dict(self) -> dict[str, Any]:
         return {"attacks_written": self.attacks_written, "top_attacks": self.top}

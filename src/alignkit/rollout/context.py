@@ -49,11 +49,14 @@ class LazyBatches(Sequence[Batch]):
 class Experience:
     """One rollout's result: this rank's samples with their per-token fields filled (what the update
     trains on), the gathered scores by signal (``(global,)``) and the iteration's statistics (the same
-    on every rank)."""
+    on every rank), and the records of the iteration that its end writes out (red-team RL: every rank's
+    attacks with their answers and scores, for attacks.jsonl): what the update and the logging need, so the
+    algorithm keeps nothing of a rollout on ``self``."""
 
     samples: list[Sample]
     scores: dict[str, torch.Tensor]
     stats: MetricSums
+    records: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
