@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import torch
 
-from alignkit.algorithms.base import Batch, Context, Example, MetricSums, policy_specs, resolve_reference
+from alignkit.algorithms.base import Batch, Context, Example, policy_specs, resolve_reference
 from alignkit.algorithms.flow_sft import StepSeeded, seeded
 from alignkit.algorithms.grpo import group_stats
 from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
@@ -48,6 +48,7 @@ from alignkit.config.sections import register_section
 from alignkit.data.captions import ImagePromptData
 from alignkit.errors import ConfigError
 from alignkit.losses.flow import flow_grpo_loss
+from alignkit.metrics import MetricSums
 from alignkit.models.diffusion_sample import (
     FlowSampling,
     ImageGenerations,

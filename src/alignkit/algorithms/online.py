@@ -28,12 +28,13 @@ from typing import Any, Literal
 
 import torch
 
-from alignkit.algorithms.base import Algorithm, Batch, Context, Example, MetricSums
+from alignkit.algorithms.base import Algorithm, Batch, Context, Example
 from alignkit.algorithms.reward import RewardConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section, section_name
 from alignkit.data.prompts import PromptData
 from alignkit.losses.rl import sampler_is_weights
+from alignkit.metrics import MetricSums
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
 from alignkit.rollout.engine import (
     ENGINES,

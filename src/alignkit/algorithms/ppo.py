@@ -29,7 +29,7 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from alignkit.algorithms.base import Batch, Context, MetricSums, policy_specs, resolve_reference
+from alignkit.algorithms.base import Batch, Context, policy_specs, resolve_reference
 from alignkit.algorithms.lagrange import DualConfig, Multiplier
 from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
 from alignkit.algorithms.reward import RewardConfig, RewardFunctionConfig
@@ -39,6 +39,7 @@ from alignkit.distributed import comm
 from alignkit.errors import ConfigError
 from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
 from alignkit.rollout.advantages import gae, whiten
 from alignkit.rollout.context import Experience, RolloutContext
