@@ -45,8 +45,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
         "type hints only (Generations, RolloutEngine, SamplingParams): the engine lifecycle work owns both files",
     ("alignkit.models.roles", "alignkit.distributed.strategy.base"):
         "type hint only (Handle of a trained role in the Models bundle)",
-    ("alignkit.algorithms.flow_grpo", "alignkit.train.ema"):
-        "ParamEMA: flow_grpo.py is being reworked by the diffusion work; ParamEMA moves below the algorithms then",
 }
 
 

@@ -57,13 +57,13 @@ from alignkit.models.diffusion_sample import (
     transition_batch,
     transition_units,
 )
+from alignkit.models.ema import ParamEMA
 from alignkit.models.roles import ImageShape, Models, ModelSpec
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample
 from alignkit.rollout.redteam_reward import redteam_advantages, redteam_reward
 from alignkit.rollout.redteam_scorers import Judged, build_scorer, check_scorer_name, judge_placed, weighted_term
 from alignkit.rollout.score import gather_scores
-from alignkit.train.ema import ParamEMA
 
 
 @dataclass
@@ -172,7 +172,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         if self.opts.ema:
             self.ema = ParamEMA(self.ema_params(ctx), decay=self.opts.ema_decay, interval=self.opts.ema_interval)
 
-    # ------------------------------------------------------------------ EMA of the trained weights (train/ema.py)
+    # ------------------------------------------------------------------ EMA of the trained weights (models/ema.py)
     def ema_params(self, ctx: Context) -> dict[str, torch.Tensor]:
         return ctx.strategy.local_params(ctx.models[self.role])
 
