@@ -41,7 +41,7 @@ import torch
 from alignkit.algorithms.base import Batch, Context, Example, policy_specs, resolve_reference
 from alignkit.algorithms.flow_sft import StepSeeded, seeded
 from alignkit.algorithms.grpo import group_stats
-from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
+from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.algorithms.redteam import RedTeamScorerConfig, scorer_keys
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
@@ -59,6 +59,7 @@ from alignkit.models.diffusion_sample import (
 )
 from alignkit.models.ema import ParamEMA
 from alignkit.models.roles import ImageShape, Models, ModelSpec
+from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample
 from alignkit.rollout.redteam_reward import redteam_advantages, redteam_reward
