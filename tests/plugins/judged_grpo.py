@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from alignkit.algorithms.base import Batch, MetricSums
+from alignkit.algorithms.base import Batch
 from alignkit.algorithms.grpo import GRPO
 from alignkit.config.schema import RunConfig
 from alignkit.config.sections import register_algorithm
 from alignkit.distributed import comm
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
 from alignkit.rollout.context import RolloutContext
 from alignkit.rollout.experience import Sample, flat

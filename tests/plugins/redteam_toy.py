@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from alignkit.algorithms.grpo import GRPO
-from alignkit.algorithms.online import RolloutConfig
 from alignkit.config.schema import RunConfig
 from alignkit.config.sections import register_algorithm
 from alignkit.data.prompts import prompt_text
 from alignkit.models.roles import ModelSpec
+from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
 from alignkit.rollout.engine import SamplingParams
 

@@ -42,7 +42,7 @@ def test_algorithm_sections_read_typed_through_section() -> None:
     from dataclasses import dataclass
 
     from alignkit.algorithms.dpo import DPOConfig
-    from alignkit.algorithms.online import RolloutConfig
+    from alignkit.rollout.config import RolloutConfig
 
     cfg = cfg_from({**BASE, "algorithm": "dpo", "dpo": {"beta": 0.25}})
     d = cfg.section(DPOConfig)

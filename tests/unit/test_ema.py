@@ -1,4 +1,4 @@
-"""train/ema.py: flow_grpo's EMAModuleWrapper rule (warm-up decay, update interval), the swap for evaluation and
+"""models/ema.py: flow_grpo's EMAModuleWrapper rule (warm-up decay, update interval), the swap for evaluation and
 saving, and the per-rank file."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from alignkit.errors import ModelError
-from alignkit.train.ema import ParamEMA, ema_decay_at
+from alignkit.models.ema import ParamEMA, ema_decay_at
 
 
 def test_warm_up_decay_is_flow_grpos() -> None:

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from alignkit.algorithms.flow_grpo import FlowGRPO, FlowGRPOConfig, flow_image_shape
-from alignkit.algorithms.online import RolloutConfig
 from alignkit.config import load_config, resolve_batch
 from alignkit.errors import ConfigError
-from alignkit.train.ema import ParamEMA
+from alignkit.models.ema import ParamEMA
+from alignkit.rollout.config import RolloutConfig
 from alignkit.train.online_loop import OnlineTrainer, online_steps
 from alignkit.train.run_plan import RunPlan
 from tests.conftest import REPO

@@ -126,9 +126,9 @@ def test_ppo_lag_builds_the_pid_multiplier_from_its_section(micro_model) -> None
     """ppo_lag reads the same keys: its dual step after an iteration is the PID step on the window of
     iteration mean costs, lambda 0 is fine, and its state resumes exactly."""
     from alignkit.algorithms import ALGORITHMS
-    from alignkit.algorithms.base import MetricSums
     from alignkit.config.loader import apply_overrides, build_dataclass
     from alignkit.config.schema import RunConfig
+    from alignkit.metrics import MetricSums
     from alignkit.models.loading import load_tokenizer
     from alignkit.rollout.context import Experience
 

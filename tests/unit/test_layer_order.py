@@ -20,7 +20,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("alignkit", "alignkit.errors", "alignkit.registry", "alignkit.constants", "alignkit.resources",
               "alignkit.progress", "alignkit.files")),
     ("config", ("alignkit.config",)),
-    ("kernels and runtime", ("alignkit.ops", "alignkit.losses", "alignkit.logging", "alignkit.plot",
+    ("kernels and runtime", ("alignkit.ops", "alignkit.losses", "alignkit.logging", "alignkit.metrics", "alignkit.plot",
                              "alignkit.distributed", "alignkit.distributed.env", "alignkit.distributed.comm")),
     # the estimator's arithmetic: pure numbers from model dimensions, no model built
     ("estimator arithmetic", ("alignkit.distributed.model_dims", "alignkit.distributed.pipeline_dims",
@@ -45,10 +45,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
         "type hints only (Generations, RolloutEngine, SamplingParams): the engine lifecycle work owns both files",
     ("alignkit.models.roles", "alignkit.distributed.strategy.base"):
         "type hint only (Handle of a trained role in the Models bundle)",
-    ("alignkit.rollout.context", "alignkit.algorithms.base"):
-        "type hint only (MetricSums): moves with the engine lifecycle work on rollout/context.py",
-    ("alignkit.algorithms.flow_grpo", "alignkit.train.ema"):
-        "ParamEMA: flow_grpo.py is being reworked by the diffusion work; ParamEMA moves below the algorithms then",
 }
 
 

@@ -4,7 +4,7 @@ Importing this package registers every algorithm and its config section (config/
 shipped rollout engine with its section (``vllm:``); entry points that load a config (the CLI, the runner,
 scripts) import it first."""
 
-from alignkit.algorithms.base import MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import OfflineAlgorithm
 from alignkit.algorithms.dpo import DPO
 from alignkit.algorithms.flow_grpo import FlowGRPO
 from alignkit.algorithms.flow_rtpo import FlowRTPO
@@ -40,4 +40,4 @@ def workload_of(cfg: RunConfig) -> Workload:
                     algo.image_shape(cfg))
 
 
-__all__ = ["ALGORITHMS", "MetricSums", "OfflineAlgorithm", "OnlineAlgorithm", "register_algorithm", "workload_of"]
+__all__ = ["ALGORITHMS", "OfflineAlgorithm", "OnlineAlgorithm", "register_algorithm", "workload_of"]

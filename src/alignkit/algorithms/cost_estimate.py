@@ -11,11 +11,11 @@ from typing import Any
 
 from torch import nn
 
-from alignkit.algorithms.online import RolloutConfig
 from alignkit.data.io import Row
 from alignkit.data.preference import as_chat
 from alignkit.data.safety import prompt_ids
 from alignkit.data.tokenize import render_chat
+from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.engine import Prompt, RolloutEngine, SamplingParams, build_engine, generate_once
 from alignkit.rollout.vlm_generate import image_prompt
 from alignkit.scoring import EstimatePrompt, prompt_images

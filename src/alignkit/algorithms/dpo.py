@@ -37,15 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import torch
 
-from alignkit.algorithms.base import (
-    Batch,
-    Context,
-    Example,
-    MetricSums,
-    OfflineAlgorithm,
-    policy_specs,
-    resolve_reference,
-)
+from alignkit.algorithms.base import Batch, Context, Example, OfflineAlgorithm, policy_specs, resolve_reference
 from alignkit.algorithms.vlm import preference_inputs, vlm_spec_options
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
@@ -55,6 +47,7 @@ from alignkit.data.preference import count_pairs
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError
 from alignkit.losses.dpo import DPO_LOSSES, dpo_loss
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
 from alignkit.progress import Progress
 

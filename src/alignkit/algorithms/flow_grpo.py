@@ -38,16 +38,17 @@ from typing import Any, Literal
 
 import torch
 
-from alignkit.algorithms.base import Batch, Context, Example, MetricSums, policy_specs, resolve_reference
+from alignkit.algorithms.base import Batch, Context, Example, policy_specs, resolve_reference
 from alignkit.algorithms.flow_sft import StepSeeded, seeded
 from alignkit.algorithms.grpo import group_stats
-from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
+from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.algorithms.redteam import RedTeamScorerConfig, scorer_keys
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.captions import ImagePromptData
 from alignkit.errors import ConfigError
 from alignkit.losses.flow import flow_grpo_loss
+from alignkit.metrics import MetricSums
 from alignkit.models.diffusion_sample import (
     FlowSampling,
     ImageGenerations,
@@ -56,13 +57,14 @@ from alignkit.models.diffusion_sample import (
     transition_batch,
     transition_units,
 )
+from alignkit.models.ema import ParamEMA
 from alignkit.models.roles import ImageShape, Models, ModelSpec
+from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample
 from alignkit.rollout.redteam_reward import redteam_advantages, redteam_reward
 from alignkit.rollout.redteam_scorers import Judged, build_scorer, check_scorer_name, judge_placed, weighted_term
 from alignkit.rollout.score import gather_scores
-from alignkit.train.ema import ParamEMA
 
 
 @dataclass
@@ -171,7 +173,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         if self.opts.ema:
             self.ema = ParamEMA(self.ema_params(ctx), decay=self.opts.ema_decay, interval=self.opts.ema_interval)
 
-    # ------------------------------------------------------------------ EMA of the trained weights (train/ema.py)
+    # ------------------------------------------------------------------ EMA of the trained weights (models/ema.py)
     def ema_params(self, ctx: Context) -> dict[str, torch.Tensor]:
         return ctx.strategy.local_params(ctx.models[self.role])
 

@@ -43,7 +43,7 @@ from typing import Any, Optional
 
 import torch
 
-from alignkit.algorithms.base import Batch, Context, Example, MetricSums, policy_specs
+from alignkit.algorithms.base import Batch, Context, Example, policy_specs
 from alignkit.algorithms.flow_grpo import FlowGRPO, FlowGRPOConfig, flow_image_shape
 from alignkit.algorithms.grpo import grpo_reference
 from alignkit.algorithms.redteam import RedTeam, RedTeamConfig
@@ -51,6 +51,7 @@ from alignkit.config.loader import given_keys
 from alignkit.config.schema import LoraConfig, RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.errors import ConfigError
+from alignkit.metrics import MetricSums
 from alignkit.models.diffusion_sample import TRANSITION_INPUTS, flow_policy
 from alignkit.models.roles import ImageShape, Models, ModelSpec
 from alignkit.rollout.context import Experience, RolloutContext

@@ -21,12 +21,13 @@ from typing import Any, Literal
 
 import torch
 
-from alignkit.algorithms.base import Context, MetricSums, OfflineAlgorithm, policy_specs
+from alignkit.algorithms.base import Context, OfflineAlgorithm, policy_specs
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.batch import Batch
 from alignkit.data.captions import CaptionData
 from alignkit.losses.flow import flow_matching_loss, noisy_latents, sample_sigmas
+from alignkit.metrics import MetricSums
 from alignkit.models.diffusion_sample import flow_policy
 from alignkit.models.roles import ImageShape, Models, ModelSpec
 

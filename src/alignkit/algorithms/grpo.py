@@ -26,16 +26,18 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from alignkit.algorithms.base import Batch, MetricSums, policy_specs, resolve_reference
-from alignkit.algorithms.online import Aggregation, OnlineAlgorithm, RolloutConfig
+from alignkit.algorithms.base import Batch, policy_specs, resolve_reference
+from alignkit.algorithms.online import Aggregation, OnlineAlgorithm
 from alignkit.algorithms.reward import RewardConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.errors import ConfigError
 from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
 from alignkit.rollout.advantages import ADVANTAGES, group_nanstd
+from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import RolloutContext
 from alignkit.rollout.experience import Sample, flat, token_seq
 from alignkit.rollout.score import nan_stats

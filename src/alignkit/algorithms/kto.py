@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from alignkit.algorithms.base import Batch, Context, Example, MetricSums, OfflineAlgorithm, policy_specs, resolve_reference
+from alignkit.algorithms.base import Batch, Context, Example, OfflineAlgorithm, policy_specs, resolve_reference
 from alignkit.algorithms.dpo import cache_pair_values
 from alignkit.algorithms.vlm import is_vision_language
 from alignkit.config.schema import RunConfig, f
@@ -35,6 +35,7 @@ from alignkit.data.unpaired import UnpairedData, kl_batch
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError
 from alignkit.losses.kto import kto_loss, kto_reference_point
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import torch
 
-from alignkit.algorithms.base import Batch, MetricSums, OfflineAlgorithm, policy_specs
+from alignkit.algorithms.base import Batch, OfflineAlgorithm, policy_specs
 from alignkit.algorithms.dpo import DPO
 from alignkit.algorithms.vlm import preference_inputs, vlm_spec_options
 from alignkit.config.schema import RunConfig, f
@@ -22,6 +22,7 @@ from alignkit.config.sections import register_section
 from alignkit.data.pipelines import PairData
 from alignkit.data.preference import count_pairs
 from alignkit.losses.orpo import orpo_loss
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
 
 

@@ -29,9 +29,9 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from alignkit.algorithms.base import Batch, Context, MetricSums, policy_specs, resolve_reference
+from alignkit.algorithms.base import Batch, Context, policy_specs, resolve_reference
 from alignkit.algorithms.lagrange import DualConfig, Multiplier
-from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
+from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.algorithms.reward import RewardConfig, RewardFunctionConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
@@ -39,8 +39,10 @@ from alignkit.distributed import comm
 from alignkit.errors import ConfigError
 from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
 from alignkit.rollout.advantages import gae, whiten
+from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample, flat, per_sequence, token_seq
 from alignkit.rollout.score import Scorer, nan_stats

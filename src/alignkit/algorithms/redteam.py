@@ -22,16 +22,17 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from alignkit.algorithms.base import Batch, Context, Example, MetricSums, policy_specs
+from alignkit.algorithms.base import Batch, Context, Example, policy_specs
 from alignkit.algorithms.grpo import GroupRelative, GRPOConfig, group_stats, grpo_reference
-from alignkit.algorithms.online import RolloutConfig
 from alignkit.config.schema import RunConfig, f, subsection
 from alignkit.config.sections import register_section
 from alignkit.data.io import Row
 from alignkit.data.prompts import PromptData
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import ModelSpec
+from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
 from alignkit.rollout.experience import Sample
 from alignkit.rollout.redteam_reward import attack_similarity, attack_stats, redteam_advantages, redteam_reward

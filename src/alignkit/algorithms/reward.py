@@ -22,7 +22,7 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from alignkit.algorithms.base import Batch, MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import Batch, OfflineAlgorithm
 from alignkit.algorithms.vlm import preference_inputs, vlm_spec_options
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
@@ -31,6 +31,7 @@ from alignkit.data.preference import count_pairs
 from alignkit.errors import ConfigError
 from alignkit.losses.cost import cost_model_loss
 from alignkit.losses.reward import bradley_terry_loss
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
 from alignkit.rollout.rewards import REWARD_FUNCTIONS
 

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import torch
 
-from alignkit.algorithms.base import Batch, Context, Example, MetricSums
+from alignkit.algorithms.base import Batch, Context, Example
 from alignkit.algorithms.cost_estimate import estimate_engine, prompt_inputs, prompt_share, sample_responses
 from alignkit.algorithms.dpo import DPO, DPOConfig, PairValues, cache_pair_values, dpo_reference
 from alignkit.algorithms.lagrange import DualConfig, Multiplier
@@ -53,6 +53,7 @@ from alignkit.data.vlm import image_refs, resolve_image
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError, ModelError
 from alignkit.losses.safe_dpo import SAFE_DPO_VARIANTS, SafeParams, SafeRows, safe_rows_loss
+from alignkit.metrics import MetricSums
 from alignkit.models.loading import hf_model
 from alignkit.models.roles import Models, ModelSpec
 from alignkit.models.scalar import saved_scorer_kind

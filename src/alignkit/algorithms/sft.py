@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import torch
 
-from alignkit.algorithms.base import Batch, MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import Batch, OfflineAlgorithm
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.constants import IGNORE_INDEX
@@ -16,6 +16,7 @@ from alignkit.data.io import NOTHING_TO_LEARN, PROMPT_TOO_LONG, TRUNCATED, DataE
 from alignkit.data.pipelines import TokenData
 from alignkit.data.tokenize import encode_chat, encode_prompt_response
 from alignkit.losses.sft import sft_loss
+from alignkit.metrics import MetricSums
 from alignkit.models.policy import forward_liger_nll
 from alignkit.models.roles import Models, ModelSpec
 

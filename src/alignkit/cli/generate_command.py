@@ -22,8 +22,8 @@ from typing import Any
 def _model_and_defaults(target: str) -> tuple[str, int, float, str]:
     if target.endswith((".yaml", ".yml")):
         import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
-        from alignkit.algorithms.online import RolloutConfig
         from alignkit.config import load_config
+        from alignkit.rollout.config import RolloutConfig
 
         cfg = load_config(target, [])
         final = Path(cfg.output_dir) / "final"

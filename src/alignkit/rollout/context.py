@@ -16,12 +16,12 @@ import torch
 
 from alignkit.data.batch import Batch
 from alignkit.distributed import comm
+from alignkit.metrics import MetricSums
 from alignkit.rollout.engine import Generations, RolloutEngine, SamplingParams, generation_phase
 from alignkit.rollout.experience import Sample, micro_batches
 from alignkit.rollout.score import ScoreInputs, Scorer, gather_scores, nan_stats
 
 if TYPE_CHECKING:
-    from alignkit.algorithms.base import MetricSums
     from alignkit.distributed.strategy.base import Strategy
     from alignkit.models.roles import Models
 

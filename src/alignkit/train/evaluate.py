@@ -16,12 +16,13 @@ import torch
 from torch.utils.data import DataLoader
 
 import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections: eval_command loads a config)
-from alignkit.algorithms.base import Context, Example, MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import Context, Example, OfflineAlgorithm
 from alignkit.config import RunConfig, load_config
 from alignkit.data.sampler import EvalSampler
 from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.errors import ConfigError
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models
 from alignkit.progress import track
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from alignkit.algorithms.base import Context
-from alignkit.algorithms.online import OnlineAlgorithm, RolloutConfig
+from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config import RunConfig, dump_yaml
 from alignkit.config.loader import BatchPlan
 from alignkit.data.sampler import GlobalOrder
@@ -38,6 +38,7 @@ from alignkit.distributed.strategy.base import Strategy
 from alignkit.errors import ConfigError, DataError
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
+from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.engine import SamplingParams, build_engine
 from alignkit.rollout.experience import Sample, micro_batches

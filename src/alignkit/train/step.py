@@ -20,13 +20,14 @@ from typing import Any, Callable
 import torch
 import yaml
 
-from alignkit.algorithms.base import Batch, MetricSums
+from alignkit.algorithms.base import Batch
 from alignkit.config import BatchPlan
 from alignkit.distributed import comm
 from alignkit.distributed.comm import stack_on_one_device
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.errors import ConfigError, TrainingError
 from alignkit.logging import RunLogger
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models
 from alignkit.train import checkpoint as ckpt
 from alignkit.train.model_card import write_model_card

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from alignkit.algorithms.base import MetricSums
 from alignkit.distributed import comm
 from alignkit.distributed.comm import stack_on_one_device
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.logging import peak_memory_mb
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models
 
 

@@ -6,9 +6,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from alignkit.algorithms.base import MetricSums
 from alignkit.data.sampler import EvalSampler
 from alignkit.distributed import comm
+from alignkit.metrics import MetricSums
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -12,13 +12,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from alignkit.algorithms.base import MetricSums
 from alignkit.config.schema import DistributedConfig
 from alignkit.data.batch import Batch
 from alignkit.distributed import comm
 from alignkit.distributed.comm import exit_process
 from alignkit.distributed.env import read_env
 from alignkit.distributed.strategy import build_strategy
+from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models
 
 

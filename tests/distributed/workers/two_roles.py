@@ -23,12 +23,13 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from alignkit.algorithms import ALGORITHMS
-from alignkit.algorithms.base import Batch, MetricSums, OfflineAlgorithm
+from alignkit.algorithms.base import Batch, OfflineAlgorithm
 from alignkit.algorithms.sft import sft_example
 from alignkit.config import RunConfig, load_config
 from alignkit.data.pipelines import TokenData
 from alignkit.distributed.comm import exit_process
 from alignkit.losses.sft import sft_loss
+from alignkit.metrics import MetricSums
 from alignkit.models.policy import forward_logps, model_inputs
 from alignkit.models.roles import Models, ModelSpec
 from alignkit.train.runner import run_train

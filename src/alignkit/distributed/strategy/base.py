@@ -219,7 +219,7 @@ class Strategy(ABC):
     def local_params(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """The storage this rank holds of ``module``'s trainable parameters by name (of the unwrapped module):
         tensors that share it (an in-place write changes the parameter), whole here, this rank's shard under the
-        sharding engines. For elementwise state kept beside the weights (``train/ema.py``)."""
+        sharding engines. For elementwise state kept beside the weights (``models/ema.py``)."""
         return {n: p.data for n, p in self.unwrap(module).named_parameters() if p.requires_grad}
 
     def refresh_params(self, module: nn.Module) -> None:

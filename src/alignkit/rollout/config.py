@@ -1,0 +1,51 @@
+"""The ``rollout:`` section: how an online run samples (group size, sampling, the engine by name) and how
+many optimizer steps each iteration's samples make (``rollout.update_epochs`` x ``rollout.mini_batches``).
+Every online algorithm reads it (``config_sections`` of ``algorithms/online.py``), and so do the online loop
+and ``alignkit generate``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alignkit.config.schema import f
+from alignkit.config.sections import register_section
+from alignkit.rollout.engine import engine_class
+
+
+@register_section("rollout")
+@dataclass
+class RolloutConfig:
+    num_generations: int = f(8, "Completions per prompt (the group size of GRPO / RLOO).", gt=0)
+    max_new_tokens: int = f(16, "Longest completion in tokens; a longer one is cut and counted as truncated.", gt=0)
+    temperature: float = f(1.0, "Sampling temperature; 0 = greedy (no exploration: only for evaluation).", ge=0)
+    top_p: float = f(1.0, "Nucleus sampling.", gt=0, le=1)
+    top_k: int = f(0, "Top-k sampling; 0 = off.", ge=0)
+    update_epochs: int = f(1, "Passes over each iteration's samples (PPO epochs; TRL num_iterations).", gt=0)
+    mini_batches: int = f(
+        1, "Optimizer steps per pass, each over a disjoint slice of the iteration's samples (PPO mini-batches; "
+        "flow_grpo: 2): a rank's sample i goes to slice i mod mini_batches, the same split over any number of "
+        "ranks; the later slices are scored by a policy that has moved (ratio != 1, clipped). Each rank's samples "
+        "per iteration (per_device x accumulation) must be a multiple of it.", gt=0)
+    engine: str = f("hf", "Rollout engine by name: hf = Hugging Face generate with the KV cache; vllm = a colocated "
+                    "vLLM engine (the vllm: section; needs the vllm extra); or one a plugin registers. The engine "
+                    "reads its own section.")
+    gather_full_params: bool = f(
+        True, "FSDP2 / ZeRO-3: gather the full policy ONCE per rollout for generation; false = generate on the "
+        "sharded model (parameters gathered per forward: slow, for models too big to gather).")
+    generation_batch_size: int = f(64, "Sequences per generate call.", gt=0)
+    log_samples: int = f(2, "Prompt / completion samples written to the JSONL log per logged iteration.", ge=0)
+    mask_truncated_completions: bool = f(
+        False, "A completion cut by max_new_tokens carries no loss (TRL's option of the same name): it still counts "
+        "in its group's reward statistics, its tokens get loss_mask 0.")
+    disable_dropout: bool = f(
+        True, "Zero every dropout of the trained models (policy, critics) once at the start, as TRL's "
+        "disable_dropout: the old log-probs are taken in train mode, and with dropout (LoRA's 0.05) the first "
+        "update's ratio would be noise instead of exactly 1.")
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Optimizer steps per iteration: ``update_epochs`` passes x ``mini_batches`` slices."""
+        return self.update_epochs * self.mini_batches
+
+    def __post_init__(self) -> None:
+        engine_class(self.engine)  # an unknown name: one line with the closest name
