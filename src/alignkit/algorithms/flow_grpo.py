@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -217,14 +216,7 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         (image i's noise seeded by (seed, ``step``, ``keys[i]``)); the seconds are the rollout's ``sample`` phase
         (time/sample_s), kept apart from the token ``generate`` phase whose seconds give gen_tokens_per_s."""
         requests = [ImagePrompt(p, seeded(self.cfg.training.seed, step, key)) for p, key in zip(prompts, keys)]
-        before, start = ctx.seconds.pop("generate", None), time.perf_counter()
-        try:
-            return ctx.generate(self.role, requests, self.sampling(steps, noise_level))
-        finally:
-            ctx.seconds.pop("generate", None)
-            if before is not None:
-                ctx.seconds["generate"] = before
-            ctx.seconds["sample"] = ctx.seconds.get("sample", 0.0) + time.perf_counter() - start
+        return ctx.generate(self.role, requests, self.sampling(steps, noise_level), phase="sample")
 
     def scores(self, ctx: RolloutContext, prompts: list[str], images: list[Any], placement: str) -> dict[str, torch.Tensor]:
         """Every scorer's values of this rank's images (``use/name`` -> ``(n,)``), placed, not gathered."""

@@ -197,8 +197,8 @@ class OnlineAlgorithm(Algorithm):
         """``(N,)`` the importance weights of the tokens a rollout engine sampled (``sampler_logps`` in the batch:
         pi_old / pi_sampler, truncated or masked per ``vllm.importance_sampling_*``), their mean / max and the
         share changed by the cap logged over the ``keep`` tokens; all ones without ``sampler_logps``."""
-        v = self.importance_sampling()
-        if "sampler_logps" not in batch or v is None:
+        v = self.importance_sampling() if "sampler_logps" in batch else None  # no config read for a plain batch
+        if v is None:
             return torch.ones_like(old_logps)
         ratio = sampler_is_weights(old_logps, flat(batch, "sampler_logps"), cap=float("inf"),
                                    mode=v.mode, seq=token_seq(batch),

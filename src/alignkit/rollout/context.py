@@ -92,15 +92,17 @@ class RolloutContext:
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
-    def generate(self, role: str, prompts: list[Any], params: SamplingParams | None = None) -> Generations:
+    def generate(self, role: str, prompts: list[Any], params: SamplingParams | None = None, *,
+                 phase: str = "generate") -> Generations:
         """One output per prompt from ``role`` (trainable or frozen) through its kind's adapter, in one phase of the
         engine's lifecycle (``generation_phase``: the role's weights pushed where they changed, its memory retaken,
         then released), with the role's full parameters gathered once for the call (FSDP2 / ZeRO-3), or, with
         ``rollout.gather_full_params: false``, on the sharded module with every rank stepping together. An engine
         that computes in this thread (``runs_in_caller``: HF generate) runs under the Strategy's autocast, as the
-        log-prob forward does."""
+        log-prob forward does. Its seconds count in ``seconds[phase]`` (``generate``: the token phase whose seconds
+        give gen_tokens_per_s; an image policy's sampling is its own ``sample`` phase)."""
         kind, module, params = self.models.kind(role), self.models[role], params or self.params
-        with self.timed("generate"), ExitStack() as stack:
+        with self.timed(phase), ExitStack() as stack:
             engine = self.engine_for(role)
             if engine.runs_in_caller:  # fp32 master weights decode in bf16, not in fp32 GEMMs
                 stack.enter_context(self.strategy.autocast())

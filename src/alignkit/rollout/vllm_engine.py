@@ -116,6 +116,11 @@ def _fingerprint(model: nn.Module) -> tuple[tuple[int, int], ...]:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
+def _mark(model: nn.Module) -> tuple[Any, ...]:
+    """What a push records of ``model``: the module and its :func:`_fingerprint` (host-side, no device read)."""
+    return id(model), _fingerprint(model)
+
+
 _LLMS: dict[str, Any] = {}  # process-wide engines by their build arguments
 
 
@@ -297,7 +302,7 @@ class VLLMEngine(RolloutEngine):
             limit = self.max_model_len or getattr(getattr(model, "config", None), "max_position_embeddings", 2048)
             self.llm = _llm(model, self.tokenizer, self.settings, limit, self.run_dtype)
             self._sleeps = self.settings.sleep_mode and next(model.parameters()).device.type != "cpu"
-        mark = (id(model), _fingerprint(model))
+        mark = _mark(model)
         if _PUSHED.get(self._target()) == mark:
             return False
         if self._sleeps:
@@ -327,7 +332,7 @@ class VLLMEngine(RolloutEngine):
         if any(p.inputs for p in requests):
             raise ValueError("rollout.engine: vllm serves text prompts only here; use engine: hf for image prompts")
         model = hf_model(model)
-        if (self.llm is None and self.server is None) or _PUSHED.get(self._target()) != (id(model), _fingerprint(model)):
+        if (self.llm is None and self.server is None) or _PUSHED.get(self._target()) != _mark(model):
             raise RuntimeError("rollout.engine: vllm does not hold this model's weights: call sync_weights(model) "
                                "first (rollout/engine.py generation_phase)")
         todo = requests_of([p.ids for p in requests], group=params.temperature > 0)
