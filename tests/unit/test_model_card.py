@@ -118,3 +118,38 @@ def test_push_without_a_token_sends_nothing(tmp_path: Path, monkeypatch: pytest.
     assert hub_push.push_final(tmp_path, hub, log, algorithm="sft") is None
     assert lines == [(f"Hub push skipped: no Hugging Face token (set HF_TOKEN or run `hf auth login`); the model is "
                       f"complete in {tmp_path}; upload it later with: hf upload me/x {tmp_path} --private")]
+
+
+def test_the_pushed_config_has_its_secrets_masked_and_the_local_one_stays_whole(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from alignkit.config.schema import HubConfig
+    from alignkit.train.hub_push import push_final
+    from tests.fake_hub import FakeHub
+
+    final = tmp_path / "run" / "final"
+    (final / "image_policy").mkdir(parents=True)
+    cfg = {"algorithm": "sft", "my_plugin": {"api_key": "sk-live-123", "max_new_tokens": 8}}
+    (final / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    (final / "model.safetensors").write_bytes(b"\x00weights")
+    (final / "image_policy" / "config.json").write_text("{}")
+    local = (final / "config.yaml").read_bytes()
+    monkeypatch.setenv("HF_TOKEN", "hf_fake_token_0123456789")
+    with FakeHub() as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        url = push_final(final, HubConfig(push_to_hub=True, repo_id="me/m"), _QuietLog(), algorithm="sft")
+    assert url and url.startswith(hub.url)
+    assert len(hub.commits) == 1  # one commit, every file in it
+    assert set(hub.files) == {"config.yaml", "model.safetensors", "image_policy/config.json"}
+    assert hub.files["model.safetensors"] == b"\x00weights"
+    assert yaml.safe_load(hub.files["config.yaml"]) == {"algorithm": "sft",
+                                                        "my_plugin": {"api_key": "***", "max_new_tokens": 8}}
+    assert b"sk-live-123" not in b"".join(hub.files.values())
+    assert (final / "config.yaml").read_bytes() == local  # the run's own copy: whole, for resume and reruns
+
+
+class _QuietLog:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, msg: str) -> None:
+        self.lines.append(msg)

@@ -5,18 +5,23 @@ Rank 0 only, after the save is complete and the card is final. Publishing is the
 run, never a reason to lose it: without a token, without the network, or when the Hub refuses, the push is one
 line naming why and the command that uploads the same folder later, and the run exits 0 with its files as they
 were. The token is huggingface_hub's own (``HF_TOKEN``, or ``hf auth login``'s) and is never logged;
-``HF_ENDPOINT`` names another Hub (a mirror, or a test's fake one).
+``HF_ENDPOINT`` names another Hub (a mirror, or a test's fake one). The uploaded ``config.yaml`` has its
+secret-looking values masked as the card's copy has (a plugin's section may hold a key); the local one stays whole,
+for ``alignkit train config.yaml`` and resume.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from alignkit.config import RunConfig
 from alignkit.config.loader import dump_yaml
 from alignkit.config.schema import HubConfig
-from alignkit.logging import RunLogger
+from alignkit.logging import RunLogger, scrub
 from alignkit.train.model_card import write_model_card
 
 
@@ -45,13 +50,32 @@ def push_final(final_dir: Path, hub: HubConfig, log: RunLogger, *, algorithm: st
         api.create_repo(hub.repo_id, private=hub.private, exist_ok=True)
         if hub.revision:
             api.create_branch(hub.repo_id, branch=hub.revision, exist_ok=True)
-        info = api.upload_folder(repo_id=hub.repo_id, folder_path=final_dir, revision=hub.revision,
+        info = api.create_commit(repo_id=hub.repo_id, operations=upload_operations(final_dir), revision=hub.revision,
                                  commit_message=f"alignkit {algorithm}: {final_dir.parent.name}/{final_dir.name}")
     except Exception as e:  # noqa: BLE001 - any failure of the push is reported, the finished run stands
         log.info(f"Hub push to {hub.repo_id} at {api.endpoint} failed ({failure(e)}); {later}")
         return None
     log.info(f"Pushed {final_dir} to the Hub: {info.commit_url}")
     return str(info.commit_url)
+
+
+def upload_operations(final_dir: Path) -> list[Any]:
+    """One commit's files: every file under ``final_dir`` (as ``upload_folder`` would, ``.git`` and
+    ``.cache`` left out), ``config.yaml`` with its secret-looking values masked (``logging.scrub``)."""
+    from huggingface_hub import CommitOperationAdd
+
+    ops = []
+    for path in sorted(p for p in final_dir.rglob("*") if p.is_file()):
+        rel = path.relative_to(final_dir).as_posix()
+        if rel.split("/", 1)[0] in (".git", ".cache"):
+            continue
+        content: Path | bytes = path
+        if rel == "config.yaml":
+            cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+            if (masked := scrub(cfg)) != cfg:
+                content = yaml.safe_dump(masked, sort_keys=False).encode("utf-8")
+        ops.append(CommitOperationAdd(path_in_repo=rel, path_or_fileobj=content))
+    return ops
 
 
 def failure(error: BaseException) -> str:
