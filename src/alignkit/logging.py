@@ -90,6 +90,7 @@ class RunLogger:
         self._jsonl = None
         self._tb = None
         self._wandb = None
+        self._wandb_start: Any = None
         self._bar = None
         self._progress_mode = progress_bar
         if not is_main:
@@ -107,7 +108,9 @@ class RunLogger:
                 import wandb
             except ImportError:
                 raise ConfigError("logging.report_to has wandb but wandb is not installed: pip install wandb") from None
-            self._wandb = wandb.init(
+            # started at the first metrics row, not here: the data are prepared in a forked child before that,
+            # and a W&B run already started in the parent fails that child's imports (wandb's ForkedError)
+            self._wandb_start = lambda: wandb.init(
                 project=wandb_project, name=name, dir=str(output_dir), config=scrub(config or {}), reinit=True
             )
 
@@ -151,6 +154,8 @@ class RunLogger:
                 if isinstance(v, (int, float)) and k != "step":
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
+        if self._wandb is None and self._wandb_start is not None:
+            self._wandb, self._wandb_start = self._wandb_start(), None
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
         if "console" in self.report_to:
