@@ -57,6 +57,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import policy_eval  # noqa: E402  (benchmarks/ is on the path above)
+
 RESULT_TAG = "BENCH_RESULT "
 THREADS = 2
 G = 8
@@ -66,6 +68,7 @@ MAX_NEW = 12
 WINDOW = 10
 SFT_STEPS = 100
 PROBE_PROMPTS = 64  # --probe: distinct prompts (8 iterations per epoch)
+EVAL_SEED = 0  # the evaluator's draws: the same for every policy (common random numbers)
 PROBE_LR = 1e-30  # --probe: an AdamW step of ~lr changes no float32 weight: sampling stays at iteration 0
 FORMS = ("{p}", "The answer is {p}.", "{x}*{y}={p}")
 TRL_DEFAULT_KEYS = ("loss_type", "scale_rewards", "epsilon", "epsilon_high", "top_p", "top_k", "num_iterations",
@@ -143,7 +146,8 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
         f"training.per_device_batch_size={BATCH}", f"training.learning_rate={spec.get('lr', LR)}",
         "training.lr_scheduler=constant",
         "training.warmup_steps=0", f"training.max_steps={spec['iterations']}", f"training.seed={spec['seed']}",
-        "logging.report_to=[jsonl]", "logging.logging_steps=1", "logging.plot=false", "checkpoint.save_final=false",
+        "logging.report_to=[jsonl]", "logging.logging_steps=1", "logging.plot=false",
+        f"checkpoint.save_final={str(bool(spec.get('save_final'))).lower()}",
         *spec.get("overrides", []),
     ])
     t0 = time.perf_counter()
@@ -183,6 +187,8 @@ def child_trl(spec: dict[str, Any], probe: Any = None) -> dict[str, Any]:
                                steps=spec["iterations"], seed=spec["seed"])
     t0 = time.perf_counter()
     trainer.train()
+    if spec.get("save_final"):  # the final policy, for the shared evaluator (policy_eval.py)
+        trainer.save_model(str(Path(spec["run_dir"]) / "final"))
     defaults = {k: getattr(trainer.args, k) for k in TRL_DEFAULT_KEYS if hasattr(trainer.args, k)}
     rows = [r for r in trainer.state.log_history if "reward" in r]
     out = {"rewards": rewards, "seconds": time.perf_counter() - t0,
@@ -241,7 +247,18 @@ def child_probe_trl(spec: dict[str, Any]) -> dict[str, Any]:
     return child_trl(probe_spec(spec), probe)
 
 
-CHILDREN = {"sft": child_sft, "alignkit": child_alignkit, "trl": child_trl,
+def child_eval(spec: dict[str, Any]) -> dict[str, Any]:
+    """The shared evaluator (``policy_eval.py``) over ``spec["paths"]``, in alignkit's environment for every side."""
+    import torch
+
+    import policy_eval
+
+    torch.set_num_threads(THREADS)
+    return {"evals": {p: policy_eval.evaluate(p, samples=spec["samples"], max_new=MAX_NEW, seed=EVAL_SEED)
+                      for p in spec["paths"]}}
+
+
+CHILDREN = {"sft": child_sft, "alignkit": child_alignkit, "trl": child_trl, "eval": child_eval,
             "probe_alignkit": child_probe_alignkit, "probe_trl": child_probe_trl}
 
 
@@ -311,6 +328,11 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                            # iteration 0 is sampled before any update: the same distribution on both sides
                            "iteration0": mean_min_se([r["rewards"][0] for r in ok]), "windows": window_means(ok),
                            "minutes_per_run": sum(r["wall_s"] for r in ok) / len(ok) / 60}
+            evaluated = [r for r in ok if "eval_rise" in r]
+            if evaluated:  # the shared evaluator's numbers (policy_eval.py)
+                sides[side]["eval_start"] = evaluated[0]["eval_start"]
+                sides[side]["eval_final"] = mean_min_se([r["eval"]["reward"] for r in evaluated])
+                sides[side]["eval_rise"] = mean_min_se([r["eval_rise"] for r in evaluated])
     result: dict[str, Any] = {"sides": sides}
     if "alignkit" in sides and "trl" in sides:
         result["alignkit_vs_trl_rise"] = compare(sides["alignkit"]["rise"], sides["trl"]["rise"])
@@ -320,6 +342,10 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             for key in ("rise", "final"):
                 result[f"paired_{key}"] = mean_min_se([a[key] - t[key] for a, t in pairs])
                 result[f"paired_{key}"]["alignkit_higher"] = sum(a[key] > t[key] for a, t in pairs)
+        pairs = [(a, t) for a, t in zip(runs["alignkit"], runs["trl"]) if "eval_rise" in a and "eval_rise" in t]
+        if pairs:
+            result["paired_eval_rise"] = mean_min_se([a["eval_rise"] - t["eval_rise"] for a, t in pairs])
+            result["paired_eval_rise"]["alignkit_higher"] = sum(a["eval_rise"] > t["eval_rise"] for a, t in pairs)
     return result
 
 
@@ -338,6 +364,34 @@ def diagnostics_table(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
                 lines.append(f"| {r.get('seed', i)} | {side} | {r['rise']:+.3f} | {d['clip']:.3f} | {d['zero_std']:.2f} | "
                              f"{d['entropy_first']:.2f} -> {d['entropy_last']:.2f} | {d['length_first']:.1f} -> "
                              f"{d['length_last']:.1f} | {d['grad_norm']:.2f} ({d['norm_clipped']:.2f}) |")
+    return lines
+
+
+def eval_table(runs: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -> list[str]:
+    """Markdown lines: the shared evaluator's reward of each final policy and its rise over the starting policy
+    (the same 100 products x K samples and the same random draws for every policy), per seed and per side."""
+    sides = {s: v for s, v in summary["sides"].items() if "eval_rise" in v}
+    if not sides:
+        return []
+    start = next(iter(sides.values()))["eval_start"]
+    lines = ["", f"Evaluated by one evaluator (policy_eval.py: every product, the same sampled draws for every policy); "
+                 f"the starting policy scores {start:.3f}. eval rise = final policy's score - the start's:", "",
+             "| seed | " + " | ".join(f"{s} eval | {s} eval rise" for s in sides) + " |", "|---|" + "---|---|" * len(sides)]
+    for i in range(max(len(runs[s]) for s in sides)):
+        cells = []
+        for s in sides:
+            r = runs[s][i] if i < len(runs[s]) else {}
+            cells += [f"{r['eval']['reward']:.3f}", f"{r['eval_rise']:+.3f}"] if "eval_rise" in r else ["-", "-"]
+        lines.append(f"| {runs[next(iter(sides))][i].get('seed', i)} | " + " | ".join(cells) + " |")
+    lines += ["", "| side | eval rise mean ± SE | eval rise min | seeds >= +0.05 |", "|---|---|---|---|"]
+    for s, v in sides.items():
+        n_ok = sum(r.get("eval_rise", -1) >= 0.05 for r in runs[s])
+        lines.append(f"| {s} | {v['eval_rise']['mean']:+.3f} ± {v['eval_rise']['se']:.3f} | {v['eval_rise']['min']:+.3f} | "
+                     f"{n_ok}/{v['eval_rise']['n']} |")
+    d = summary.get("paired_eval_rise")
+    if d:
+        lines.append(f"\n- paired by seed, alignkit - TRL eval rise: {d['mean']:+.3f} ± {d['se']:.3f}, alignkit higher on "
+                     f"{d['alignkit_higher']}/{d['n']} seeds")
     return lines
 
 
@@ -360,6 +414,7 @@ def markdown(runs: dict[str, list[dict[str, Any]]], summary: dict[str, Any], hea
     for side, s in summary["sides"].items():
         lines.append(f"- {side}: " + " ".join(f"{x:.3f}" for x in s["windows"])
                      + f"; iteration 0: {s['iteration0']['mean']:.3f} ± {s['iteration0']['se']:.3f}")
+    lines += eval_table(runs, summary)
     lines += diagnostics_table(runs)
     c = summary.get("alignkit_vs_trl_rise")
     if c:
@@ -414,10 +469,10 @@ def run_all(a: argparse.Namespace, out: Path, work: Path) -> dict[str, list[dict
     def one(seed: int, side: str) -> dict[str, Any]:
         spec = {"policy": policy, "prompts": data["prompts"], "iterations": a.iterations, "seed": seed,
                 "run_dir": str(work / f"{side}-{seed}"), "overrides": a.alignkit_override,
-                "trl_overrides": trl_overrides(a.trl_override)}
+                "trl_overrides": trl_overrides(a.trl_override), "save_final": a.eval_samples > 0}
         res = run_child(sides[side], side, spec, work / f"{side}-{seed}.log", 3 * 3600, script=Path(__file__))
         log(f"{side} seed {seed}: " + (f"{res['wall_s'] / 60:.1f} min" if res["ok"] else res["error"]))
-        return {**res, "seed": seed}
+        return {**res, "seed": seed, "run_dir": spec["run_dir"]}
 
     # alternate the sides per seed; --jobs runs that many children at once (each deterministic per seed)
     from concurrent.futures import ThreadPoolExecutor
@@ -425,7 +480,32 @@ def run_all(a: argparse.Namespace, out: Path, work: Path) -> dict[str, list[dict
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         seeds = [int(x) for x in a.seed_list.split(",")] if a.seed_list else list(range(a.seeds))
         futures = [(side, pool.submit(one, seed, side)) for seed in seeds for side in sides]
-        return {side: [f.result() for s, f in futures if s == side] for side in sides}
+        runs = {side: [f.result() for s, f in futures if s == side] for side in sides}
+    if a.eval_samples > 0:
+        evaluate_runs(runs, policy, a.eval_samples, work)
+    return runs
+
+
+def evaluate_runs(runs: dict[str, list[dict[str, Any]]], policy: str, samples: int, work: Path) -> None:
+    """Score the starting policy and every run's final policy with the one evaluator (``policy_eval.py``, in
+    alignkit's environment) and put ``eval`` (the final's), ``eval_start`` and ``eval_rise`` on each run."""
+    from bench_sft_dpo import log, run_child
+
+    finals = {id(r): str(Path(r["run_dir"]) / "final") for v in runs.values() for r in v if r.get("ok")}
+    res = run_child(sys.executable, "eval", {"paths": [policy, *finals.values()], "samples": samples},
+                    work / "eval.log", 3 * 3600, script=Path(__file__))
+    if not res["ok"]:
+        log(f"evaluation failed: {res['error']}")
+        return
+    start = res["evals"][policy]
+    for v in runs.values():
+        for r in v:
+            if id(r) in finals:
+                r["eval"] = res["evals"][finals[id(r)]]
+                r["eval_start"] = start["reward"]
+                r["eval_rise"] = r["eval"]["reward"] - start["reward"]
+                r["eval_vs_start"] = policy_eval.paired(r["eval"]["per_product"], start["per_product"])
+    log(f"evaluated {len(finals) + 1} policies ({samples} samples x 100 products each): start {start['reward']:.3f}")
 
 
 def run_probe(a: argparse.Namespace, out: Path, work: Path) -> dict[str, Any]:
@@ -488,6 +568,9 @@ def main() -> None:
     ap.add_argument("--seed-list", default="", metavar="S,S,...",
                     help="these seeds instead of 0..seeds-1 (e.g. 2,6: a weak seed's diagnostics)")
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--eval-samples", type=int, default=32, metavar="K",
+                    help="score the start and every final policy on all 100 products, K samples each, with one "
+                         "evaluator for both sides (policy_eval.py); 0: no evaluation, no final models saved")
     ap.add_argument("--alignkit-override", action="append", default=[], metavar="KEY=VALUE",
                     help="an alignkit config override on top of its defaults (repeatable), e.g. grpo.loss_aggregation=token_mean")
     ap.add_argument("--trl-override", action="append", default=[], metavar="FIELD=VALUE",
