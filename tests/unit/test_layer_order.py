@@ -64,11 +64,10 @@ LATE_IMPORTS: dict[str, tuple[int, str]] = {
     "alignkit.train.evaluate": (1, "cycle: train/runner.py imports evaluate (alignkit eval builds a Session)"),
     "alignkit.algorithms.flow_sft": (1, "models/diffusion.py: reworked by the diffusion work, left as it is"),
     "alignkit.distributed.auto": (1, "models/diffusion.py: reworked by the diffusion work, left as it is"),
-    "alignkit.rollout.redteam_targets": (1, "rollout/t2i_render.py: reworked by the diffusion work, left as it is"),
+    "alignkit.rollout.redteam_targets": (1, "models/diffusion_render.py: the move of this file to rewards/ hoists it"),
     "alignkit.models.kinds": (17, "the engine lifecycle and diffusion work rewrite the kinds: left as they are"),
     "alignkit.models.diffusion": (1, "reworked by the diffusion work: left as it is"),
     "alignkit.algorithms.flow_rtpo": (1, "reworked by the diffusion work: left as it is"),
-    "alignkit.rollout.t2i_render": (3, "reworked by the diffusion work: left as it is"),
     "alignkit.rollout.engine": (1, "reworked by the engine lifecycle work: left as it is"),
     "alignkit.rollout.vllm_engine": (4, "reworked by the engine lifecycle work: left as it is"),
 }
