@@ -13,7 +13,7 @@ import torch
 
 from alignkit.algorithms.redteam import RedTeamTargetConfig
 from alignkit.data.synth import make_prompt_rows, write_rows
-from alignkit.rollout.t2i_render import build_renderer
+from alignkit.models.diffusion_render import build_renderer
 from tests.conftest import REPO, assert_ok, jsonl, run_cli
 from tests.plugins.redteam_parts import build_clip, tiny_train_args, vowel_share
 

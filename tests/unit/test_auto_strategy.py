@@ -12,16 +12,16 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from alignkit.config import ConfigError, load_config
-from alignkit.distributed import auto
 from alignkit.algorithms import workload_of
-from alignkit.distributed.auto import DeviceMemory
-from alignkit.distributed.auto import memory_inputs as _memory_inputs
+from alignkit.config import ConfigError, load_config
 from alignkit.distributed.env import DistEnv
-from alignkit.distributed.model_dims import PRESETS
-from alignkit.distributed.plan import GB, estimate
 from alignkit.distributed.strategy import resolve_strategy as _resolve_strategy
 from alignkit.models.roles import ModelSpec, Workload
+from alignkit.planner import auto
+from alignkit.planner.auto import DeviceMemory
+from alignkit.planner.auto import memory_inputs as _memory_inputs
+from alignkit.planner.model_dims import PRESETS
+from alignkit.planner.plan import GB, estimate
 from alignkit.train.runner import strategy_for
 from tests.conftest import REPO, assert_ok, run_cli
 

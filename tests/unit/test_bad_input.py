@@ -174,7 +174,7 @@ def _failing_train(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
 
 def test_other_ranks_leave_shared_errors_to_rank0(monkeypatch: pytest.MonkeyPatch) -> None:
     from alignkit.cli import leave_to_rank0
-    from alignkit.distributed.preflight import PreflightError
+    from alignkit.planner.preflight import PreflightError
 
     shared = [ConfigError("c"), DataError("d"), ModelError("m"), FileNotFoundError("f")]
     for env, expected in (({}, False), ({"RANK": "0", "LOCAL_RANK": "0"}, False),
@@ -190,7 +190,7 @@ def test_other_ranks_leave_shared_errors_to_rank0(monkeypatch: pytest.MonkeyPatc
 
 def test_rank_specific_error_printed_at_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from alignkit.cli import main
-    from alignkit.distributed.preflight import PreflightError
+    from alignkit.planner.preflight import PreflightError
 
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr("time.sleep", lambda s: pytest.fail("a rank-specific error must not wait"))

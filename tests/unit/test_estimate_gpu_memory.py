@@ -16,10 +16,10 @@ import torch
 import alignkit.algorithms  # noqa: F401 - registers the algorithms' config sections
 from alignkit.algorithms import workload_of
 from alignkit.config import load_config
-from alignkit.distributed.activations import activation_bytes, layer_saved_bytes_per_token
-from alignkit.distributed.auto import memory_inputs
-from alignkit.distributed.model_dims import PRESETS, dims_from_hf_config
-from alignkit.distributed.plan import MemoryInputs, estimate
+from alignkit.planner.activations import activation_bytes, layer_saved_bytes_per_token
+from alignkit.planner.auto import memory_inputs
+from alignkit.planner.model_dims import PRESETS, dims_from_hf_config
+from alignkit.planner.plan import MemoryInputs, estimate
 from alignkit.train.drawn_batches import drawn_batches, micro_batch_tokens
 from alignkit.train.estimate_cli import estimate_command
 from tests.conftest import write_config

@@ -20,16 +20,17 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("alignkit", "alignkit.errors", "alignkit.registry", "alignkit.constants", "alignkit.resources",
               "alignkit.progress", "alignkit.files")),
     ("config", ("alignkit.config",)),
+    # the distributed runtime: the launcher's environment and the collectives (the strategies are "engines")
     ("kernels and runtime", ("alignkit.ops", "alignkit.losses", "alignkit.logging", "alignkit.metrics", "alignkit.plot",
-                             "alignkit.distributed", "alignkit.distributed.env", "alignkit.distributed.comm")),
+                             "alignkit.distributed")),
     # the estimator's arithmetic: pure numbers from model dimensions, no model built
-    ("estimator arithmetic", ("alignkit.distributed.model_dims", "alignkit.distributed.pipeline_dims",
-                              "alignkit.distributed.activations", "alignkit.distributed.plan",
-                              "alignkit.distributed.plan_report")),
+    ("estimator arithmetic", ("alignkit.planner", "alignkit.planner.model_dims", "alignkit.planner.pipeline_dims",
+                              "alignkit.planner.activations", "alignkit.planner.plan",
+                              "alignkit.planner.plan_report")),
     ("data", ("alignkit.data",)),
     ("models", ("alignkit.models",)),
     # the planner asks the model kinds for their dimensions; the kinds never ask it back
-    ("planner", ("alignkit.distributed.auto", "alignkit.distributed.preflight")),
+    ("planner", ("alignkit.planner.auto", "alignkit.planner.preflight")),
     ("engines", ("alignkit.distributed.strategy",)),
     ("rollout", ("alignkit.rollout", "alignkit.scoring")),
     ("algorithms", ("alignkit.algorithms",)),
@@ -63,12 +64,10 @@ LATE_IMPORTS: dict[str, tuple[int, str]] = {
     "alignkit.models.tiny": (2, "cycle: tiny_vlm / tiny_sd3 build on tiny's Llama; sd3 needs diffusers"),
     "alignkit.train.evaluate": (1, "cycle: train/runner.py imports evaluate (alignkit eval builds a Session)"),
     "alignkit.algorithms.flow_sft": (1, "models/diffusion.py: reworked by the diffusion work, left as it is"),
-    "alignkit.distributed.auto": (1, "models/diffusion.py: reworked by the diffusion work, left as it is"),
-    "alignkit.rollout.redteam_targets": (1, "rollout/t2i_render.py: reworked by the diffusion work, left as it is"),
+    "alignkit.rollout.redteam_targets": (1, "models/diffusion_render.py: the move of this file to rewards/ hoists it"),
     "alignkit.models.kinds": (17, "the engine lifecycle and diffusion work rewrite the kinds: left as they are"),
     "alignkit.models.diffusion": (1, "reworked by the diffusion work: left as it is"),
     "alignkit.algorithms.flow_rtpo": (1, "reworked by the diffusion work: left as it is"),
-    "alignkit.rollout.t2i_render": (3, "reworked by the diffusion work: left as it is"),
     "alignkit.rollout.engine": (1, "reworked by the engine lifecycle work: left as it is"),
     "alignkit.rollout.vllm_engine": (4, "reworked by the engine lifecycle work: left as it is"),
 }
@@ -160,8 +159,8 @@ def test_the_rule_sees_function_local_and_relative_imports(tmp_path: Path, monke
     monkeypatch.setattr(sys.modules[__name__], "PKG", tmp_path / "alignkit")
     assert alignkit_imports(pkg / "m.py") == [(1, "alignkit.data.io", "module"), (4, "alignkit.train.step", "function")]
     assert floor_of("alignkit.train.step") > floor_of("alignkit.data.m")
-    assert floor_of("alignkit.distributed.auto") > floor_of("alignkit.models.kinds") > floor_of(
-        "alignkit.distributed.plan")
+    assert floor_of("alignkit.planner.auto") > floor_of("alignkit.models.kinds") > floor_of(
+        "alignkit.planner.plan")
     (pkg / "io.py").write_text("from alignkit.data.m import f\n")  # io -> m -> io at module level
     with pytest.raises(AssertionError, match="alignkit.data.io -> alignkit.data.m -> alignkit.data.io"):
         test_no_import_cycle_at_module_level()

@@ -1,4 +1,4 @@
-"""The memory estimator on diffusion pipelines (distributed/pipeline_dims.py, the ``mmdit`` activation method):
+"""The memory estimator on diffusion pipelines (planner/pipeline_dims.py, the ``mmdit`` activation method):
 exact parameter counts from configs alone, LoRA counts as peft makes them, MMDiT activations against what autograd
 saves, and ``alignkit estimate`` / ``auto`` on the flow recipes."""
 
@@ -12,14 +12,14 @@ import torch
 
 from alignkit.algorithms import workload_of
 from alignkit.config import load_config
-from alignkit.distributed.activations import MMDIT_FULL_SAVED, activation_breakdown, activation_bytes
-from alignkit.distributed.auto import DeviceMemory, auto_strategy, memory_inputs
 from alignkit.distributed.env import DistEnv
-from alignkit.distributed.pipeline_dims import PipelineDims, pipeline_dims
-from alignkit.distributed.plan import MemoryInputs, estimate, trainable_params
 from alignkit.errors import ModelError
 from alignkit.models.diffusion import SD3_LORA_TARGETS, add_lora, lora_targets
 from alignkit.models.tiny_sd3 import SD3_SIZES
+from alignkit.planner.activations import MMDIT_FULL_SAVED, activation_breakdown, activation_bytes
+from alignkit.planner.auto import DeviceMemory, auto_strategy, memory_inputs
+from alignkit.planner.pipeline_dims import PipelineDims, pipeline_dims
+from alignkit.planner.plan import MemoryInputs, estimate, trainable_params
 from tests.conftest import REPO
 
 diffusers = pytest.importorskip("diffusers")

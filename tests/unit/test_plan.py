@@ -16,9 +16,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from alignkit.distributed.activations import activation_breakdown
-from alignkit.distributed.model_dims import PRESETS, dims_from_hf_config, dims_from_pretrained
-from alignkit.distributed.plan import (
+from alignkit.planner.activations import activation_breakdown
+from alignkit.planner.model_dims import PRESETS, dims_from_hf_config, dims_from_pretrained
+from alignkit.planner.plan import (
     GB,
     GIB,
     MemoryInputs,
@@ -29,7 +29,7 @@ from alignkit.distributed.plan import (
     parse_memory,
     trainable_params,
 )
-from alignkit.distributed.plan_report import format_table
+from alignkit.planner.plan_report import format_table
 
 LLAMA7B = PRESETS["llama-7b"]
 RM7B = LLAMA7B.as_score_model()

@@ -264,8 +264,8 @@ def test_estimator_counts_the_parts_that_train(micro_llava: Path, shapes: Path, 
     """The memory estimator holds the whole VLM (vision tower + projector + LM) and trains exactly the
     parameters the built model trains (gradients and optimizer states are sized from those)."""
     from alignkit.algorithms import workload_of
-    from alignkit.distributed.auto import memory_inputs
-    from alignkit.distributed.plan import trainable_params
+    from alignkit.planner.auto import memory_inputs
+    from alignkit.planner.plan import trainable_params
 
     cfg = _cfg(micro_llava, shapes, f"algorithm={algorithm}", *over)
     workload = workload_of(cfg)

@@ -52,12 +52,12 @@ from alignkit.config.schema import LoraConfig, RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.errors import ConfigError
 from alignkit.metrics import MetricSums
+from alignkit.models.diffusion_render import BUILTIN_SHAPES
 from alignkit.models.diffusion_sample import TRANSITION_INPUTS, flow_policy
 from alignkit.models.roles import ImageShape, Models, ModelSpec
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.redteam_reward import redteam_reward
 from alignkit.rollout.redteam_scorers import Judged, depends_on_image, weighted_term
-from alignkit.rollout.t2i_render import BUILTIN_SHAPES
 
 IMAGE = "image/"  # the prefix of the image policy's batch fields and metrics
 

@@ -50,7 +50,7 @@ def _number(v: Any) -> float | None:
 
 
 @dataclass
-class Context:
+class AliasContext:
     """What the readers may ask: is a native key already given (in this dict or, for overrides, the file)?"""
 
     raw: dict[str, Any]
@@ -79,7 +79,7 @@ def find(raw: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-Reader = Callable[[dict[str, Any], Context], tuple[Targets, str]]
+Reader = Callable[[dict[str, Any], AliasContext], tuple[Targets, str]]
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Alias:
 
 
 def rename(target: str, convert: Callable[[Any], Any] | None = None, why: str = "") -> Reader:
-    def read(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    def read(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
         (value,) = found.values()
         return {target: convert(value) if convert else value}, why
     return read
@@ -98,7 +98,7 @@ def rename(target: str, convert: Callable[[Any], Any] | None = None, why: str = 
 
 def moved(section: str, why: str) -> Reader:
     """Keys that moved, under the same names, to another section (reward.pair -> reward_model.pair)."""
-    def read(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+    def read(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
         return {f"{section}.{name}": value for name, value in found.items()}, why
     return read
 
@@ -110,7 +110,7 @@ def ignored(why: str) -> Reader:
 # ---------------------------------------------------------------- the readers that need more than a rename
 
 
-def read_max_steps(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_max_steps(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """`training.max_steps`; -1 (the HF Trainer's "unset") is ignored and training.epochs decides."""
     value = found["max_steps"]
     if isinstance(value, int) and not isinstance(value, bool) and value < 0:
@@ -118,7 +118,7 @@ def read_max_steps(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
     return {"training.max_steps": value}, ""
 
 
-def read_precision(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_precision(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """`model.dtype`: the one given true (bf16 or fp16); all given false is fp32, as the HF Trainer runs; both true
     is an error."""
     for name, v in found.items():
@@ -135,7 +135,7 @@ def read_precision(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
 _MIXED = {"bf16": "bf16", "fp16": "fp16", "no": "fp32", "none": "fp32", "fp32": "fp32", "auto": "auto"}
 
 
-def read_mixed_precision(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_mixed_precision(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """`model.dtype`: bf16, fp16, or fp32 for no / none / false."""
     value = found["mixed_precision"]
     key = "no" if value is False or value is None else str(value).lower()
@@ -144,7 +144,7 @@ def read_mixed_precision(found: dict[str, Any], ctx: Context) -> tuple[Targets, 
     return {"model.dtype": _MIXED[key]}, ""
 
 
-def read_use_mixed_precision(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_use_mixed_precision(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """`model.dtype`: true = auto (bf16 where the GPU supports it, else fp16; fp32 on CPU), false = fp32."""
     on = found["use_mixed_precision"]
     if on:
@@ -155,7 +155,7 @@ def read_use_mixed_precision(found: dict[str, Any], ctx: Context) -> tuple[Targe
 _SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 
 
-def read_lr_scheduler(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_lr_scheduler(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """`training.lr_scheduler`: linear, cosine, constant (constant_with_warmup = constant after training.warmup_*);
     others are an error."""
     value = found["lr_scheduler_type"]
@@ -168,7 +168,7 @@ def read_lr_scheduler(found: dict[str, Any], ctx: Context) -> tuple[Targets, str
 HF_DEFAULT_SAVE_STEPS = 500
 
 
-def read_save_strategy(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_save_strategy(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """`checkpoint.save_steps`: steps = save_steps (or the HF default 500), no = no checkpoints during training;
     epoch is an error that says to use save_steps."""
     value = str(found["save_strategy"]).lower()
@@ -188,7 +188,7 @@ def read_save_strategy(found: dict[str, Any], ctx: Context) -> tuple[Targets, st
 _SINKS = ("console", "jsonl", "tensorboard", "wandb")
 
 
-def read_report_to(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_report_to(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """`logging.report_to`: console and jsonl always, plus tensorboard / wandb as named (all = every installed one;
     none = only alignkit's own)."""
     value = found["report_to"]
@@ -204,7 +204,7 @@ def read_report_to(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
     return {"logging.report_to": sinks}, "console and metrics.jsonl are alignkit's own logs"
 
 
-def read_resume(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_resume(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """`checkpoint.resume_from`: true = latest, false = null, a path as given."""
     value = found["resume_from_checkpoint"]
     if value is True:
@@ -214,7 +214,7 @@ def read_resume(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
     return {"checkpoint.resume_from": value}, ""
 
 
-def read_experiment_name(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_experiment_name(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """`logging.run_name`, and `output_dir: runs/NAME` when no output_dir is given."""
     name = found["experiment_name"]
     if ctx.is_set("output_dir"):
@@ -225,7 +225,7 @@ def read_experiment_name(found: dict[str, Any], ctx: Context) -> tuple[Targets, 
 _DS_FIELDS = ("zero_stage", "offload_optimizer", "offload_param", "config_path")
 
 
-def read_deepspeed(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_deepspeed(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """a JSON path: `distributed.strategy: deepspeed` + `distributed.deepspeed.config_path`; a mapping of zero_stage
     / offload_optimizer / offload_param / config_path: `distributed.deepspeed.*`."""
     value = found["deepspeed"]
@@ -240,12 +240,12 @@ def read_deepspeed(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
     raise ConfigError(f"deepspeed: expected a JSON path, got {value!r}")
 
 
-def read_use_ddp(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_use_ddp(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """`distributed.strategy`: true = ddp, false = single."""
     return {"distributed.strategy": "ddp" if found["use_ddp"] else "single"}, ""
 
 
-def read_distributed_flag(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_distributed_flag(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """false = `distributed.strategy: single`; true is accepted (the launcher decides)."""
     if not isinstance(found["distributed"], bool):
         raise ConfigError(f"training.distributed: expected true/false, got {found['distributed']!r}")
@@ -258,7 +258,7 @@ _LORA_KEYS = {"r": "r", "alpha": "alpha", "lora_alpha": "alpha", "dropout": "dro
               "target_modules": "target_modules"}
 
 
-def read_lora(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_lora(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """`model.lora` (r, alpha / lora_alpha, dropout / lora_dropout, target_modules; task_type and bias: none
     skipped); use_lora: false = full fine-tuning."""
     use, section = found.get("use_lora"), found.get("lora")
@@ -281,7 +281,7 @@ def read_lora(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
 _DATALOADER = {"batch_size": "training.per_device_batch_size", "num_workers": "data.num_workers"}
 
 
-def read_dataloader(found: dict[str, Any], ctx: Context) -> tuple[Targets, str]:
+def read_dataloader(found: dict[str, Any], ctx: AliasContext) -> tuple[Targets, str]:
     """batch_size -> `training.per_device_batch_size`, num_workers -> `data.num_workers`; pin_memory, drop_last,
     prefetch_factor, persistent_workers ignored."""
     section = found["dataloader"]

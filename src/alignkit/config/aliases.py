@@ -33,7 +33,7 @@ from alignkit.config.alias_readers import (
     WHY_PIN,
     WHY_PREFETCH,
     Alias,
-    Context,
+    AliasContext,
     ignored,
     moved,
     read_dataloader,
@@ -186,7 +186,7 @@ def read_aliases(
     raw: dict[str, Any], *, given: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], list[str], list[str]]:
     """:func:`apply_aliases`, also returning the native keys the aliases set."""
-    ctx = Context(raw, given)
+    ctx = AliasContext(raw, given)
     origins: dict[str, str] = {}
     notes: list[str] = []
     had = {place for alias in ALIASES for place in alias.places if place and raw.get(place)}

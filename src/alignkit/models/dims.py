@@ -1,12 +1,12 @@
 """A model's dimensions for the memory estimator, from a preset name or its folder: what the kinds' ``dims``
-and the planner (``distributed/auto.py``) read."""
+and the planner (``planner/auto.py``) read."""
 
 from __future__ import annotations
 
-from alignkit.distributed.model_dims import PRESETS, ModelDims, dims_from_pretrained
 from alignkit.errors import ModelError
 from alignkit.models.adapters import adapter_base, is_adapter_dir
 from alignkit.models.sources import check_hub
+from alignkit.planner.model_dims import PRESETS, ModelDims, dims_from_pretrained
 
 
 def resolve_dims(spec: str, trust_remote_code: bool = False) -> ModelDims:

@@ -28,8 +28,8 @@ from alignkit.models import diffusion_sample
 from alignkit.registry import Registry
 
 if TYPE_CHECKING:
-    from alignkit.distributed.model_dims import ModelDims
     from alignkit.models.roles import ModelSpec
+    from alignkit.planner.model_dims import ModelDims
     from alignkit.rollout.engine import Generations, RolloutEngine, SamplingParams
 
 
@@ -246,8 +246,8 @@ class DiffusionKind(ModelKind):
 
     def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
         """The pipeline's transformer (trained) and frozen parts, read from its component configs
-        (:mod:`alignkit.distributed.pipeline_dims`)."""
-        from alignkit.distributed.pipeline_dims import pipeline_dims
+        (:mod:`alignkit.planner.pipeline_dims`)."""
+        from alignkit.planner.pipeline_dims import pipeline_dims
 
         return pipeline_dims(spec.source)
 

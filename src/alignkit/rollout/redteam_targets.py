@@ -7,7 +7,7 @@
   template when it has one and ``chat_template`` is on; greedy by default.
 * ``module:function``: anything else (an API client, a scripted model): ``fn(attacks, seed_prompt=[...],
   **row_fields) -> list[str]``, one answer per attack, called on every rank for its own attacks.
-* ``t2i_vlm``: the Flow-RTPO chain. A renderer (``rollout/t2i_render.py``: a diffusers pipeline by
+* ``t2i_vlm``: the Flow-RTPO chain. A renderer (``models/diffusion_render.py``: a diffusers pipeline by
   name/path, or ``builtin:shapes``) draws each attack, then a frozen LLaVA-family VLM (the ``target`` role,
   kind ``vlm``, with its own processor) continues ``template`` on that image (one image placeholder before
   the templated attack, through the VLM's chat template: :func:`vlm_text`); its text is the output the
@@ -70,7 +70,7 @@ class T2IVLMTarget(LMTarget):
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
-        from alignkit.rollout.t2i_render import build_renderer
+        from alignkit.models.diffusion_render import build_renderer
 
         self.renderer, self.processor, self.images = build_renderer(cfg), None, []
 

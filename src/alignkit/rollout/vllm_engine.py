@@ -217,11 +217,12 @@ def requests_of(rows: list[list[int]], *, group: bool = True) -> list[Request]:
     return [Request(ids, n, base + i) for i, (ids, n) in enumerate(groups)]
 
 
-#: one sample: (completion ids, finish reason "stop" | "length", the sampler's log-prob of each id)
-Sample = tuple[list[int], str, list[float]]
+#: one sampled completion: (its ids, finish reason "stop" | "length", the sampler's log-prob of each id)
+SampledCompletion = tuple[list[int], str, list[float]]
 
 
-def run_requests(llm: Any, requests: list[Request], params: dict[str, Any], progress: bool = False) -> list[Sample]:
+def run_requests(llm: Any, requests: list[Request], params: dict[str, Any],
+                 progress: bool = False) -> list[SampledCompletion]:
     """The samples of ``requests`` in order (a request's ``n`` in a row). ``params``: ``max_new_tokens``,
     ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``stop_token_ids`` (EOS stops and is kept)."""
     from vllm import SamplingParams as VSampling

@@ -27,7 +27,7 @@ import torch
 
 from alignkit.rollout.vllm_engine import (
     Request,
-    Sample,
+    SampledCompletion,
     VLLMConfig,
     build_llm,
     check_cpu_head_size,
@@ -62,7 +62,7 @@ class Client:
 
         self._post("/weights", save({n: t.detach().cpu().contiguous() for n, t in weights}), "application/octet-stream")
 
-    def generate(self, requests: list[Request], params: dict[str, Any]) -> list[Sample]:
+    def generate(self, requests: list[Request], params: dict[str, Any]) -> list[SampledCompletion]:
         body = json.dumps({"requests": [[r.ids, r.n, r.seed] for r in requests], "params": params}).encode()
         return [(ids, reason, logps) for ids, reason, logps in self._post("/generate", body, "application/json")["samples"]]
 

@@ -6,10 +6,11 @@ import dataclasses
 
 from alignkit.algorithms import workload_of
 from alignkit.config import load_config
-from alignkit.distributed.auto import describe, engine_for, memory_inputs, probe_device_memory
 from alignkit.distributed.env import read_env
-from alignkit.distributed.model_dims import PRESETS
-from alignkit.distributed.plan import (
+from alignkit.errors import ConfigError
+from alignkit.planner.auto import describe, memory_inputs, probe_device_memory, strategy_for_plan
+from alignkit.planner.model_dims import PRESETS
+from alignkit.planner.plan import (
     GB,
     SHARDS_FROZEN,
     choose_strategy,
@@ -18,8 +19,7 @@ from alignkit.distributed.plan import (
     frozen_bytes,
     parse_memory,
 )
-from alignkit.distributed.plan_report import format_table
-from alignkit.errors import ConfigError
+from alignkit.planner.plan_report import format_table
 from alignkit.train.drawn_batches import drawn_batches
 
 TABLE_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero3_offload", "fsdp")
@@ -79,7 +79,7 @@ def estimate_command(config: str, overrides: list[str], *, gpus: int | None = No
         lines.append("device memory unknown: pass --gpu-memory (e.g. 80GB) to see which strategies fit")
     pick, why = choose_strategy(inputs, memory, available=("ddp", "zero2", "zero3", "zero3_offload"),
                                 headroom=HEADROOM)
-    _, _, engine = engine_for(pick, "cuda", cfg.distributed)
+    _, _, engine = strategy_for_plan(pick, "cuda", cfg.distributed)
     lines.append(f"distributed.strategy=auto on {n} GPU(s) would run {engine} ({why})")
     text = "\n".join(lines)
     print(text)

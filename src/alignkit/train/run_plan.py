@@ -16,7 +16,7 @@ from alignkit.errors import DataError
 from alignkit.models.roles import Workload
 
 if TYPE_CHECKING:
-    from alignkit.distributed.auto import DeviceMemory
+    from alignkit.planner.auto import DeviceMemory
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,7 @@ from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config import RunConfig, to_dict
 from alignkit.config.schema import ModelConfig
 from alignkit.data.streaming import RowStream
-from alignkit.distributed.auto import frozen_roles, frozen_sharding, memory_inputs
 from alignkit.distributed.env import DistEnv, read_env
-from alignkit.distributed.plan import estimate
-from alignkit.distributed.plan_report import format_table
-from alignkit.distributed.preflight import preflight
 from alignkit.distributed.strategy import build_strategy
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.distributed.strategy.sharded import decoder_blocks
@@ -42,6 +38,10 @@ from alignkit.models.kinds import KINDS
 from alignkit.models.liger import check_liger
 from alignkit.models.loading import count_parameters
 from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
+from alignkit.planner.auto import frozen_roles, frozen_sharding, memory_inputs
+from alignkit.planner.plan import estimate
+from alignkit.planner.plan_report import format_table
+from alignkit.planner.preflight import preflight
 from alignkit.plot import plot_after_run
 from alignkit.train.checkpoint import resolve_resume, role_dir
 from alignkit.train.hub_push import publish
@@ -52,7 +52,7 @@ from alignkit.train.output_dir import check_reuse
 from alignkit.train.run_plan import RunPlan, plan_run
 
 if TYPE_CHECKING:
-    from alignkit.distributed.auto import DeviceMemory
+    from alignkit.planner.auto import DeviceMemory
 
 
 def set_seed(seed: int) -> None:

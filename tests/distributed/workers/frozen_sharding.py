@@ -21,10 +21,11 @@ import torch.distributed as dist
 from torch import nn
 
 from alignkit.config import load_config
-from alignkit.distributed import auto, comm
+from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.distributed.strategy.deepspeed import DeepSpeedStrategy
 from alignkit.distributed.strategy.fsdp import FSDPStrategy
+from alignkit.planner import auto
 from alignkit.train.runner import run_train
 
 FACTS: list[dict[str, Any]] = []

@@ -8,7 +8,7 @@ import time
 
 import torch.distributed as dist
 
-from alignkit.distributed import preflight as pf
+from alignkit.planner import preflight as pf
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -5,18 +5,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from alignkit.config.schema import DistributedConfig, RunConfig
-from alignkit.distributed.auto import auto_strategy
 from alignkit.distributed.env import DistEnv
 from alignkit.distributed.strategy.base import Handle, Strategy
 from alignkit.distributed.strategy.ddp import DDPStrategy
 from alignkit.distributed.strategy.deepspeed import DeepSpeedStrategy
 from alignkit.distributed.strategy.fsdp import FSDPStrategy
 from alignkit.distributed.strategy.single import SingleStrategy
+from alignkit.planner.auto import auto_strategy
 from alignkit.registry import Registry
 
 if TYPE_CHECKING:
-    from alignkit.distributed.auto import DeviceMemory
     from alignkit.models.roles import Workload
+    from alignkit.planner.auto import DeviceMemory
 
 STRATEGIES: Registry[type[Strategy]] = Registry("distributed.strategy")
 STRATEGIES.register("single")(SingleStrategy)

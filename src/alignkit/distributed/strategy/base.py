@@ -25,15 +25,16 @@ import torch.distributed as dist
 from torch import nn
 
 from alignkit.config.schema import DistributedConfig
-from alignkit.distributed import auto, comm
+from alignkit.distributed import comm
 from alignkit.distributed.env import DistEnv
 from alignkit.errors import ConfigError
 from alignkit.models.loading import hf_model
 from alignkit.models.weights import load_weights_into
+from alignkit.planner import auto
 
 if TYPE_CHECKING:
     from alignkit.config.loader import BatchPlan
-    from alignkit.distributed.auto import DeviceMemory
+    from alignkit.planner.auto import DeviceMemory
 
 log = logging.getLogger("alignkit")
 

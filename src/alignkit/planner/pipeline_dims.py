@@ -6,7 +6,7 @@ download ``AutoConfig`` / ``load_config`` do for LMs) and the component is insta
 (fully, or through LoRA on its attention projections); the VAE and the text encoders ride along frozen,
 held in the compute dtype next to it (not inside the trained module: no engine shards them).
 
-:class:`PipelineDims` is a :class:`~alignkit.distributed.model_dims.ModelDims` (so the estimator's strategy,
+:class:`PipelineDims` is a :class:`~alignkit.planner.model_dims.ModelDims` (so the estimator's strategy,
 ZeRO-3 unit and table code read it unchanged) whose ``n_params`` is the transformer's, plus the frozen
 parts, the token geometry (VAE downsampling, patch size, CLIP positions) and every linear layer's shape for
 exact LoRA counts (SD3's last block has no context output projection; SD3.5 adds a second attention).
@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
-from alignkit.distributed.model_dims import ModelDims
 from alignkit.errors import ModelError
+from alignkit.planner.model_dims import ModelDims
 
 #: CLIP positions SD3 concatenates before the T5 tokens when a CLIP config does not say
 CLIP_TOKENS = 77

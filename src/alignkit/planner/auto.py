@@ -1,7 +1,7 @@
 """A run config's memory plan, and ``distributed.strategy: auto`` decided from it.
 
-:mod:`alignkit.distributed.plan` is pure arithmetic on model dimensions; this module reads a
-:class:`RunConfig` into :class:`~alignkit.distributed.plan.MemoryInputs` (what ``alignkit estimate``
+:mod:`alignkit.planner.plan` is pure arithmetic on model dimensions; this module reads a
+:class:`RunConfig` into :class:`~alignkit.planner.plan.MemoryInputs` (what ``alignkit estimate``
 prints) and asks the machine how much memory one rank has (what ``auto`` compares against).
 
 How alignkit's runs map onto the estimator:
@@ -38,10 +38,18 @@ from typing import Any, Sequence
 
 from alignkit.config.loader import resolve_batch
 from alignkit.config.schema import DistributedConfig, RunConfig
-from alignkit.distributed.activations import activation_bytes
 from alignkit.distributed.env import DistEnv
-from alignkit.distributed.model_dims import PRESETS, ModelDims
-from alignkit.distributed.plan import (
+from alignkit.models.adapters import adapter_config, is_adapter_dir
+from alignkit.models.diffusion import lora_targets
+from alignkit.models.dims import resolve_dims
+from alignkit.models.fused import fused_layers_on
+from alignkit.models.kinds import KINDS
+from alignkit.models.roles import ModelSpec, Workload
+from alignkit.models.vlm import PARTS, is_vlm_source, part_params
+from alignkit.ops.logprobs import chunk_rows
+from alignkit.planner.activations import activation_bytes
+from alignkit.planner.model_dims import PRESETS, ModelDims
+from alignkit.planner.plan import (
     GB,
     MemoryInputs,
     choose_shard_frozen,
@@ -49,13 +57,6 @@ from alignkit.distributed.plan import (
     estimate,
     trainable_params,
 )
-from alignkit.models.adapters import adapter_config, is_adapter_dir
-from alignkit.models.dims import resolve_dims
-from alignkit.models.fused import fused_layers_on
-from alignkit.models.kinds import KINDS
-from alignkit.models.roles import ModelSpec, Workload
-from alignkit.models.vlm import PARTS, is_vlm_source, part_params
-from alignkit.ops.logprobs import chunk_rows
 
 #: peft module names -> the estimator's projection names
 LORA_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
@@ -103,8 +104,6 @@ def _dims_of(spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
 
 def _pipeline_lora(cfg: RunConfig, spec: ModelSpec, dims: ModelDims) -> tuple[int, tuple[str, ...], float] | None:
     """(r, module-name targets, dropout) of a diffusion role's LoRA, resolved as ``add_lora`` resolves them."""
-    from alignkit.models.diffusion import lora_targets
-
     lora = spec.lora_config or cfg.model.lora
     if not spec.lora or lora is None:
         return None
@@ -258,7 +257,7 @@ def probe_device_memory(env: DistEnv) -> DeviceMemory:
 
 
 # --------------------------------------------------------------------------- auto
-def engine_for(plan_name: str, device: str, dist: DistributedConfig) -> tuple[str, DistributedConfig, str]:
+def strategy_for_plan(plan_name: str, device: str, dist: DistributedConfig) -> tuple[str, DistributedConfig, str]:
     """Registered strategy + its settings for one of the estimator's strategies.
 
     zero2 -> DeepSpeed ZeRO-2 where DeepSpeed is importable (GPU), else FSDP2 without resharding after
@@ -295,7 +294,7 @@ def auto_strategy(cfg: RunConfig, env: DistEnv, workload: Workload, memory: Devi
         return "ddp", f"auto: {env.world_size} processes; no memory estimate ({e}) -> ddp", cfg.distributed
     choices = ("ddp", "zero2", "zero3") + (("zero3_offload",) if memory.device == "cuda" else ())
     pick, why = choose_strategy(inputs, memory.bytes_per_rank, available=choices)
-    name, dist, engine = engine_for(pick, memory.device, cfg.distributed)
+    name, dist, engine = strategy_for_plan(pick, memory.device, cfg.distributed)
     if memory.device == "cpu":
         why = why.replace("/GPU", "/process")
     return name, f"auto: {env.world_size} processes, {memory.note}; {why}" + (f" = {engine}" if pick != "ddp" else ""), dist
@@ -311,7 +310,7 @@ def frozen_roles(workload: Workload) -> list[str]:
 def frozen_sharding(cfg: RunConfig, workload: Workload, plan_name: str, n_ranks: int,
                     memory: DeviceMemory) -> tuple[bool, str]:
     """``distributed.shard_frozen: auto`` for an engine whose memory the estimator calls ``plan_name``
-    (fsdp, zero3, ...): :func:`~alignkit.distributed.plan.choose_shard_frozen` on the run's estimate
+    (fsdp, zero3, ...): :func:`~alignkit.planner.plan.choose_shard_frozen` on the run's estimate
     with the frozen models replicated vs sharded. A precomputing reference is counted as held."""
     try:
         baseline = CPU_PROCESS_BASELINE_BYTES if memory.device == "cpu" else 0

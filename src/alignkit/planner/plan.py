@@ -45,9 +45,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from alignkit.distributed.activations import ACTIVATION_METHODS, DTYPE_BYTES, activation_bytes
-from alignkit.distributed.model_dims import ModelDims
 from alignkit.errors import ConfigError
+from alignkit.planner.activations import ACTIVATION_METHODS, DTYPE_BYTES, activation_bytes
+from alignkit.planner.model_dims import ModelDims
 
 GB = 10**9
 GIB = 2**30
@@ -255,7 +255,7 @@ def grads_transient(inputs: MemoryInputs, strategy: str) -> bool:
     """True where no engine holds gradient buffers: one CUDA device without DDP (alignkit's single strategy,
     ``zero_grad(set_to_none=True)``) and no accumulation. The gradients then appear layer by layer as backward
     frees the activations, so the peak is the larger of the start of backward (activations + the LM head's
-    backward, :func:`~alignkit.distributed.activations.lm_head_backward_bytes`) and the optimizer step (gradients + its temporaries). CPU runs keep the persistent count (their
+    backward, :func:`~alignkit.planner.activations.lm_head_backward_bytes`) and the optimizer step (gradients + its temporaries). CPU runs keep the persistent count (their
     RSS calibration)."""
     return strategy == "ddp" and inputs.n_gpus == 1 and inputs.accumulation == 1 and inputs.device == "cuda"
 

@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
+from alignkit.data.synth_vlm import COLOURS, POSITIONS, SHAPES, draw, make_scene
 from alignkit.errors import ModelError
+from alignkit.models.sources import model_errors
 
 BUILTIN_SHAPES = "builtin:shapes"
 _WORD = re.compile(r"[a-z]+")
@@ -35,8 +37,6 @@ def seed_of(text: str) -> int:
 
 def shapes_scene(text: str) -> list[dict[str, str]]:
     """The scene the words of ``text`` name (module docstring)."""
-    from alignkit.data.synth_vlm import COLOURS, POSITIONS, SHAPES, make_scene
-
     words = [_PLURAL.get(w, w) for w in _WORD.findall(text.lower())]
     colours = [w for w in words if w in COLOURS]
     objs, colour = [], None
@@ -60,8 +60,6 @@ class ShapesRenderer:
         self.size = (cfg.width, cfg.height) if cfg.height and cfg.width else None
 
     def __call__(self, texts: list[str], device: torch.device) -> list[Any]:
-        from alignkit.data.synth_vlm import draw
-
         images = [draw(shapes_scene(t), random.Random(seed_of(t))) for t in texts]
         return [img.resize(self.size) for img in images] if self.size else images
 
@@ -78,8 +76,6 @@ class DiffusersRenderer:
         except ImportError:
             raise ModelError(f"redteam.target.renderer {self.cfg.renderer!r} needs diffusers (pip install "
                              f"'alignkit[image]'), or use renderer: {BUILTIN_SHAPES}") from None
-        from alignkit.models.sources import model_errors
-
         with model_errors(self.cfg.renderer):
             try:
                 pipe = diffusers.AutoPipelineForText2Image.from_pretrained(self.cfg.renderer)

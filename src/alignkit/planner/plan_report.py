@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from alignkit.distributed.plan import GB, MemoryEstimate, MemoryInputs, fits
+from alignkit.planner.plan import GB, MemoryEstimate, MemoryInputs, fits
 
 _ROWS = ("policy weights", "master weights (fp32)", "gradients", "optimizer states",
          "other trainable models", "zero3 working set", "reference model", "frozen models", "frozen pipeline parts", "activations",

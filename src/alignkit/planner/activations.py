@@ -1,6 +1,6 @@
 """Activation memory of one training micro-batch (the estimator's ``activations`` row).
 
-Split from :mod:`alignkit.distributed.plan`: per-token bytes a decoder layer saves for backward,
+Split from :mod:`alignkit.planner.plan`: per-token bytes a decoder layer saves for backward,
 by method (``llama``: read off the HF layer; ``korthikanti``: the published rule), and the peak
 breakdown at the start of backward.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from alignkit.registry import Registry
 
 if TYPE_CHECKING:
-    from alignkit.distributed.plan import MemoryInputs
+    from alignkit.planner.plan import MemoryInputs
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
