@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[2] / "src" / "alignkit"
+PKG = Path(__file__).resolve().parents[3] / "src" / "alignkit"
 FORBIDDEN = re.compile(r"torch\.distributed|import deepspeed|from deepspeed|[\"']cuda[\"']|[\"']nccl[\"']|\.cuda\(")
 
 
