@@ -43,7 +43,7 @@ def test_cost_estimate_under_fsdp_and_zero3_matches_ddp(micro_model: Path, score
 
     from tests.conftest import REPO, run_cli
     from tests.distributed.runs import max_delta, metric
-    from tests.unit.test_safe_dpo_algorithm import overrides
+    from tests.unit.algorithms.test_safe_dpo_algorithm import overrides
 
     runs = {}
     for name, strategy in (("ddp", ["distributed.strategy=ddp"]), ("fsdp", ["distributed.strategy=fsdp"]),

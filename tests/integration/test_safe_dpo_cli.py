@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO, assert_ok, run_cli
 from tests.safe_dpo_models import make_scorers
-from tests.unit.test_safe_dpo_algorithm import overrides
+from tests.unit.algorithms.test_safe_dpo_algorithm import overrides
 
 pytestmark = pytest.mark.slow
 

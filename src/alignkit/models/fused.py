@@ -5,7 +5,7 @@ four (T, intermediate) tensors per layer: ``gate(x)`` (for silu), ``silu(gate(x)
 product) and the product itself (for ``down``'s weight gradient). :class:`SwiGLU` keeps two, ``gate(x)`` and
 ``up(x)``, and recomputes the other two (two element-wise ops) in its backward; the GEMMs are the same. For
 the Llama RMSNorm, autograd keeps the input, the normalised input and 1/rms; :class:`RMSNorm` keeps the input
-and 1/rms. Same math, same GEMMs; gradients equal to autograd's to round-off (tests/unit/test_fused_layers.py).
+and 1/rms. Same math, same GEMMs; gradients equal to autograd's to round-off (tests/unit/models/test_fused_layers.py).
 
 Applied per module instance (``module.forward`` replaced, names and state dicts unchanged) to trainable models
 under the single, ddp and fsdp strategies only: DeepSpeed ZeRO-3 gathers each ``nn.Linear``'s parameters in
@@ -95,7 +95,7 @@ def fusable_mlp(module: nn.Module) -> bool:
             and (isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"))
 
 
-#: RMSNorm classes whose forward is exactly LlamaRMSNorm's (checked by tests/unit/test_fused_layers.py)
+#: RMSNorm classes whose forward is exactly LlamaRMSNorm's (checked by tests/unit/models/test_fused_layers.py)
 _LLAMA_STYLE_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
 
 

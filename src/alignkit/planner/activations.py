@@ -231,9 +231,9 @@ def _mmdit_method(inputs: MemoryInputs) -> int:
     ``lora_A`` outputs ``r`` of the four projections a token passes (``to_q/k/v/out`` or their ``add_*`` twins).
     The ends (the last block's shorter text stream, ``norm_out`` on image tokens): :func:`_mmdit_ends`. Measured on
     CPU in fp32 (bytes of the storages ``saved_tensors_hooks`` sees in one forward of the tiny SD3 transformers,
-    1-4 blocks, 96-365 tokens per sequence, tests/unit/test_pipeline_dims.py): measured / predicted 1.01-1.05 full,
-    0.96-0.99 LoRA r=4, 1.01-1.07 with gradient checkpointing (forward's share), 1.00-1.02 SD3.5-shaped (q/k
-    RMSNorm, a dual-attention block). Not measured: bf16 with fp32
+    1-4 blocks, 96-365 tokens per sequence, tests/unit/distributed/test_pipeline_dims.py): measured / predicted
+    1.01-1.05 full, 0.96-0.99 LoRA r=4, 1.01-1.07 with gradient checkpointing (forward's share), 1.00-1.02
+    SD3.5-shaped (q/k RMSNorm, a dual-attention block). Not measured: bf16 with fp32
     adapters (the cast inputs follow peft's code) and CUDA's attention kernels (flash / efficient SDPA keep the same
     q, k, v, output and logsumexp as the CPU flash kernel).
     """

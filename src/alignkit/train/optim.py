@@ -26,7 +26,7 @@ def optimizer_impl(t: TrainingConfig, strategy: str) -> str:
 
 def build_optimizer(model: nn.Module, t: TrainingConfig, lr: float, *, impl: str = "foreach") -> torch.optim.Optimizer:
     """torch AdamW over ``model``'s trainable parameters; ``impl`` is fused, foreach or for_loop (the same
-    update to round-off: tests/unit/test_optim.py)."""
+    update to round-off: tests/unit/train/test_optim.py)."""
     decay, no_decay = [], []
     for p in model.parameters():
         if not p.requires_grad:

@@ -1,6 +1,6 @@
 """bf16 training on a CUDA GPU (skipped without one): an SFT step's loss is fp32's to bf16 round-off, and LoRA
 on a bf16 base trains. The CPU half of the same contract (no float32 GEMM under bf16, fp32 math kept in fp32
-runs) is ``test_bf16_matmuls.py``."""
+runs) is ``tests/unit/rules/test_bf16_matmuls.py``."""
 
 from __future__ import annotations
 

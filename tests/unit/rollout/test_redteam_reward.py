@@ -155,7 +155,7 @@ def test_a_group_without_success_keeps_its_diversity_differences_small() -> None
     std = 0.353655 + 1e-4  # sample std of the 8 rewards
     batch = redteam_advantages(r, 4, scale_rewards="batch")
     assert batch.tolist() == pytest.approx([0.0005 / std] * 3 + [-0.0015 / std, 0.75 / std] + [-0.25 / std] * 3, rel=1e-5)
-    config = Path(__file__).resolve().parents[2] / "configs" / "redteam.yaml"
+    config = Path(__file__).resolve().parents[3] / "configs" / "redteam.yaml"
     assert advantage_scale(load_config(config)) == "batch"  # the default
     assert advantage_scale(load_config(config, ["redteam.scale_rewards=group"])) == "group"
     assert advantage_scale(load_config(config, ["redteam.scale_rewards=null", "grpo.scale_rewards=none"])) == "none"

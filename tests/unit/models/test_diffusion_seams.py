@@ -19,7 +19,7 @@ from alignkit.models.kinds import KINDS
 from alignkit.rollout.context import RolloutContext
 from alignkit.rollout.engine import SamplingParams, build_engine
 from alignkit.train.runner import build_models, strategy_for
-from tests.unit.test_diffusion_kind import perturb
+from tests.unit.models.test_diffusion_kind import perturb
 
 pytest.importorskip("diffusers")
 

@@ -18,7 +18,7 @@ from alignkit.config.schema import DeepSpeedConfig
 from alignkit.distributed.strategy.deepspeed_config import build_deepspeed_config
 from tests.conftest import REPO, write_config
 
-SEEDS = Path(__file__).parent / "fixtures" / "seed_deepspeed"
+SEEDS = Path(__file__).parents[1] / "fixtures" / "seed_deepspeed"
 REQUIRED = {"algorithm": "sft", "model": {"name_or_path": "some/model"}, "data": {"train": "builtin:sft_train.jsonl"}}
 
 

@@ -17,7 +17,7 @@ from alignkit.losses import kto_loss, kto_reference_point, orpo_loss
 from alignkit.models.loading import load_tokenizer
 from alignkit.models.policy import sequence_logps
 from alignkit.train.runner import build_models, strategy_for
-from tests.unit.test_dpo_algorithm import ROWS, SINGLE, make_cfg
+from tests.unit.algorithms.test_dpo_algorithm import ROWS, SINGLE, make_cfg
 
 UNPAIRED = [
     {"prompt": "What is 2+2?", "completion": "4", "label": True},

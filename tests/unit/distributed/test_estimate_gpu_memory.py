@@ -24,7 +24,7 @@ from alignkit.train.drawn_batches import drawn_batches, micro_batch_tokens
 from alignkit.train.estimate_cli import estimate_command
 from tests.conftest import write_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MIB = 2**20
 ALL_LINEAR = ("q", "k", "v", "o", "gate", "up", "down")
 QWEN05 = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,

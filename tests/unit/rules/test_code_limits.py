@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[2] / "src" / "alignkit"
+PKG = Path(__file__).resolve().parents[3] / "src" / "alignkit"
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 

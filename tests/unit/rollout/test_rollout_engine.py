@@ -28,7 +28,7 @@ from alignkit.rollout.engine import (
 )
 from alignkit.rollout.vllm_engine import VLLMConfig, VLLMEngine
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 #: a vLLM server nobody listens on: the engine is a client, built without vllm installed; nothing is sent
 SERVER = "http://127.0.0.1:9"
 

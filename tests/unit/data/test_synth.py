@@ -12,7 +12,7 @@ from alignkit.data import synth
 from alignkit.data.judges import helpfulness, is_unsafe, judge_correct, task_of
 from alignkit.resources import resource_path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 _QUESTION_RE = re.compile(r"(What is \d+\+\d+\?|Reverse the letters:.*|Uppercase:.*)$")
 
 MAKERS = {

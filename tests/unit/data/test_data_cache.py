@@ -20,7 +20,7 @@ from alignkit.data.preference import load_pairs
 from alignkit.errors import DataError
 from alignkit.models.loading import load_tokenizer
 
-FIXTURES = Path(__file__).parent / "fixtures" / "data_numbers"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "data_numbers"
 
 
 def _algo(micro_model: Path, *overrides: str) -> Any:

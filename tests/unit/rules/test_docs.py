@@ -13,7 +13,7 @@ import pytest
 from alignkit.cli import build_parser
 from alignkit.docs_gen import PAGES, main, stale_pages
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOC_PAGES = sorted((ROOT / "docs").rglob("*.md"))
 #: the pages a newcomer follows first: every command on them must stay true
 START_PAGES = [ROOT / "README.md", ROOT / "docs" / "getting-started.md"]

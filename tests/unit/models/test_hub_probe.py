@@ -73,7 +73,7 @@ def test_a_local_folder_never_asks_the_hub(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_validate_of_a_hub_id_without_network_fails_fast(tmp_path: Path) -> None:
     """``alignkit validate`` in a fresh interpreter with HF_ENDPOINT at a closed port: one error line, no
     retries, in seconds (was 23 lines and about 60 s)."""
-    cfg = Path(__file__).parents[2] / "configs" / "sft.yaml"
+    cfg = Path(__file__).parents[3] / "configs" / "sft.yaml"
     env = child_env(HF_ENDPOINT=f"http://127.0.0.1:{free_port()}", HF_HOME=str(tmp_path / "hf"))
     env.pop("HF_HUB_OFFLINE", None)
     start = time.perf_counter()

@@ -12,7 +12,7 @@ import torch
 from alignkit.models.adapters import adapters_disabled
 from alignkit.models.diffusion_sample import Conditioning, latent_shape, sample, schedule, velocity
 from alignkit.ops.flow_sde import sde_step
-from tests.unit.test_diffusion_kind import build, perturb
+from tests.unit.models.test_diffusion_kind import build, perturb
 
 pytest.importorskip("diffusers")
 

@@ -11,7 +11,7 @@ import alignkit.algorithms  # noqa: F401  (registers the algorithms' config sect
 from alignkit.config import load_config
 from alignkit.resources import resource_path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RECIPES = sorted((REPO / "configs").glob("*.yaml")) + [Path(resource_path("demo_sft.yaml"))]
 
 
