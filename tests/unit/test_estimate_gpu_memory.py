@@ -20,8 +20,8 @@ from alignkit.distributed.activations import activation_bytes, layer_saved_bytes
 from alignkit.distributed.auto import memory_inputs
 from alignkit.distributed.model_dims import PRESETS, dims_from_hf_config
 from alignkit.distributed.plan import MemoryInputs, estimate
-from alignkit.train.drawn_batches import drawn_batches, micro_batch_tokens
-from alignkit.train.estimate_cli import estimate_command
+from alignkit.cli.drawn_batches import drawn_batches, micro_batch_tokens
+from alignkit.cli.estimate_command import estimate_command
 from tests.conftest import write_config
 
 REPO = Path(__file__).resolve().parents[2]
