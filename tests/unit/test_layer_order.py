@@ -51,8 +51,8 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
 #: modules whose functions import alignkit modules when called, how many such imports, and why; any other
 #: module imports alignkit at module level only (a new late import is a failure: hoist it, or say why here)
 LATE_IMPORTS: dict[str, tuple[int, str]] = {
-    "alignkit.cli": (1, "start-up: distributed.comm loads torch, which `alignkit --help` must not; it is needed only "
-                        "to end a process of a multi-process run, where torch is loaded already"),
+    "alignkit.cli": (1, ("start-up: distributed.comm loads torch, which `alignkit --help` must not; it is needed "
+                         "only to end a process of a multi-process run, where torch is loaded already")),
     "alignkit.models.adapters": (3, "cycle: models/loading.py imports the adapters at module level"),
     "alignkit.models.tiny": (2, "cycle: tiny_vlm / tiny_sd3 build on tiny's Llama"),
     "alignkit.rollout.vllm_engine": (1, "cycle: rollout/vllm_server.py (the server's client) imports vllm_engine"),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: ``tiny-model --arch sd3``: VAE fitting steps by default
 VAE_STEPS = 300

@@ -4,6 +4,7 @@ implementation (no torch), and every command's ``"module:function"`` names a fun
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,21 +16,22 @@ SRC = Path(__file__).resolve().parents[3] / "src"
 
 #: run in a fresh interpreter: what ``alignkit ARGS`` imports before it exits
 PROBE = """
+import json
 import sys
 from alignkit.cli import main
 try:
     main(sys.argv[1:])
 except SystemExit:
     pass
-print(sorted(m for m in sys.modules if m == "torch" or m.startswith("alignkit.")))
+print(json.dumps(sorted(m for m in sys.modules if m == "torch" or m.startswith("alignkit."))))
 """
 
 
 def imported_by(*argv: str) -> list[str]:
     proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(SRC), "PATH": ""})
+                          check=False, env={"PYTHONPATH": str(SRC), "PATH": ""})
     assert proc.returncode == 0, proc.stderr
-    return eval(proc.stdout.strip().splitlines()[-1])  # a list of module names printed by PROBE
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def targets(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str]]:
