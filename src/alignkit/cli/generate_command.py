@@ -23,7 +23,8 @@ from alignkit.cli.generate_images import generate_images, is_diffusion_target
 from alignkit.config import load_config
 from alignkit.config.schema import ModelConfig
 from alignkit.data.io import read_rows, require_field
-from alignkit.models.adapters import adapter_base, is_adapter_dir, is_vision_language, load_lm
+from alignkit.models.adapter_dirs import adapter_base, is_adapter_dir
+from alignkit.models.adapters import is_vision_language, load_lm
 from alignkit.models.loading import load_tokenizer
 from alignkit.models.sources import model_errors
 from alignkit.rollout.config import RolloutConfig

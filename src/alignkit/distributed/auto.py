@@ -49,7 +49,7 @@ from alignkit.distributed.plan import (
     estimate,
     trainable_params,
 )
-from alignkit.models.adapters import adapter_config, is_adapter_dir
+from alignkit.models.adapter_dirs import adapter_config, is_adapter_dir
 from alignkit.models.dims import resolve_dims
 from alignkit.models.fused import fused_layers_on
 from alignkit.models.kinds import KINDS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from alignkit.distributed.model_dims import PRESETS, ModelDims, dims_from_pretrained
 from alignkit.errors import ModelError
-from alignkit.models.adapters import adapter_base, is_adapter_dir
+from alignkit.models.adapter_dirs import adapter_base, is_adapter_dir
 from alignkit.models.sources import check_hub
 
 
