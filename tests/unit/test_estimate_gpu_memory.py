@@ -141,7 +141,7 @@ def h100_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     make_data.py's 400 SFT / DPO chats (benchmarks/bench_data.py rows, seed 0)."""
     from transformers import Qwen2Config
 
-    from alignkit.models.tiny import SIZES, train_tokenizer
+    from alignkit.models.tiny_base import SIZES, train_tokenizer
 
     root = tmp_path_factory.mktemp("h100")
     tok = train_tokenizer(SIZES["tiny"]["vocab_size"])

@@ -53,7 +53,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
 LATE_IMPORTS: dict[str, tuple[int, str]] = {
     "alignkit.cli": (1, ("start-up: distributed.comm loads torch, which `alignkit --help` must not; it is needed "
                          "only to end a process of a multi-process run, where torch is loaded already")),
-    "alignkit.models.tiny": (2, "cycle: tiny_vlm / tiny_sd3 build on tiny's Llama"),
     "alignkit.rollout.vllm_engine": (1, "cycle: rollout/vllm_server.py (the server's client) imports vllm_engine"),
     "alignkit.distributed.auto": (1, "models/diffusion.py: the planner split moves auto, left as it is"),
     "alignkit.rollout.redteam_targets": (1, "rollout/t2i_render.py: reworked by the diffusion work, left as it is"),
