@@ -41,7 +41,7 @@ def make_model(out: str, size: str) -> dict[str, object]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from alignkit.models.tiny import train_tokenizer
+    from alignkit.models.tiny_base import train_tokenizer
 
     tok = train_tokenizer(8192)  # the tokenizer of `alignkit tiny-model --size tiny`
     dims = dict(DIMS[size])

@@ -200,7 +200,7 @@ def main() -> None:
         out = synth.generate(kind, n, seed, RESOURCES / "data" / name, split=split, tasks=["digits"])
         print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB, {n} rows)")
     if args.check_vocab:
-        from alignkit.models.tiny import train_tokenizer
+        from alignkit.models.tiny_base import train_tokenizer
 
         tok = train_tokenizer(args.check_vocab, corpus=path)
         print(f"tokenizer: asked for {args.check_vocab}, got len(tokenizer) = {len(tok)}")

@@ -63,8 +63,8 @@ def test_train_under_torchrun_two_processes(cli_model: Path, tmp_path: Path) -> 
     assert len(re.findall(r"step 1 loss=", proc.stderr)) == 1
     assert (out / "final" / "model.safetensors").is_file()
     # the untrained eval, once, over both ranks' shares: equal to one process evaluating every example
+    from alignkit.cli.eval_command import run_eval
     from alignkit.config import load_config
-    from alignkit.train.evaluate import run_eval
 
     zero = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"step": 0' in x]
     assert len(zero) == 1 and len(re.findall(r"step 0 eval/loss=", proc.stderr)) == 1

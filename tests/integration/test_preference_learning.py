@@ -190,7 +190,7 @@ def dpo_overrides(sft: Path, out: Path, *extra: str) -> list[str]:
 
 def implicit_accuracy(sft: Path, model: Path, pairs: list[dict], path: Path) -> float:
     """Held-out implicit-reward accuracy of ``model`` against ``sft`` on ``pairs`` only."""
-    from alignkit.train.evaluate import run_eval
+    from alignkit.cli.eval_command import run_eval
 
     write_rows(pairs, path)
     cfg = load_config(REPO / "configs" / "dpo.yaml", dpo_overrides(
@@ -199,7 +199,7 @@ def implicit_accuracy(sft: Path, model: Path, pairs: list[dict], path: Path) -> 
 
 
 def test_dpo_learns_preferences_from_the_sft_start(sft_micro: Path, tmp_path: Path) -> None:
-    from alignkit.train.evaluate import run_eval
+    from alignkit.cli.eval_command import run_eval
 
     # the start against itself, the reference computed in the same batch: every margin is exactly 0
     start = dpo_overrides(sft_micro, tmp_path / "start", "dpo.precompute_ref_logps=false")
@@ -261,7 +261,7 @@ def test_kto_and_orpo_learn_preferences_from_the_sft_start(sft_micro: Path, tmp_
     measure DPO is held to) well above chance (0.5), and each algorithm's own signal moves the right way
     (KTO: desirable completions' reward above the undesirable ones'; ORPO: the chosen answers' NLL falls).
     Thresholds: the table above, minimum minus a margin."""
-    from alignkit.train.evaluate import run_eval
+    from alignkit.cli.eval_command import run_eval
 
     pairs = [r.data for r in read_rows("builtin:pref_eval.jsonl")]
     no_sums = [p for p in pairs if p["task"] != "add"]

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from alignkit.cli.eval_command import run_eval
 from alignkit.config import load_config
-from alignkit.train.evaluate import run_eval
 from alignkit.train.runner import run_train
 from tests.conftest import REPO, write_config
 

@@ -23,7 +23,7 @@ from alignkit.config.sections import SECTIONS
 from alignkit.data.batch import Batch
 from alignkit.errors import ConfigError
 from alignkit.metrics import MetricSums
-from alignkit.models.adapters import is_adapter_dir
+from alignkit.models.adapter_dirs import is_adapter_dir
 from alignkit.models.kinds import KINDS
 from alignkit.models.roles import ImageShape, Models, ModelSpec
 

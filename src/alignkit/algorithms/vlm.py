@@ -20,7 +20,7 @@ from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.vlm import VLMData
 from alignkit.errors import ConfigError
-from alignkit.models.adapters import adapter_base, is_adapter_dir
+from alignkit.models.adapter_dirs import adapter_base, is_adapter_dir
 from alignkit.models.roles import ModelSpec
 from alignkit.models.sources import model_errors
 from alignkit.models.vlm import describe_trainable, is_vlm_source

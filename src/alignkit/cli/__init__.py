@@ -5,7 +5,8 @@ status 2; set ALIGNKIT_DEBUG=1 for the traceback. A run stopped by Ctrl-C or SIG
 naming the checkpoint it saved and the resume command, and exits 130 / 143. Anything else is a bug and keeps
 its traceback.
 Under a launcher an error every rank raises alike is printed once, by local rank 0 (:func:`leave_to_rank0`).
-Each command lives in a module of this package with a ``register(subparsers)`` function.
+The parser is built from light specs (``cli/parser.py``: every command's arguments and the ``"module:function"``
+that runs it); the command's module is imported when the command runs, so ``alignkit --help`` loads no torch.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import sys
 import time
 from typing import Callable
 
-from alignkit.cli import generate_command, migrate_command, plot_command, run_commands, tool_commands
+from alignkit.cli.parser import build_parser, command_function, command_summary
+from alignkit.distributed.env import read_env
 from alignkit.errors import Interrupted, UserError
+from alignkit.logging import quiet_transformers
 
 #: what is reported as one line; everything else is a bug and shows its traceback
 USER_ERRORS = (UserError, FileNotFoundError)
-#: modules whose ``register(sub)`` adds their sub-commands, in the order ``--help`` lists them
-COMMAND_MODULES = (run_commands, migrate_command, tool_commands, plot_command, generate_command)
+__all__ = ["build_parser", "command_summary", "main"]
 
 
 def _strip_launcher_args(argv: list[str]) -> list[str]:
@@ -35,25 +37,6 @@ def _strip_launcher_args(argv: list[str]) -> list[str]:
         else:
             out.append(a)
     return out
-
-
-def command_summary(sub: argparse._SubParsersAction) -> str:
-    """``--help``'s first line, read from the registered sub-commands (a command group with sub-commands of
-    its own, e.g. ``data``, lists them: ``data synth``), so a new command cannot be left out of it."""
-    names = []
-    for name, parser in sub.choices.items():
-        groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        names += [f"{name} {child}" for g in groups for child in g.choices] or [name]
-    return "The alignkit command: " + " | ".join(names) + "."
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="alignkit")
-    sub = p.add_subparsers(dest="command", required=True)
-    for module in COMMAND_MODULES:
-        module.register(sub)
-    p.description = command_summary(sub)
-    return p
 
 
 def _finish(code: int) -> int:
@@ -107,7 +90,6 @@ def leave_to_rank0(error: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = _strip_launcher_args(list(sys.argv[1:] if argv is None else argv))
-    _quiet_deepspeed_on_cpu()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse ends a "*" positional at the first option: `CONFIG --gpus 8 a=b` leaves a=b over
@@ -119,13 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [f"algorithm={args.algorithm}", *args.overrides]
     if getattr(args, "stage", None) and hasattr(args, "overrides"):  # the seed guides' `train_vlm.py --stage pretrain`
         args.overrides = [*args.overrides, f"vlm.stage={args.stage}"]
-    func: Callable[[argparse.Namespace], int] = args.func
+    _quiet_deepspeed_on_cpu()  # before the command's module imports transformers
     try:
         if args.command not in ("migrate", "data"):  # the commands that load or save models
-            from alignkit.distributed.env import read_env
-            from alignkit.logging import quiet_transformers
-
             quiet_transformers(read_env().is_main)
+        func: Callable[[argparse.Namespace], int] = command_function(args.func)
         code = func(args)
     except USER_ERRORS as e:
         if os.environ.get("ALIGNKIT_DEBUG"):

@@ -18,13 +18,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
+from alignkit.cli.generate_images import generate_images, is_diffusion_target
+from alignkit.config import load_config
+from alignkit.config.schema import ModelConfig
+from alignkit.data.io import read_rows, require_field
+from alignkit.models.adapter_dirs import adapter_base, is_adapter_dir
+from alignkit.models.adapters import is_vision_language, load_lm
+from alignkit.models.loading import load_tokenizer
+from alignkit.models.sources import model_errors
+from alignkit.rollout.config import RolloutConfig
+from alignkit.rollout.generate import generate
+from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, call, resolve
+from alignkit.rollout.vlm_generate import generate_with_images, image_prompts, load_vlm_for_generation
+
 
 def _model_and_defaults(target: str) -> tuple[str, int, float, str]:
     if target.endswith((".yaml", ".yml")):
-        import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
-        from alignkit.config import load_config
-        from alignkit.rollout.config import RolloutConfig
-
         cfg = load_config(target, [])
         final = Path(cfg.output_dir) / "final"
         model = str(final) if (final / "config.json").is_file() or (final / "adapter_config.json").is_file() \
@@ -36,11 +46,6 @@ def _model_and_defaults(target: str) -> tuple[str, int, float, str]:
 
 def _load(model_dir: str) -> tuple[Any, Any]:
     """A causal LM (full or LoRA adapter directory) and its tokenizer, frozen, for generation."""
-    from alignkit.config.schema import ModelConfig
-    from alignkit.models.adapters import adapter_base, is_adapter_dir, load_lm
-    from alignkit.models.loading import load_tokenizer
-    from alignkit.models.sources import model_errors
-
     cfg = ModelConfig(name_or_path=model_dir)
     if is_adapter_dir(model_dir) and not (Path(model_dir) / "tokenizer_config.json").is_file():
         cfg.tokenizer = adapter_base(model_dir)
@@ -51,28 +56,18 @@ def _load(model_dir: str) -> tuple[Any, Any]:
 
 
 def _is_vision_language(model_dir: str) -> bool:
-    from alignkit.models.adapters import adapter_base, is_adapter_dir, is_vision_language
-
     return is_vision_language(adapter_base(model_dir) if is_adapter_dir(model_dir) else model_dir)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from alignkit.cli.generate_images import generate_images, is_diffusion_target
-
     if is_diffusion_target(args.target, args.base):  # a text-to-image policy: image grids
         return generate_images(args)
-    from alignkit.data.io import read_rows, require_field
-    from alignkit.rollout.generate import generate
-    from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, call, resolve
-
     model_dir, max_new, temperature, engine = _model_and_defaults(args.target)
     max_new = args.max_new_tokens or max_new
     temperature = temperature if args.temperature is None else args.temperature
     rows = read_rows(args.file)
     n = args.num_generations
     if _is_vision_language(model_dir):  # image-text rows (LLaVA JSON / messages with image parts), greedy
-        from alignkit.rollout.vlm_generate import generate_with_images, image_prompts, load_vlm_for_generation
-
         prompts, images = image_prompts(rows, args.image_root)
         model, processor = load_vlm_for_generation(model_dir)
         texts = generate_with_images(model, processor, [p for p in prompts for _ in range(n)],
@@ -109,29 +104,3 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ok = [s for s in scores if s == s]
         print(f"{args.reward}: mean {sum(ok) / max(1, len(ok)):.4f} over {len(ok)} completions", file=sys.stderr)
     return 0
-
-
-def register(sub: Any) -> None:
-    sp = sub.add_parser("generate", help="write completions of a prompt file (a run config's final model, or a model dir); "
-                        "image grids for a text-to-image policy")
-    sp.add_argument("target", metavar="CONFIG_OR_MODEL", help="a run config (.yaml) or a model directory / hub id")
-    sp.add_argument("file", help=".jsonl / .json / .parquet rows with 'prompt'")
-    sp.add_argument("--out", default=None, help="write JSONL here (default: stdout); text-to-image: the output folder")
-    sp.add_argument("--max-new-tokens", type=int, default=None, help="default: the config's rollout.max_new_tokens, else 32")
-    sp.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the config's, else 0)")
-    sp.add_argument("--num-generations", type=int, default=1, help="completions per prompt")
-    sp.add_argument("--engine", default=None, help="rollout engine of text prompts: hf | vllm (default: the config's "
-                    "rollout.engine, else hf)")
-    sp.add_argument("--batch-size", type=int, default=32)
-    sp.add_argument("--image-root", default=None,
-                    help="vision-language models: folder of the rows' image paths (default: the file's folder)")
-    sp.add_argument("--reward", default=None, help="also score each completion with this reward function (e.g. exact_match); "
-                    "a text-to-image policy: a model-free image scorer (e.g. shapes_colour)")
-    sp.add_argument("--base", default=None, help="text-to-image: the pipeline (dir or hub id) a LoRA-only target applies to")
-    sp.add_argument("--num-inference-steps", type=int, default=None,
-                    help="text-to-image: ODE denoising steps (default: the config's flow_grpo.eval_num_inference_steps, else 28)")
-    sp.add_argument("--guidance-scale", type=float, default=None,
-                    help="text-to-image: classifier-free guidance (default: the config's, else 4.5; <= 1 = off)")
-    sp.add_argument("--resolution", type=int, default=None, help="text-to-image: image side in px (default: the config's, else 512)")
-    sp.add_argument("--seed", type=int, default=0, help="text-to-image: seeds every image's noise (with its prompt and index)")
-    sp.set_defaults(func=cmd_generate)

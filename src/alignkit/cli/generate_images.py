@@ -18,7 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
+from alignkit.algorithms.flow_grpo import FlowGRPOConfig
+from alignkit.algorithms.flow_sft import seeded
+from alignkit.algorithms.redteam import RedTeamScorerConfig
+from alignkit.config import load_config
+from alignkit.config.sections import ALGORITHMS
+from alignkit.data.captions import caption_of
+from alignkit.data.io import read_rows
 from alignkit.errors import ConfigError
+from alignkit.models.diffusion import LORA_WEIGHTS, FlowPolicy, load_pipeline
+from alignkit.models.diffusion_sample import FlowSampling, ImagePrompt
+from alignkit.models.kinds import KINDS
+from alignkit.rollout.redteam_scorers import Judged, build_scorer
 
 
 @dataclass
@@ -33,14 +47,8 @@ class ImageTarget:
 
 def is_diffusion_target(target: str, base: str | None) -> bool:
     """Whether ``alignkit generate``'s target is a text-to-image policy (a config of one, a pipeline, a LoRA)."""
-    from alignkit.models.diffusion import LORA_WEIGHTS
-
     path = Path(target)
     if target.endswith((".yaml", ".yml")):
-        import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
-        from alignkit.config import load_config
-        from alignkit.config.sections import ALGORITHMS
-
         cfg = load_config(target, [], notes=False)
         return cfg.model.kind == "diffusion" or any(
             s.kind == "diffusion" for s in ALGORITHMS.get(cfg.algorithm).model_specs(cfg))
@@ -48,12 +56,7 @@ def is_diffusion_target(target: str, base: str | None) -> bool:
 
 
 def resolve_target(target: str, base: str | None) -> ImageTarget:
-    from alignkit.models.diffusion import LORA_WEIGHTS
-
     if target.endswith((".yaml", ".yml")):
-        from alignkit.algorithms.flow_grpo import FlowGRPOConfig
-        from alignkit.config import load_config
-
         cfg = load_config(target, [], notes=False)
         base, final = image_policy_of(cfg)
         o = cfg.section(FlowGRPOConfig)
@@ -74,9 +77,6 @@ def resolve_target(target: str, base: str | None) -> ImageTarget:
 def image_policy_of(cfg: Any) -> tuple[str, Path]:
     """The trained diffusion role of ``cfg``'s run: its start (pipeline or hub id) and its final folder (``final``
     for the run's first trained role, ``final_ROLE`` for another: flow_rtpo's image policy next to its attacker)."""
-    import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
-    from alignkit.config.sections import ALGORITHMS
-
     trained = [s for s in ALGORITHMS.get(cfg.algorithm).model_specs(cfg) if s.trainable]
     spec = next((s for s in trained if s.kind == "diffusion"), None)
     if spec is None:
@@ -85,15 +85,6 @@ def image_policy_of(cfg: Any) -> tuple[str, Path]:
 
 
 def generate_images(args: argparse.Namespace) -> int:
-    import torch
-
-    from alignkit.algorithms.flow_sft import seeded
-    from alignkit.data.captions import caption_of
-    from alignkit.data.io import read_rows
-    from alignkit.models.diffusion import FlowPolicy, load_pipeline
-    from alignkit.models.diffusion_sample import FlowSampling, ImagePrompt
-    from alignkit.models.kinds import KINDS
-
     if not args.out:
         raise ConfigError("alignkit generate: a text-to-image policy writes images: give --out FOLDER")
     t = resolve_target(args.target, args.base)
@@ -143,17 +134,10 @@ def image_grid(images: list[Any]) -> Any:
 def _scorer(name: str | None) -> Any:
     if name is None:
         return None
-    from alignkit.algorithms.redteam import RedTeamScorerConfig
-    from alignkit.rollout.redteam_scorers import build_scorer
-
     return build_scorer(RedTeamScorerConfig(name=name), None)
 
 
 def _score(scorer: Any, prompt: str, images: list[Any]) -> list[float]:
-    import torch
-
-    from alignkit.rollout.redteam_scorers import Judged
-
     n = len(images)
     values = scorer(Judged([prompt] * n, [""] * n, [prompt] * n, [{}] * n, images), torch.device("cpu"))
     return [float("nan") if v is None else float(v) for v in values]

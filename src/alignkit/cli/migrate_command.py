@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+
+import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
+from alignkit.config.migrate import migrate_file
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
-    from alignkit.config.migrate import migrate_file
-
     text, notes = migrate_file(args.config)
     for line in notes:
         print(line, file=sys.stderr)
@@ -24,10 +23,3 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
-
-
-def register(sub: Any) -> None:
-    sp = sub.add_parser("migrate", help="rewrite a config's HF TrainingArguments / seed-guide keys as alignkit keys")
-    sp.add_argument("config", help="YAML run config")
-    sp.add_argument("--out", default=None, help="write the native YAML here (default: stdout); comments are not kept")
-    sp.set_defaults(func=cmd_migrate)

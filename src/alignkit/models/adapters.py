@@ -1,47 +1,25 @@
-"""LoRA adapter directories: recognising them, loading them onto their base, switching them off, merging.
-
-A peft model's ``save_pretrained`` writes the adapter alone (``adapter_config.json`` +
-``adapter_model.safetensors``, plus ``modules_to_save`` copies such as a reward model's score
-head); the base model is named by ``base_model_name_or_path`` in the config.
+"""LoRA adapters: loading an adapter directory onto its base, switching adapters off, merging
+(``models/adapter_dirs.py`` recognises the directories).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
 from torch import nn
 
-from alignkit.errors import ConfigError, ModelError
-
-ADAPTER_CONFIG = "adapter_config.json"
-
-
-def is_adapter_dir(path: str | Path) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def adapter_config(path: str | Path) -> dict[str, Any]:
-    return json.loads((Path(path) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
-
-
-def adapter_base(path: str | Path, base: str | None = None) -> str:
-    """The base model of an adapter directory (``base`` overrides the recorded one)."""
-    if base:
-        return base
-    recorded = adapter_config(path).get("base_model_name_or_path")
-    if not recorded:
-        raise ModelError(f"{path}: {ADAPTER_CONFIG} names no base_model_name_or_path; pass the base model explicitly")
-    return recorded
+from alignkit.errors import ConfigError
+from alignkit.models.adapter_dirs import ADAPTER_CONFIG, adapter_base, adapter_config, is_adapter_dir
+from alignkit.models.loading import load_causal_lm, quiet_load_report, quiet_peft, upcast_trainable
 
 
 def attach_adapter(base_model: nn.Module, path: str | Path, *, trainable: bool) -> nn.Module:
     """``base_model`` with the adapter of ``path`` loaded (a PeftModel)."""
     from peft import PeftModel
-
-    from alignkit.models.loading import quiet_peft, upcast_trainable
 
     with quiet_peft():
         model = PeftModel.from_pretrained(base_model, str(path), is_trainable=trainable)
@@ -97,8 +75,6 @@ def merge_lora(adapter_dir: str | Path, out_dir: str | Path, *, base: str | None
     base_path = adapter_base(adapter_dir, base)
     task = adapter_config(adapter_dir).get("task_type")
     if task == "SEQ_CLS":  # a reward / cost model: one score per sequence; the adapter brings its head
-        from alignkit.models.loading import quiet_load_report
-
         with quiet_load_report():
             model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1)
     elif is_vision_language(base_path):  # a LLaVA-family model (vlm_sft with model.lora): model + processor
@@ -140,12 +116,6 @@ def load_lm(cfg: Any, *, name_or_path: str | None = None, dtype: Any = None, tra
     For an adapter directory the base is loaded without new adapters and the saved adapter is
     attached (trainable or not); otherwise this is exactly ``load_causal_lm``.
     """
-    import dataclasses
-
-    import torch
-
-    from alignkit.models.loading import load_causal_lm
-
     path = name_or_path or cfg.name_or_path
     dtype = dtype or torch.float32
     if not is_adapter_dir(path):

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from alignkit.errors import ModelError
+from alignkit.models.weights import read_safetensors_dir
 
 LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
 #: what LoRA targets in an SD3 transformer when ``model.lora.target_modules`` keeps the LM default
@@ -167,8 +168,6 @@ class FlowPolicy(nn.Module):
 
     def load_saved(self, path: str | Path) -> None:
         """Weights written by :meth:`save_pretrained` copied back in place (a resume)."""
-        from alignkit.models.weights import read_safetensors_dir
-
         path = Path(path)
         if self.lora:
             from peft.utils import set_peft_model_state_dict

@@ -4,7 +4,7 @@ and the planner (``planner/auto.py``) read."""
 from __future__ import annotations
 
 from alignkit.errors import ModelError
-from alignkit.models.adapters import adapter_base, is_adapter_dir
+from alignkit.models.adapter_dirs import adapter_base, is_adapter_dir
 from alignkit.models.sources import check_hub
 from alignkit.planner.model_dims import PRESETS, ModelDims, dims_from_pretrained
 

@@ -17,6 +17,7 @@ head), ``vlm`` (a LLaVA-family model with the ``lm`` forward; its batches carry 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,7 +25,17 @@ from torch import nn
 
 from alignkit.config.schema import ModelConfig
 from alignkit.data.batch import Batch
+from alignkit.planner.pipeline_dims import pipeline_dims
+from alignkit.errors import ModelError
 from alignkit.models import diffusion_sample
+from alignkit.models.adapters import load_lm
+from alignkit.models.diffusion import FlowPolicy, add_lora, load_pipeline
+from alignkit.models.dims import resolve_dims
+from alignkit.models.loading import hf_model, load_tokenizer
+from alignkit.models.policy import CausalLMLogps, forward_logps, forward_scores, token_values
+from alignkit.models.scalar import ScalarHeadModel, load_scalar_model
+from alignkit.models.sources import check_model_folder, model_errors
+from alignkit.models.vlm import load_vlm_model
 from alignkit.registry import Registry
 
 if TYPE_CHECKING:
@@ -53,8 +64,6 @@ class ModelKind:
     def tokenizer(self, cfg: ModelConfig) -> Any:
         """The tokenizer (or processor) a run with this kind as its policy reads its data with; by default
         ``model.tokenizer`` or the model's own (a diffusers kind would read its pipeline's)."""
-        from alignkit.models.loading import load_tokenizer
-
         return load_tokenizer(cfg)
 
     def logps(self, module: nn.Module, batch: Batch, *, temperature: float = 1.0,
@@ -105,32 +114,21 @@ class CausalLMKind(ModelKind):
 
     def check_source(self, source: str) -> None:
         """A transformers model or peft adapter folder (config.json or adapter_config.json, and weights)."""
-        from alignkit.models.sources import check_model_folder
-
         check_model_folder(source)
 
     def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
-        from alignkit.models.adapters import load_lm
-        from alignkit.models.policy import CausalLMLogps
-
         lm = load_lm(cfg, name_or_path=spec.source, dtype=dtype, trainable=spec.trainable)
         return CausalLMLogps(lm, chunk_size=spec.chunk_size)
 
     def logps(self, module: nn.Module, batch: Batch, *, temperature: float = 1.0,
               with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        from alignkit.models.policy import forward_logps
-
         return forward_logps(module, batch, temperature=temperature, with_entropy=with_entropy)
 
     def generate(self, module: nn.Module, engine: RolloutEngine, prompts: list[Any], params: SamplingParams, *,
                  synced: bool = False) -> Generations:
-        from alignkit.models.loading import hf_model
-
         return engine.generate(hf_model(module), prompts, params, synced=synced)
 
     def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
-        from alignkit.models.dims import resolve_dims
-
         return resolve_dims(spec.source, trust_remote_code)
 
 
@@ -140,9 +138,6 @@ class VisionLMKind(CausalLMKind):
     (and ``image_sizes``, ...) as declared model inputs, which the log-prob forward passes through."""
 
     def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
-        from alignkit.models.policy import CausalLMLogps
-        from alignkit.models.vlm import load_vlm_model
-
         model = load_vlm_model(cfg, spec.source, dtype, trainable=spec.trainable, train_parts=spec.train_parts,
                                projector_from=spec.projector_from, lora=spec.lora)
         return CausalLMLogps(model, chunk_size=spec.chunk_size)
@@ -155,25 +150,17 @@ class ScalarKind(ModelKind):
     check_source = CausalLMKind.check_source  # the same transformers folders
 
     def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
-        from alignkit.models.scalar import ScalarHeadModel, load_scalar_model
-
         pad = getattr(tokenizer, "pad_token_id", None)
         return ScalarHeadModel(load_scalar_model(cfg, name_or_path=spec.source, dtype=dtype, trainable=spec.trainable,
                                                  pad_token_id=pad, train_parts=spec.train_parts))
 
     def scores(self, module: nn.Module, batch: Batch) -> torch.Tensor:
-        from alignkit.models.policy import forward_scores
-
         return forward_scores(module, batch)
 
     def values(self, module: nn.Module, batch: Batch) -> torch.Tensor:
-        from alignkit.models.policy import token_values
-
         return token_values(module, batch)
 
     def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
-        from alignkit.models.dims import resolve_dims
-
         d = resolve_dims(spec.source, trust_remote_code)
         return d.as_score_model() if d.head == "lm" else d
 
@@ -214,8 +201,6 @@ class DiffusionKind(ModelKind):
         return step.logp
 
     def build(self, spec: ModelSpec, cfg: ModelConfig, dtype: torch.dtype, tokenizer: Any) -> nn.Module:
-        from alignkit.models.diffusion import FlowPolicy, add_lora, load_pipeline
-
         pipe = load_pipeline(spec.source, dtype)
         if spec.trainable and spec.lora:
             lora = spec.lora_config or cfg.lora
@@ -233,10 +218,6 @@ class DiffusionKind(ModelKind):
     def check_source(self, source: str) -> None:
         """A diffusers pipeline folder has model_index.json; a text model given to flow_grpo would otherwise fail
         reading its tokenizer, with a traceback that asks to install sentencepiece."""
-        from pathlib import Path
-
-        from alignkit.errors import ModelError
-
         path = Path(source).expanduser()
         if path.is_dir() and not (path / "model_index.json").is_file():
             what = "a transformers model" if (path / "config.json").is_file() else "no model"
@@ -247,14 +228,10 @@ class DiffusionKind(ModelKind):
     def dims(self, spec: ModelSpec, trust_remote_code: bool) -> ModelDims:
         """The pipeline's transformer (trained) and frozen parts, read from its component configs
         (:mod:`alignkit.planner.pipeline_dims`)."""
-        from alignkit.planner.pipeline_dims import pipeline_dims
-
         return pipeline_dims(spec.source)
 
     def tokenizer(self, cfg: ModelConfig) -> Any:
         from transformers import AutoTokenizer
-
-        from alignkit.models.sources import model_errors
 
         source = cfg.tokenizer or cfg.name_or_path
         with model_errors(source):

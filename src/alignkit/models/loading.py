@@ -14,7 +14,7 @@ from torch import nn
 from alignkit.config.schema import LoraConfig as LoraSection
 from alignkit.config.schema import ModelConfig
 from alignkit.errors import ModelError
-from alignkit.models.adapters import adapter_base, is_adapter_dir
+from alignkit.models.adapter_dirs import adapter_base, is_adapter_dir
 from alignkit.models.attention import PACKED_CHOICES, check_installed, resolve
 from alignkit.models.sources import model_errors
 

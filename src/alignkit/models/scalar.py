@@ -20,7 +20,8 @@ from torch import nn
 from alignkit.config.schema import ModelConfig
 from alignkit.distributed.env import read_env
 from alignkit.errors import ModelError
-from alignkit.models.adapters import adapter_base, adapter_config, attach_adapter, is_adapter_dir
+from alignkit.models.adapter_dirs import adapter_base, adapter_config, is_adapter_dir
+from alignkit.models.adapters import attach_adapter
 from alignkit.models.loading import (
     apply_lora,
     attention_for,

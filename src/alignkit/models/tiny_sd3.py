@@ -8,7 +8,7 @@ tokens of 2x2), two tiny CLIP text encoders with projection and a tiny T5 encode
 diffusers wants ``text_encoder_3=None`` passed, so the tiny one ships a T5.)
 
 The tokenizers are the tiny byte-level BPE that alignkit trains for its tiny LMs
-(:func:`alignkit.models.tiny.train_tokenizer`, no download): for the CLIPs with bos and eos around every text
+(:func:`alignkit.models.tiny_base.train_tokenizer`, no download): for the CLIPs with bos and eos around every text
 as CLIP's own tokenizer does (the text encoder pools its output at the eos token) and 77 positions, for T5
 with an eos after the text as T5's does. Pass ``max_sequence_length`` (T5 tokens, 256 by default) to the
 pipeline for fast renders.
@@ -27,7 +27,7 @@ import torch
 
 from alignkit.data.captions import pil_pixels
 from alignkit.data.synth_vlm import CANVAS, draw, make_scene
-from alignkit.models.tiny import _check_choice, train_tokenizer
+from alignkit.models.tiny_base import _check_choice, train_tokenizer
 from alignkit.progress import track
 
 #: positions of the CLIP text encoders (and their tokenizers' ``model_max_length``), as CLIP's

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from alignkit.models.tiny import SIZES, _check_choice, tiny_config, train_tokenizer
+from alignkit.models.tiny_base import SIZES, _check_choice, tiny_config, train_tokenizer
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE = 32
@@ -70,7 +70,7 @@ def tiny_vlm_tokenizer(vocab_size: int) -> object:
 
 def build_tiny_llava(out_dir: str | Path, size: str = "tiny", vocab_size: int | None = None, seed: int = 0,
                      patch_size: int = PATCH_SIZE) -> Path:
-    """Build and save a random LLaVA (``size`` picks the Llama, see ``tiny.SIZES``) and its processor.
+    """Build and save a random LLaVA (``size`` picks the Llama, see ``tiny_base.SIZES``) and its processor.
 
     Deterministic: the same arguments give the same files. Returns ``out_dir``.
     """

@@ -23,7 +23,8 @@ from torch import nn
 
 from alignkit.config.schema import ModelConfig
 from alignkit.errors import ModelError
-from alignkit.models.adapters import adapter_base, attach_adapter, is_adapter_dir
+from alignkit.models.adapter_dirs import adapter_base, is_adapter_dir
+from alignkit.models.adapters import attach_adapter
 from alignkit.models.loading import check_lora_targets, load_vlm, quiet_peft, upcast_trainable
 from alignkit.models.sources import check_hub
 

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 from alignkit.config.loader import resolve_batch
 from alignkit.config.schema import DistributedConfig, RunConfig
 from alignkit.distributed.env import DistEnv
-from alignkit.models.adapters import adapter_config, is_adapter_dir
+from alignkit.models.adapter_dirs import adapter_config, is_adapter_dir
 from alignkit.models.diffusion import lora_targets
 from alignkit.models.dims import resolve_dims
 from alignkit.models.fused import fused_layers_on

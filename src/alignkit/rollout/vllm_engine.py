@@ -35,6 +35,7 @@ from torch import nn
 
 from alignkit.config.schema import f
 from alignkit.config.sections import register_section
+from alignkit.distributed.strategy.base import pick_compute_dtype
 from alignkit.errors import ConfigError
 from alignkit.models.loading import hf_model
 from alignkit.rollout.engine import (
@@ -162,8 +163,6 @@ def engine_dtype(setting: str, model: nn.Module, run_dtype: str) -> str:
     under bf16 the engine must not run fp32 GEMMs on the fp32 master weights."""
     if setting != "auto":
         return setting
-    from alignkit.distributed.strategy.base import pick_compute_dtype
-
     param = next(model.parameters())
     compute = pick_compute_dtype(run_dtype, param.device)
     return str(compute if compute != torch.float32 else param.dtype).removeprefix("torch.")

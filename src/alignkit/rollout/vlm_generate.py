@@ -17,7 +17,7 @@ from alignkit.config.schema import ModelConfig
 from alignkit.data.synth_vlm import judge, question_kind
 from alignkit.data.vlm import chat_and_images, open_image, resolve_image
 from alignkit.errors import DataError
-from alignkit.models.adapters import adapter_base, is_adapter_dir
+from alignkit.models.adapter_dirs import adapter_base, is_adapter_dir
 from alignkit.models.sources import model_errors
 from alignkit.models.vlm import load_vlm_model
 from alignkit.rollout.engine import Prompt, SamplingParams, build_engine, generate_once

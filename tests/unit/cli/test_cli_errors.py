@@ -17,13 +17,13 @@ from alignkit.errors import ConfigError, DataError, ModelError, UnknownNameError
                                    FileNotFoundError("x.yaml does not exist")])
 def test_user_errors_are_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                   error: Exception) -> None:
-    import alignkit.train.runner as runner
+    import alignkit.cli.run_commands as runner  # the command's module: run_train and load_config as it calls them
 
     def fail(cfg: object) -> None:
         raise error
 
     monkeypatch.setattr(runner, "run_train", fail)
-    monkeypatch.setattr("alignkit.config.load_config", lambda *a, **k: object())
+    monkeypatch.setattr(runner, "load_config", lambda *a, **k: object())
     assert main(["train", "x.yaml"]) == 2
     err = capsys.readouterr().err
     assert err == f"alignkit: error: {error}\n" and "\n" not in str(error)
@@ -32,13 +32,13 @@ def test_user_errors_are_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytes
 
 @pytest.mark.parametrize("bug", [ValueError("shape mismatch"), KeyError("seq_index"), RuntimeError("boom")])
 def test_internal_errors_keep_their_traceback(monkeypatch: pytest.MonkeyPatch, bug: Exception) -> None:
-    import alignkit.train.runner as runner
+    import alignkit.cli.run_commands as runner  # the command's module: run_train and load_config as it calls them
 
     def fail(cfg: object) -> None:
         raise bug
 
     monkeypatch.setattr(runner, "run_train", fail)
-    monkeypatch.setattr("alignkit.config.load_config", lambda *a, **k: object())
+    monkeypatch.setattr(runner, "load_config", lambda *a, **k: object())
     with pytest.raises(type(bug)):
         main(["train", "x.yaml"])
 

@@ -324,7 +324,7 @@ def test_migrating_a_native_config_is_the_identity(name: str, capsys: pytest.Cap
 
 
 def test_algorithm_flag_is_the_algorithm_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import alignkit.train.runner as runner
+    import alignkit.cli.run_commands as runner  # the command's module: run_train and load_config as it calls them
     from alignkit.cli import main
 
     seen: list[RunConfig] = []

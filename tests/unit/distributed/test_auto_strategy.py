@@ -207,7 +207,7 @@ def test_estimate_cli_seed_scenario_full_vs_lora() -> None:
 
 def test_estimate_with_shard_frozen_auto_counts_them_sharded_where_they_can_be() -> None:
     """Default ``distributed.shard_frozen: auto``: ZeRO-3 fits once the reference and RMs are sharded."""
-    from alignkit.train.estimate_cli import estimate_command
+    from alignkit.cli.estimate_command import estimate_command
 
     text = estimate_command(str(REPO / "configs" / "dpo.yaml"), SEED_OVERRIDES, gpus=8, gpu_memory="64GB",
                             preset="llama-7b", frozen=["llama-7b", "llama-7b"])
@@ -224,7 +224,7 @@ def test_estimate_with_a_preset_never_reads_the_configs_model(monkeypatch: pytes
     exist, which transformers would look up as a hub id, retrying for ~25 s when offline) is not read."""
     from transformers import AutoConfig
 
-    from alignkit.train.estimate_cli import estimate_command
+    from alignkit.cli.estimate_command import estimate_command
 
     asked: list[str] = []
     real = AutoConfig.from_pretrained

@@ -16,12 +16,12 @@ import torch
 import alignkit.algorithms  # noqa: F401 - registers the algorithms' config sections
 from alignkit.algorithms import workload_of
 from alignkit.config import load_config
+from alignkit.cli.drawn_batches import drawn_batches, micro_batch_tokens
+from alignkit.cli.estimate_command import estimate_command
 from alignkit.planner.activations import activation_bytes, layer_saved_bytes_per_token
 from alignkit.planner.auto import memory_inputs
 from alignkit.planner.model_dims import PRESETS, dims_from_hf_config
 from alignkit.planner.plan import MemoryInputs, estimate
-from alignkit.train.drawn_batches import drawn_batches, micro_batch_tokens
-from alignkit.train.estimate_cli import estimate_command
 from tests.conftest import write_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -141,7 +141,7 @@ def h100_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     make_data.py's 400 SFT / DPO chats (benchmarks/bench_data.py rows, seed 0)."""
     from transformers import Qwen2Config
 
-    from alignkit.models.tiny import SIZES, train_tokenizer
+    from alignkit.models.tiny_base import SIZES, train_tokenizer
 
     root = tmp_path_factory.mktemp("h100")
     tok = train_tokenizer(SIZES["tiny"]["vocab_size"])

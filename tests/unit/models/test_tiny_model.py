@@ -9,14 +9,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from alignkit.models.tiny import (
-    CHAT_TEMPLATE,
-    IM_END,
-    IM_START,
-    SIZES,
-    build_tiny_model,
-    train_tokenizer,
-)
+from alignkit.models.tiny import build_tiny_model
+from alignkit.models.tiny_base import CHAT_TEMPLATE, IM_END, IM_START, SIZES, train_tokenizer
 
 
 @pytest.fixture(scope="module")

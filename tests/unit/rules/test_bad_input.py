@@ -163,13 +163,13 @@ def test_absurd_learning_rate_is_a_config_error(lr: str, message: str) -> None:
 
 
 def _failing_train(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
-    from alignkit.train import runner
+    import alignkit.cli.run_commands as runner  # the command's module: run_train and load_config as it calls them
 
     def fail(cfg: object) -> None:
         raise error
 
     monkeypatch.setattr(runner, "run_train", fail)
-    monkeypatch.setattr("alignkit.config.load_config", lambda *a, **k: object())
+    monkeypatch.setattr(runner, "load_config", lambda *a, **k: object())
 
 
 def test_other_ranks_leave_shared_errors_to_rank0(monkeypatch: pytest.MonkeyPatch) -> None:

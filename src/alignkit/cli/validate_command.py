@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import yaml
@@ -34,6 +35,11 @@ def applying_yaml(cfg: RunConfig) -> str:
         del data[name]
     note = f"# other algorithms' sections, at their defaults, not shown: {', '.join(left_out)}\n" if left_out else ""
     return yaml.safe_dump(data, sort_keys=False) + note
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    print_plan(args.config, args.overrides, world_size=args.world_size)
+    return 0
 
 
 def print_plan(config: str, overrides: list[str], *, world_size: int | None = None) -> None:

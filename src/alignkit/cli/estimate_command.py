@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 from alignkit.algorithms import workload_of
+from alignkit.cli.drawn_batches import drawn_batches
 from alignkit.config import load_config
 from alignkit.distributed.env import read_env
 from alignkit.errors import ConfigError
@@ -20,10 +22,15 @@ from alignkit.planner.plan import (
     parse_memory,
 )
 from alignkit.planner.plan_report import format_table
-from alignkit.train.drawn_batches import drawn_batches
 
 TABLE_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero3_offload", "fsdp")
 HEADROOM = 0.9
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    estimate_command(args.config, args.overrides, gpus=args.gpus, gpu_memory=args.gpu_memory, preset=args.preset,
+                     frozen=args.frozen)
+    return 0
 
 
 def estimate_command(config: str, overrides: list[str], *, gpus: int | None = None, gpu_memory: str | None = None,

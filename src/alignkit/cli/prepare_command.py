@@ -4,6 +4,7 @@ starts by memory-mapping them."""
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from alignkit.algorithms import ALGORITHMS
@@ -11,6 +12,11 @@ from alignkit.config import load_config
 from alignkit.data.assemble import cache_root
 from alignkit.logging import setup_console
 from alignkit.models.loading import load_tokenizer
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    prepare_command(args.config, args.overrides)
+    return 0
 
 
 def prepare_command(config: str, overrides: list[str]) -> list[str]:
