@@ -31,7 +31,9 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the planner asks the model kinds for their dimensions; the kinds never ask it back
     ("planner", ("alignkit.distributed.auto", "alignkit.distributed.preflight")),
     ("engines", ("alignkit.distributed.strategy",)),
-    ("rollout", ("alignkit.rollout", "alignkit.scoring")),
+    # rewards and scorers: reward functions, the scorer registry, the signals, CVaR; below the rollout that calls them
+    ("rewards", ("alignkit.rewards",)),
+    ("rollout", ("alignkit.rollout",)),
     ("algorithms", ("alignkit.algorithms",)),
     ("train", ("alignkit.train",)),
     ("entry points", ("alignkit.cli", "alignkit.__main__", "alignkit.demo", "alignkit.docs_gen", "alignkit.launch",
@@ -64,10 +66,8 @@ LATE_IMPORTS: dict[str, tuple[int, str]] = {
     "alignkit.train.evaluate": (1, "cycle: train/runner.py imports evaluate (alignkit eval builds a Session)"),
     "alignkit.algorithms.flow_sft": (1, "models/diffusion.py: reworked by the diffusion work, left as it is"),
     "alignkit.distributed.auto": (1, "models/diffusion.py: reworked by the diffusion work, left as it is"),
-    "alignkit.rollout.redteam_targets": (1, "rollout/t2i_render.py: reworked by the diffusion work, left as it is"),
     "alignkit.models.kinds": (17, "the engine lifecycle and diffusion work rewrite the kinds: left as they are"),
     "alignkit.models.diffusion": (1, "reworked by the diffusion work: left as it is"),
-    "alignkit.algorithms.flow_rtpo": (1, "reworked by the diffusion work: left as it is"),
     "alignkit.rollout.t2i_render": (3, "reworked by the diffusion work: left as it is"),
     "alignkit.rollout.engine": (1, "reworked by the engine lifecycle work: left as it is"),
     "alignkit.rollout.vllm_engine": (4, "reworked by the engine lifecycle work: left as it is"),

@@ -14,7 +14,7 @@ import torch
 from alignkit.algorithms.redteam import RedTeamConfig, RedTeamScorerConfig, RedTeamTargetConfig
 from alignkit.config.schema import ModelConfig
 from alignkit.errors import ConfigError, ModelError
-from alignkit.rollout.redteam_scorers import Judged, build_scorer
+from alignkit.rewards.scorers import Judged, build_scorer
 from alignkit.rollout.redteam_targets import T2IVLMTarget, build_target
 from alignkit.rollout.t2i_render import DiffusersRenderer, build_renderer, seed_of, shapes_scene
 from tests.plugins.redteam_parts import build_clip, build_tiny_sd

@@ -36,11 +36,11 @@ from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate
 from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
-from alignkit.rollout.advantages import ADVANTAGES, group_nanstd
+from alignkit.rewards.signals import nan_stats
+from alignkit.rollout.advantages import GroupAdvantages, group_nanstd
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import RolloutContext
 from alignkit.rollout.experience import Sample, flat, token_seq
-from alignkit.rollout.score import nan_stats
 
 
 @register_section("grpo")
@@ -75,8 +75,16 @@ class GroupRelative(OnlineAlgorithm):
         super().__init__(cfg, tokenizer)
         g = cfg.section(GRPOConfig)
         self.reference = grpo_reference(cfg)
+        #: the advantage part (rollout/advantages.py): which estimator, groups, scale and clip
+        self.advantages = self.advantage_part(cfg)
         self.aggregation = g.loss_aggregation if g.loss_aggregation != "auto" else (
-            "constant" if self.estimator == "dr_grpo" else "sequence_mean")
+            "constant" if self.advantages.estimator == "dr_grpo" else "sequence_mean")
+
+    def advantage_part(self, cfg: RunConfig) -> GroupAdvantages:
+        """The class's ``estimator`` over each prompt's ``num_generations`` completions, scaled by
+        ``grpo.scale_rewards`` (none for dr_grpo), unclipped."""
+        g, G = cfg.section(GRPOConfig), cfg.section(RolloutConfig).num_generations
+        return GroupAdvantages(self.estimator, G, "none" if self.estimator == "dr_grpo" else g.scale_rewards)
 
     @classmethod
     def check_config(cls, cfg: RunConfig) -> None:
@@ -96,14 +104,16 @@ class GroupRelative(OnlineAlgorithm):
 
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
                         scores: dict[str, torch.Tensor]) -> MetricSums:
+        """:meth:`experience_of` the gathered ``scores["reward"]``: its statistics."""
+        return self.experience_of(ctx, samples, batches, scores["reward"])[0]
+
+    def experience_of(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
+                      rewards: torch.Tensor) -> tuple[MetricSums, torch.Tensor]:
         """The forwards (reference log-probs with a reference; old log-probs when a later step's policy has moved),
-        then :func:`group_experience` on the gathered rewards."""
-        g, G = self.cfg.section(GRPOConfig), self.cfg.section(RolloutConfig).num_generations
+        then :func:`group_experience` of the gathered ``rewards``: the statistics and the ``(global,)`` advantages."""
         ref = self.token_logps(ctx, batches, role="reference") if self.reference != "none" else None
         old = self.token_logps(ctx, batches) if self.updates_per_iteration > 1 else None
-        return group_experience(samples, scores["reward"], ctx.mine, G, estimator=self.estimator,
-                                scale_rewards="none" if self.estimator == "dr_grpo" else g.scale_rewards,
-                                ref_logps=ref, old_logps=old)
+        return group_experience(samples, rewards, ctx.mine, self.advantages, ref_logps=ref, old_logps=old)
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
         g = self.cfg.section(GRPOConfig)
@@ -141,20 +151,20 @@ def grpo_reference(cfg: RunConfig) -> str:
     return resolve_reference(cfg, g.reference, needed=g.beta > 0, key="grpo.reference")
 
 
-def group_experience(samples: list[Sample], rewards: torch.Tensor, mine: slice, group_size: int, *, estimator: str,
-                     scale_rewards: str, ref_logps: list[list[float]] | None = None,
-                     old_logps: list[list[float]] | None = None) -> MetricSums:
-    """A group-relative experience from its inputs alone (no model, no process group): the ``estimator``'s
-    advantages of the ``(global,)`` gathered ``rewards`` (groups of ``group_size`` contiguous, the same on every
-    rank), this rank's slice ``mine`` of them on its ``samples`` (one advantage per completion, on each of its
-    tokens), and the given per-sample ``ref_logps`` / ``old_logps``; returns the iteration's statistics."""
-    adv = ADVANTAGES.get(estimator)(rewards, group_size, scale_rewards=scale_rewards)
+def group_experience(samples: list[Sample], rewards: torch.Tensor, mine: slice, advantages: GroupAdvantages, *,
+                     ref_logps: list[list[float]] | None = None,
+                     old_logps: list[list[float]] | None = None) -> tuple[MetricSums, torch.Tensor]:
+    """A group-relative experience from its inputs alone (no model, no process group): the ``advantages`` part's
+    values of the ``(global,)`` gathered ``rewards`` (groups contiguous, the same on every rank), this rank's slice
+    ``mine`` of them on its ``samples`` (one advantage per completion, on each of its tokens), and the given
+    per-sample ``ref_logps`` / ``old_logps``; returns the iteration's statistics and the ``(global,)`` advantages."""
+    adv = advantages(rewards)
     for s, a in zip(samples, adv[mine].tolist()):
         s["advantages"] = [a] * len(s["completion_ids"])
     for name, values in (("ref_logps", ref_logps), ("old_logps", old_logps)):
         for s, v in zip(samples, values or []):
             s[name] = v
-    return group_stats(rewards, adv, group_size)
+    return group_stats(rewards, adv, advantages.group_size), adv
 
 
 def group_stats(rewards: torch.Tensor, adv: torch.Tensor, group_size: int) -> MetricSums:

@@ -34,6 +34,7 @@ from alignkit.config.sections import section_name
 from alignkit.data.prompts import PromptData
 from alignkit.losses.rl import sampler_is_weights
 from alignkit.metrics import MetricSums
+from alignkit.rewards.signals import Signal
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
 from alignkit.rollout.engine import (
@@ -53,7 +54,6 @@ from alignkit.rollout.experience import (
     token_seq,
     tokens_in,
 )
-from alignkit.rollout.score import Scorer
 
 
 def run_engine(cfg: RunConfig) -> tuple[type[RolloutEngine], Any]:
@@ -150,10 +150,10 @@ class OnlineAlgorithm(Algorithm):
         r = self.cfg.section(RolloutConfig)
         return f"max_new_tokens={r.max_new_tokens}, temperature={r.temperature}, engine={r.engine}"
 
-    def scorers(self) -> dict[str, Scorer]:
+    def signals(self) -> dict[str, Signal]:
         """The signals a rollout scores and gathers: ``reward`` always (``reward.*``), more (``cost``) if any."""
         r, ro = self.cfg.section(RewardConfig), self.cfg.section(RolloutConfig)
-        return {"reward": Scorer("reward", r.functions, model_role="reward" if r.model else None,
+        return {"reward": Signal("reward", r.functions, model_role="reward" if r.model else None,
                                  model_weight=r.model_weight, length_penalty=r.length_penalty,
                                  max_new_tokens=ro.max_new_tokens, placement=r.placement, **self.encoding())}
 
@@ -164,14 +164,14 @@ class OnlineAlgorithm(Algorithm):
     # ------------------------------------------------------------------ rollout
     def rollout(self, ctx: RolloutContext) -> Experience:
         """This rank's samples of one iteration: the policy's completions of ``ctx.rows``, scored by every
-        signal of :meth:`scorers` (gathered from every rank), then :meth:`make_experience`. Override to put
+        signal of :meth:`signals` (gathered from every rank), then :meth:`make_experience`. Override to put
         something between generation and scoring (e.g. a frozen ``target`` role answering the completions)."""
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
         samples, texts = ctx.samples(gens.completion_ids), gens.texts
         self.mask_truncated(samples, gens.truncated)
         self.keep_sampler_logps(samples, gens)
         inputs = ctx.score_inputs(samples, texts)
-        scores = ctx.score(self.scorers(), inputs)
+        scores = ctx.score(self.signals(), inputs)
         with ctx.timed("experience"):
             stats = self.make_experience(ctx, samples, inputs.batches, scores)
         for s, row, text in zip(samples, ctx.rows, texts):
@@ -226,7 +226,7 @@ class OnlineAlgorithm(Algorithm):
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
         samples = ctx.samples(gens.completion_ids)
         inputs = ctx.score_inputs(samples, gens.texts)
-        total = torch.tensor(self.scorers()["reward"].score(ctx.models, inputs, ctx.strategy, placement="local")["total"],
+        total = torch.tensor(self.signals()["reward"].score(ctx.models, inputs, ctx.strategy, placement="local")["total"],
                              dtype=torch.float64)
         ok = ~torch.isnan(total)
         return float(total[ok].sum()), float(ok.sum()), float(sum(len(c) for c in gens.completion_ids))

@@ -41,11 +41,11 @@ from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss
 from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
+from alignkit.rewards.signals import Signal, nan_stats
 from alignkit.rollout.advantages import gae, whiten
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample, flat, per_sequence, token_seq
-from alignkit.rollout.score import Scorer, nan_stats
 
 
 @register_section("ppo")
@@ -111,11 +111,11 @@ class PPO(OnlineAlgorithm):
             specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
         return specs
 
-    def scorers(self) -> dict[str, Scorer]:
-        out = super().scorers()
+    def signals(self) -> dict[str, Signal]:
+        out = super().signals()
         if self.constrained:
             lag, ro = self.cfg.section(PPOLagConfig), self.cfg.section(RolloutConfig)
-            out["cost"] = Scorer("cost", lag.cost_functions, model_role="cost" if lag.cost_model else None,
+            out["cost"] = Signal("cost", lag.cost_functions, model_role="cost" if lag.cost_model else None,
                                  max_new_tokens=ro.max_new_tokens, placement=self.cfg.section(RewardConfig).placement,
                                  **self.encoding())
         return out

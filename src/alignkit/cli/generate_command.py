@@ -62,8 +62,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if is_diffusion_target(args.target, args.base):  # a text-to-image policy: image grids
         return generate_images(args)
     from alignkit.data.io import read_rows, require_field
+    from alignkit.rewards.functions import REWARD_FUNCTIONS, WeightedFunction, call, resolve
     from alignkit.rollout.generate import generate
-    from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, call, resolve
 
     model_dir, max_new, temperature, engine = _model_and_defaults(args.target)
     max_new = args.max_new_tokens or max_new

@@ -144,7 +144,7 @@ def _scorer(name: str | None) -> Any:
     if name is None:
         return None
     from alignkit.algorithms.redteam import RedTeamScorerConfig
-    from alignkit.rollout.redteam_scorers import build_scorer
+    from alignkit.rewards.scorers import build_scorer
 
     return build_scorer(RedTeamScorerConfig(name=name), None)
 
@@ -152,7 +152,7 @@ def _scorer(name: str | None) -> Any:
 def _score(scorer: Any, prompt: str, images: list[Any]) -> list[float]:
     import torch
 
-    from alignkit.rollout.redteam_scorers import Judged
+    from alignkit.rewards.scorers import Judged
 
     n = len(images)
     values = scorer(Judged([prompt] * n, [""] * n, [prompt] * n, [{}] * n, images), torch.device("cpu"))

@@ -10,7 +10,7 @@ from alignkit.errors import ConfigError, UserError
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    from alignkit.scoring import score_command
+    from alignkit.cli.score_command import score_command
 
     score_command(args.model_dir, args.file, args.out, batch_size=args.batch_size, max_length=args.max_length,
                   chat_template=args.chat_template)

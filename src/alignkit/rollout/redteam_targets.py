@@ -27,8 +27,9 @@ from alignkit.errors import ConfigError
 from alignkit.models.roles import ModelSpec
 from alignkit.models.sources import model_errors
 from alignkit.registry import Registry
+from alignkit.rewards.functions import RewardFunctionError, by_field, resolve
 from alignkit.rollout.engine import SamplingParams
-from alignkit.rollout.rewards import RewardFunctionError, by_field, resolve
+from alignkit.rollout.t2i_render import build_renderer
 from alignkit.rollout.vlm_generate import image_prompt
 
 TARGETS: Registry[type] = Registry("red-team target")
@@ -70,8 +71,6 @@ class T2IVLMTarget(LMTarget):
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
-        from alignkit.rollout.t2i_render import build_renderer
-
         self.renderer, self.processor, self.images = build_renderer(cfg), None, []
 
     def specs(self) -> list[ModelSpec]:
