@@ -111,14 +111,14 @@ class GroupRelative(OnlineAlgorithm):
                       rewards: torch.Tensor) -> tuple[MetricSums, torch.Tensor]:
         """The forwards (reference log-probs with a reference; old log-probs when a later step's policy has moved),
         then :func:`group_experience` of the gathered ``rewards``: the statistics and the ``(global,)`` advantages."""
-        ref = self.token_logps(ctx, batches, role="reference") if self.reference != "none" else None
-        old = self.token_logps(ctx, batches) if self.updates_per_iteration > 1 else None
+        ref = self.tokens.logps(ctx, batches, role="reference") if self.reference != "none" else None
+        old = self.tokens.logps(ctx, batches) if self.updates_per_iteration > 1 else None
         return group_experience(samples, rewards, ctx.mine, self.advantages, ref_logps=ref, old_logps=old)
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
         g = self.cfg.section(GRPOConfig)
         # at the sampler's temperature, with the exact entropy of softmax(logits / T) (algorithms/online.py)
-        logps, entropy = models.logps("policy", batch, temperature=self.sampling_temperature, with_entropy=True)
+        logps, entropy = models.logps("policy", batch, temperature=self.tokens.temperature, with_entropy=True)
         old = flat(batch, "old_logps") if "old_logps" in batch else logps.detach()
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
         per_token, clipped = clipped_surrogate(logps, old, flat(batch, "advantages"), eps_low=g.epsilon,
@@ -127,7 +127,7 @@ class GroupRelative(OnlineAlgorithm):
         m = MetricSums()
         # rollout.mask_truncated_completions: cut completions carry no loss and are out of the metrics (as TRL)
         keep = flat(batch, "loss_mask") if "loss_mask" in batch else torch.ones_like(logps)
-        per_token = per_token * self.sampler_weights(batch, old, keep, m)  # vLLM rollouts: pi_old / pi_vllm
+        per_token = per_token * self.tokens.sampler_weights(batch, old, keep, m)  # vLLM rollouts: pi_old / pi_vllm
         if "ref_logps" in batch:
             kl = kl_estimate(logps, flat(batch, "ref_logps"), g.kl_estimator)
             per_token = per_token + g.beta * kl

@@ -185,7 +185,7 @@ class RedTeam(GroupRelative):
         """This rank's attacks: the policy's completions of its rows, and their samples (cut ones masked)."""
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
         samples = ctx.samples(gens.completion_ids)
-        self.mask_truncated(samples, gens.truncated)
+        self.tokens.mask_truncated(samples, gens.truncated)
         return gens, samples
 
     def experience(self, ctx: RolloutContext, gens: Generations, samples: list[Sample], batch: Judged) -> Experience:
