@@ -29,6 +29,7 @@ import torch
 from alignkit.algorithms.base import Batch, policy_specs, resolve_reference
 from alignkit.algorithms.online import Aggregation, OnlineAlgorithm
 from alignkit.algorithms.reward import RewardConfig
+from alignkit.algorithms.token_rollout import TokenRollout
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.errors import ConfigError
@@ -65,54 +66,25 @@ class GRPOConfig:
         "or the LoRA base with adapters off; auto = lora_base with model.lora.")
 
 
-class GroupRelative(OnlineAlgorithm):
-    """``grpo`` / ``rloo`` / ``dr_grpo``: ``estimator`` names the advantage estimator (rollout/advantages.py)."""
+class GroupUpdate:
+    """GRPO's update of the token ``policy`` as a part (built by GRPO / RLOO / Dr. GRPO and red-team RL): the
+    forwards and group advantages of an experience (``advantages``: the algorithm's own estimator, groups, scale
+    and clip), the clipped surrogate + KL loss of the ``grpo:`` section and its aggregation's loss units;
+    ``tokens``: the algorithm's token part (temperature, sampler weights, log-prob forwards)."""
 
-    estimator = "grpo"
-    config_sections = ("grpo",)
-
-    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
-        super().__init__(cfg, tokenizer)
+    def __init__(self, cfg: RunConfig, tokens: TokenRollout, advantages: GroupAdvantages) -> None:
         g = cfg.section(GRPOConfig)
+        self.cfg, self.tokens, self.advantages = cfg, tokens, advantages
         self.reference = grpo_reference(cfg)
-        #: the advantage part (rollout/advantages.py): which estimator, groups, scale and clip
-        self.advantages = self.advantage_part(cfg)
         self.aggregation = g.loss_aggregation if g.loss_aggregation != "auto" else (
-            "constant" if self.advantages.estimator == "dr_grpo" else "sequence_mean")
+            "constant" if advantages.estimator == "dr_grpo" else "sequence_mean")
 
-    def advantage_part(self, cfg: RunConfig) -> GroupAdvantages:
-        """The class's ``estimator`` over each prompt's ``num_generations`` completions, scaled by
-        ``grpo.scale_rewards`` (none for dr_grpo), unclipped."""
-        g, G = cfg.section(GRPOConfig), cfg.section(RolloutConfig).num_generations
-        return GroupAdvantages(self.estimator, G, "none" if self.estimator == "dr_grpo" else g.scale_rewards)
-
-    @classmethod
-    def check_config(cls, cfg: RunConfig) -> None:
-        """One completion per prompt is its own group's mean: every advantage is 0 (rloo: no other completion
-        to leave out), so a run would train nothing while reporting rewards."""
-        if cfg.section(RolloutConfig).num_generations < 2:
-            raise ConfigError(f"rollout.num_generations: 1 gives {cls.estimator} zero advantages (each completion is "
-                              "its own group's mean), so nothing would train; use 2 or more (e.g. 8), or algorithm: "
-                              "ppo, whose learned value baseline works with one completion per prompt")
-
-    @classmethod
-    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        specs = policy_specs(cfg, grpo_reference(cfg))
-        if cfg.section(RewardConfig).model:
-            specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
-        return specs
-
-    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
-                        scores: dict[str, torch.Tensor]) -> MetricSums:
-        """:meth:`experience_of` the gathered ``scores["reward"]``: its statistics."""
-        return self.experience_of(ctx, samples, batches, scores["reward"])[0]
-
-    def experience_of(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
-                      rewards: torch.Tensor) -> tuple[MetricSums, torch.Tensor]:
+    def experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
+                   rewards: torch.Tensor) -> tuple[MetricSums, torch.Tensor]:
         """The forwards (reference log-probs with a reference; old log-probs when a later step's policy has moved),
         then :func:`group_experience` of the gathered ``rewards``: the statistics and the ``(global,)`` advantages."""
         ref = self.tokens.logps(ctx, batches, role="reference") if self.reference != "none" else None
-        old = self.tokens.logps(ctx, batches) if self.updates_per_iteration > 1 else None
+        old = self.tokens.logps(ctx, batches) if self.tokens.updates_per_iteration > 1 else None
         return group_experience(samples, rewards, ctx.mine, self.advantages, ref_logps=ref, old_logps=old)
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
@@ -143,6 +115,53 @@ class GroupRelative(OnlineAlgorithm):
             return int(batch["loss_mask"].sum()) if "loss_mask" in batch else int(batch["response_lengths"].sum())
         seqs = int(batch["response_lengths"].shape[0])
         return seqs * self.cfg.section(RolloutConfig).max_new_tokens if self.aggregation == "constant" else seqs
+
+
+
+
+class GroupRelative(OnlineAlgorithm):
+    """``grpo`` / ``rloo`` / ``dr_grpo``: ``estimator`` names the advantage estimator (rollout/advantages.py); the
+    update is the :class:`GroupUpdate` part."""
+
+    estimator = "grpo"
+    config_sections = ("grpo",)
+
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
+        super().__init__(cfg, tokenizer)
+        g, G = cfg.section(GRPOConfig), cfg.section(RolloutConfig).num_generations
+        advantages = GroupAdvantages(self.estimator, G, "none" if self.estimator == "dr_grpo" else g.scale_rewards)
+        self.group = GroupUpdate(cfg, self.tokens, advantages)
+        self.reference = self.group.reference
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        check_group_size(cfg, cls.estimator)
+
+    @classmethod
+    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
+        specs = policy_specs(cfg, grpo_reference(cfg))
+        if cfg.section(RewardConfig).model:
+            specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
+        return specs
+
+    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
+                        scores: dict[str, torch.Tensor]) -> MetricSums:
+        return self.group.experience(ctx, samples, batches, scores["reward"])[0]
+
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        return self.group.loss(models, batch, normalizer=normalizer)
+
+    def units(self, batch: Batch) -> int:
+        return self.group.units(batch)
+
+
+def check_group_size(cfg: RunConfig, estimator: str) -> None:
+    """One completion per prompt is its own group's mean: every advantage is 0 (rloo: no other completion to leave
+    out), so a run would train nothing while reporting rewards."""
+    if cfg.section(RolloutConfig).num_generations < 2:
+        raise ConfigError(f"rollout.num_generations: 1 gives {estimator} zero advantages (each completion is "
+                          "its own group's mean), so nothing would train; use 2 or more (e.g. 8), or algorithm: "
+                          "ppo, whose learned value baseline works with one completion per prompt")
 
 
 def grpo_reference(cfg: RunConfig) -> str:

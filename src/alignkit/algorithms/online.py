@@ -103,12 +103,6 @@ class OnlineAlgorithm(Algorithm):
     def load_files(self, folder: Path, ctx: Context) -> None:
         """Every rank reads back what :meth:`save_files` wrote into checkpoint ``folder`` (a resume)."""
 
-    @property
-    def updates_per_iteration(self) -> int:
-        """Optimizer steps per iteration: ``rollout.update_epochs`` x ``rollout.mini_batches``; above 1 the old
-        log-probs must be stored (a later step's policy is not the one that sampled)."""
-        return self.cfg.section(RolloutConfig).steps_per_iteration
-
     def sampling_summary(self) -> str:
         """How rollouts sample, for the start-up line."""
         r = self.cfg.section(RolloutConfig)

@@ -22,15 +22,17 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from alignkit.algorithms.base import Context, Example, policy_specs
-from alignkit.algorithms.grpo import GroupRelative, GRPOConfig, grpo_reference
+from alignkit.algorithms.base import Batch, Context, Example, policy_specs
+from alignkit.algorithms.grpo import GroupUpdate, GRPOConfig, check_group_size, grpo_reference
+from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config.schema import RunConfig, f, subsection
 from alignkit.config.sections import register_section
 from alignkit.data.io import Row
 from alignkit.data.prompts import PromptData
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError
-from alignkit.models.roles import ModelSpec
+from alignkit.metrics import MetricSums
+from alignkit.models.roles import Models, ModelSpec
 from alignkit.rewards.cvar import CVaRConfig, attack_similarity, attack_stats, redteam_reward
 from alignkit.rewards.scorers import Judged, ScorerSet, check_scorer_name
 from alignkit.rewards.signals import gather_scores
@@ -140,8 +142,12 @@ class RedTeamPrompts(PromptData):
         return out
 
 
-class RedTeam(GroupRelative):
+class RedTeam(OnlineAlgorithm):
+    """Red-team RL built from parts: the attacker's update is GRPO's (:class:`GroupUpdate` with the red-team
+    advantages), the scorers a :class:`ScorerSet`, the target one of ``TARGETS``."""
+
     name = "redteam"
+    config_sections = ("grpo",)  # the attacker's update: clipping, KL, aggregation
     #: rows of ``answered``'s batch per attack, contiguous: the target's answers to it (flow_rtpo: one per image
     #: of ``flow_rtpo.images_per_attack``). Every row is scored; an attack's reward is the mean of its rows'.
     answers_per_attack = 1
@@ -149,6 +155,8 @@ class RedTeam(GroupRelative):
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
         rt = cfg.section(RedTeamConfig)
+        self.group = GroupUpdate(cfg, self.tokens, redteam_advantages(cfg))
+        self.reference = self.group.reference
         self.data = RedTeamPrompts(tokenizer, cfg.data, max_new_tokens=cfg.section(RolloutConfig).max_new_tokens,
                                    instruction=rt.instruction or INSTRUCTIONS[rt.mode])
         if not any(s.use == "toxicity" for s in rt.scorers):
@@ -158,12 +166,9 @@ class RedTeam(GroupRelative):
         self.attacks_written, self.resumed_lines = 0, None
         self.top: list[dict[str, Any]] = []
 
-    def advantage_part(self, cfg: RunConfig) -> GroupAdvantages:
-        """``redteam.estimator`` over each seed prompt's ``num_generations`` attacks (``statistics: prompt``) or the
-        whole gathered batch (``global``), scaled by :func:`advantage_scale`, clipped to ``adv_clip_max``."""
-        rt = cfg.section(RedTeamConfig)
-        return GroupAdvantages(rt.estimator, cfg.section(RolloutConfig).num_generations, advantage_scale(cfg),
-                               rt.statistics, rt.adv_clip_max)
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        check_group_size(cfg, cfg.section(RedTeamConfig).estimator)
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
@@ -200,7 +205,7 @@ class RedTeam(GroupRelative):
                                tau=rt.tau, w_cvar=rt.w_cvar, w_quality=rt.w_quality, w_diversity=rt.w_diversity)
         scores.update({name: v for name, v in terms.items() if isinstance(v, torch.Tensor)})
         reward = scores["reward"].view(-1, k).nanmean(1) if k > 1 else scores["reward"]  # per attack
-        stats, adv = self.experience_of(ctx, samples, ctx.batches(samples), reward)
+        stats, adv = self.group.experience(ctx, samples, ctx.batches(samples), reward)
         stats.add("var", terms["var"], 1)
         for name, v in attack_stats(attacks, scores["toxicity"], rt.success_threshold, k).items():
             stats.add(name, v, 1)
@@ -224,6 +229,17 @@ class RedTeam(GroupRelative):
     def eval_answers(self, ctx: RolloutContext, attacks: list[str]) -> Judged:
         """The answered batch of greedy attacks in :meth:`evaluate` (flow_rtpo: images by the ODE sampler)."""
         return self.answered(ctx, attacks)
+
+    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
+                        scores: dict[str, torch.Tensor]) -> MetricSums:
+        return self.group.experience(ctx, samples, batches, scores["reward"])[0]
+
+    # ------------------------------------------------------------------ update (GRPO's)
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        return self.group.loss(models, batch, normalizer=normalizer)
+
+    def units(self, batch: Batch) -> int:
+        return self.group.units(batch)
 
     @torch.no_grad()
     def evaluate(self, ctx: RolloutContext) -> tuple[float, float, float]:
@@ -266,6 +282,14 @@ class RedTeam(GroupRelative):
         if "attacks_written" in state:
             self.attacks_written = self.resumed_lines = int(state["attacks_written"])
         self.top = list(state.get("top_attacks", []))
+
+
+def redteam_advantages(cfg: RunConfig) -> GroupAdvantages:
+    """``redteam.estimator`` over each seed prompt's ``num_generations`` attacks (``statistics: prompt``) or the
+    whole gathered batch (``global``), scaled by :func:`advantage_scale`, clipped to ``adv_clip_max``."""
+    rt = cfg.section(RedTeamConfig)
+    return GroupAdvantages(rt.estimator, cfg.section(RolloutConfig).num_generations, advantage_scale(cfg),
+                           rt.statistics, rt.adv_clip_max)
 
 
 def advantage_scale(cfg: RunConfig) -> str:

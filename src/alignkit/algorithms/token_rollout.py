@@ -32,6 +32,12 @@ class TokenRollout:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
 
+    @property
+    def updates_per_iteration(self) -> int:
+        """Optimizer steps per iteration: ``rollout.update_epochs`` x ``rollout.mini_batches``; above 1 the old
+        log-probs must be stored (a later step's policy is not the one that sampled)."""
+        return self.cfg.section(RolloutConfig).steps_per_iteration
+
     def importance_sampling(self) -> ImportanceSampling | None:
         """How the loss weights the tokens the run's engine sampled (``vllm.importance_sampling_*``); None: the
         engine samples the trainer's distribution exactly."""
