@@ -119,7 +119,24 @@ class GroupUpdate:
 
 
 
-class GroupRelative(OnlineAlgorithm):
+class GroupUpdated:
+    """An online algorithm whose experience, loss and units are its ``group`` part's (:class:`GroupUpdate`): GRPO /
+    RLOO / Dr. GRPO and red-team RL."""
+
+    group: GroupUpdate
+
+    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
+                        scores: dict[str, torch.Tensor]) -> MetricSums:
+        return self.group.experience(ctx, samples, batches, scores["reward"])[0]
+
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        return self.group.loss(models, batch, normalizer=normalizer)
+
+    def units(self, batch: Batch) -> int:
+        return self.group.units(batch)
+
+
+class GroupRelative(GroupUpdated, OnlineAlgorithm):
     """``grpo`` / ``rloo`` / ``dr_grpo``: ``estimator`` names the advantage estimator (rollout/advantages.py); the
     update is the :class:`GroupUpdate` part."""
 
@@ -144,15 +161,6 @@ class GroupRelative(OnlineAlgorithm):
             specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
         return specs
 
-    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
-                        scores: dict[str, torch.Tensor]) -> MetricSums:
-        return self.group.experience(ctx, samples, batches, scores["reward"])[0]
-
-    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        return self.group.loss(models, batch, normalizer=normalizer)
-
-    def units(self, batch: Batch) -> int:
-        return self.group.units(batch)
 
 
 def check_group_size(cfg: RunConfig, estimator: str) -> None:

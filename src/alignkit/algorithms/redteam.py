@@ -22,8 +22,8 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from alignkit.algorithms.base import Batch, Context, Example, policy_specs
-from alignkit.algorithms.grpo import GroupUpdate, GRPOConfig, check_group_size, grpo_reference
+from alignkit.algorithms.base import Context, Example, policy_specs
+from alignkit.algorithms.grpo import GroupUpdate, GroupUpdated, GRPOConfig, check_group_size, grpo_reference
 from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config.schema import RunConfig, f, subsection
 from alignkit.config.sections import register_section
@@ -31,8 +31,7 @@ from alignkit.data.io import Row
 from alignkit.data.prompts import PromptData
 from alignkit.distributed import comm
 from alignkit.errors import ConfigError
-from alignkit.metrics import MetricSums
-from alignkit.models.roles import Models, ModelSpec
+from alignkit.models.roles import ModelSpec
 from alignkit.rewards.cvar import CVaRConfig, attack_similarity, attack_stats, redteam_reward
 from alignkit.rewards.scorers import Judged, ScorerSet, check_scorer_name
 from alignkit.rewards.signals import gather_scores
@@ -142,7 +141,7 @@ class RedTeamPrompts(PromptData):
         return out
 
 
-class RedTeam(OnlineAlgorithm):
+class RedTeam(GroupUpdated, OnlineAlgorithm):
     """Red-team RL built from parts: the attacker's update is GRPO's (:class:`GroupUpdate` with the red-team
     advantages), the scorers a :class:`ScorerSet`, the target one of ``TARGETS``."""
 
@@ -229,17 +228,6 @@ class RedTeam(OnlineAlgorithm):
     def eval_answers(self, ctx: RolloutContext, attacks: list[str]) -> Judged:
         """The answered batch of greedy attacks in :meth:`evaluate` (flow_rtpo: images by the ODE sampler)."""
         return self.answered(ctx, attacks)
-
-    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
-                        scores: dict[str, torch.Tensor]) -> MetricSums:
-        return self.group.experience(ctx, samples, batches, scores["reward"])[0]
-
-    # ------------------------------------------------------------------ update (GRPO's)
-    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        return self.group.loss(models, batch, normalizer=normalizer)
-
-    def units(self, batch: Batch) -> int:
-        return self.group.units(batch)
 
     @torch.no_grad()
     def evaluate(self, ctx: RolloutContext) -> tuple[float, float, float]:
