@@ -144,7 +144,8 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         self.data = ImagePromptData(cfg.data)
         self.reference = flow_reference(cfg)
         #: the flow loss part on the policy (flow_rtpo builds the same on ``image_policy``)
-        self.flow = FlowUpdate(o, cfg.training.seed, role="policy", reference_role="reference", reference=self.reference)
+        self.flow = FlowUpdate(o, cfg.training.seed, role="policy", reference_role="reference",
+                               reference=self.reference)
         self.scorers = ScorerSet.build(o.scorers, cfg.model)
         self.step = 0  # optimizer steps done: seeds the next rollout's noise
         self.ema: ParamEMA | None = None  # flow_grpo.ema: built before training from the trained weights
@@ -195,7 +196,8 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
     def scores(self, ctx: RolloutContext, prompts: list[str], images: list[Any], placement: str) -> dict[str, torch.Tensor]:
         """Every scorer's values of this rank's images (``use/name`` -> ``(n,)``), placed, not gathered."""
         batch = Judged(prompts, [""] * len(prompts), prompts, [row["fields"] for row in ctx.rows], images)
-        return {k: torch.tensor(v, dtype=torch.float64) for k, v in self.scorers.judge(batch, ctx.strategy.device, placement).items()}
+        values = self.scorers.judge(batch, ctx.strategy.device, placement)
+        return {k: torch.tensor(v, dtype=torch.float64) for k, v in values.items()}
 
     def rollout(self, ctx: RolloutContext) -> Experience:
         o = self.opts

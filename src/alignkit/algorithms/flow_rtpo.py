@@ -190,7 +190,8 @@ class FlowRTPO(RedTeam):
                                    noise_level=0.0, step=-1).images
         return self.shown_to_target(ctx, attacks, images, 1)
 
-    def with_image_policy(self, ctx: RolloutContext, exp: Experience, units: list[Sample], sample_s: float) -> Experience:
+    def with_image_policy(self, ctx: RolloutContext, exp: Experience, units: list[Sample],
+                          sample_s: float) -> Experience:
         """``exp`` with the image policy's ``units`` (their advantages from its reward over the gathered scores),
         its statistics under ``image/`` and its reward and advantage in the records (attacks.jsonl)."""
         tox, quality = exp.scores["toxicity"], self.image_quality(exp.scores)

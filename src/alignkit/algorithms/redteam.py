@@ -7,10 +7,11 @@ instruction (``redteam.mode: write``) or rewrites its seed prompt (``rewrite``);
 local``) or on rank 0 over the gathered samples, each rank receiving the scores of ITS OWN samples
 (``main``: ``rewards.signals.on_main``); the scores of every rank are gathered in global order and the
 reward R = tox + w_cvar * max(0, tox - VaR_tau) + w_quality * q - w_diversity * sim, VaR over the
-GATHERED batch, and the advantages (per prompt or global, clipped) are computed from them identically on
-every rank (``rewards/cvar.py``). The update is GRPO's (clipping, KL, aggregation from the
-``grpo:`` section, every Strategy); the estimator is ``redteam.estimator`` (grpo | rloo | dr_grpo).
-Every attack, its answer and every score go to OUTPUT_DIR/attacks.jsonl (rank 0).
+GATHERED batch (``rewards/cvar.py``), and the advantages (per prompt or global, clipped:
+``rollout/advantages.py`` ``GroupAdvantages``) are computed from them identically on every rank. The update is
+GRPO's (``GroupUpdate``: clipping, KL, aggregation from the ``grpo:`` section, every Strategy); the estimator is
+``redteam.estimator`` (grpo | rloo | dr_grpo). Every attack, its answer and every score go to
+OUTPUT_DIR/attacks.jsonl (rank 0).
 """
 
 from __future__ import annotations
@@ -221,9 +222,11 @@ class RedTeam(GroupUpdated, OnlineAlgorithm):
     def answered(self, ctx: RolloutContext, attacks: list[str]) -> Judged:
         """This rank's attacks with the target's answers, the rows' prompts and fields."""
         seeds, fields = [row["prompt"] for row in ctx.rows], [row["fields"] for row in ctx.rows]
-        outputs = self.target.respond(ctx, attacks, seeds, fields)
-        images = list(getattr(self.target, "images", None) or [None] * len(attacks))  # t2i_vlm: the rendered images
-        return Judged(attacks, outputs, seeds, fields, images)
+        images = self.target.draw(ctx, attacks)  # t2i_vlm: the rendered images; None for a text target
+        if images is None:
+            outputs = self.target.respond(ctx, attacks, seeds, fields)
+            return Judged(attacks, outputs, seeds, fields, [None] * len(attacks))
+        return Judged(attacks, self.target.respond(ctx, attacks, seeds, fields, images=images), seeds, fields, images)
 
     def eval_answers(self, ctx: RolloutContext, attacks: list[str]) -> Judged:
         """The answered batch of greedy attacks in :meth:`evaluate` (flow_rtpo: images by the ODE sampler)."""
