@@ -125,7 +125,7 @@ REGISTRIES = (
     ("alignkit.losses.safe_dpo", "SAFE_DPO_VARIANTS", "`safe_dpo.variant`"),
     ("alignkit.losses.kl", "KL_ESTIMATORS", "`grpo.kl_estimator`, `ppo.kl_estimator`"),
     ("alignkit.rollout.advantages", "ADVANTAGES", "the online algorithm's advantage estimator (`algorithm`)"),
-    ("alignkit.rollout.rewards", "REWARD_FUNCTIONS",
+    ("alignkit.rewards.functions", "REWARD_FUNCTIONS",
      "`reward.functions[].name`, `ppo_lag.cost_functions[].name`, `alignkit generate --reward`"),
     ("alignkit.rollout.engine", "ENGINES", "`rollout.engine`"),
 )

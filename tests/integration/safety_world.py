@@ -144,8 +144,8 @@ def judge(model_dir: Path, cost_model: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from alignkit.models.scalar import load_scorer
+    from alignkit.rewards.scalar import score_responses
     from alignkit.rollout.generate import generate
-    from alignkit.scoring import score_responses
 
     prompts = list(dict.fromkeys(r.data["prompt"] for r in read_rows("builtin:safety_eval.jsonl")))[:N_EVAL]
     tok = AutoTokenizer.from_pretrained(model_dir)

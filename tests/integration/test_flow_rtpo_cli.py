@@ -122,7 +122,7 @@ def test_flow_rtpo_images_per_attack_groups_the_image_policy_by_attack(models: d
     redteam's tau / w_cvar / w_quality and only the quality the image can change (CLIP, not the attack's fluency)."""
     import torch
 
-    from alignkit.rollout.redteam_reward import redteam_advantages
+    from alignkit.rollout.advantages import group_advantages
 
     run = tmp_path / "run"
     scorers = (f"redteam.scorers=[{{name: toxicity, model: '{parts['classifier']}'}}, "
@@ -146,7 +146,7 @@ def test_flow_rtpo_images_per_attack_groups_the_image_policy_by_attack(models: d
             assert r["quality/fluency"] > 0 and r["quality"] == pytest.approx(r["quality/clip_quality"] + r["quality/fluency"])
     means = torch.tensor([sum(r["reward"] for r in rows[i : i + 4]) / 4 for i in range(0, 16, 4)], dtype=torch.float64)
     # per seed prompt (2 attacks), over the attacks' mean rewards, scaled by the batch's std (redteam.scale_rewards)
-    want = redteam_advantages(means, 2, scale_rewards="batch", clip=5.0)
+    want = group_advantages(means, 2, scale_rewards="batch", clip=5.0)
     assert [r["advantage"] for r in rows[::4]] == pytest.approx(want.tolist(), abs=1e-6)
     logged = _train_rows(run)[1]
     assert logged["grad_norm/image_policy"] > 0 and logged["image/reward_mean"] == pytest.approx(

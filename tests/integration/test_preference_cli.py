@@ -76,8 +76,8 @@ def test_reward_model_train_eval_score(micro_model: Path, tmp_path: Path) -> Non
 def test_score_uses_the_trained_data_format(micro_model: Path, tmp_path: Path) -> None:
     """A reward model trained on chat-rendered rows is scored on chat-rendered rows by default (read from
     the config.yaml saved beside the model); --no-chat-template overrides it."""
+    from alignkit.cli.score_command import score_rows
     from alignkit.models.scalar import load_scorer
-    from alignkit.scoring import score_rows
 
     out = tmp_path / "rm"
     proc = run_cli(["train", *rm_args("rm_helpful.yaml", micro_model, out, "data.chat_template=true",
@@ -119,8 +119,8 @@ def test_lora_cost_model_merge(micro_model: Path, tmp_path: Path) -> None:
     config = json.loads((tmp_path / "merged" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForSequenceClassification"] and len(config["id2label"]) == 1
 
+    from alignkit.cli.score_command import score_rows
     from alignkit.models.scalar import load_scorer
-    from alignkit.scoring import score_rows
 
     rows = read_rows(str(safety_rows(tmp_path, 6)))
     a = score_rows(*load_scorer(final), rows)

@@ -163,8 +163,8 @@ def test_helpful_and_harmless_rms_from_one_pku_file(micro_model: Path, tmp_path:
 
 
 def test_reward_model_on_task_preferences(micro_model: Path, tmp_path: Path) -> None:
+    from alignkit.cli.score_command import score_rows
     from alignkit.models.scalar import load_scorer
-    from alignkit.scoring import score_rows
 
     out = tmp_path / "rm_pref"
     result, secs = train(REPO / "configs" / "rm_helpful.yaml", rm_overrides(

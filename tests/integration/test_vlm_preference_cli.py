@@ -45,8 +45,8 @@ def _train(micro_llava: Path, rows: Path, out: Path, algorithm: str, *over: str)
 def test_reward_cost_safe_dpo_and_lora_dpo_on_image_rows(micro_llava: Path, rows: Path, tmp_path: Path) -> None:
     from transformers import AutoProcessor
 
-    from alignkit.scoring import EstimatePrompt, score_responses
     from alignkit.models.scalar import load_scorer
+    from alignkit.rewards.scalar import EstimatePrompt, score_responses
     from alignkit.rollout.vlm_generate import load_vlm_for_generation
 
     rm = _train(micro_llava, rows, tmp_path / "rm", "reward_model")

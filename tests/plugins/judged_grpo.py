@@ -36,7 +36,7 @@ class JudgedGRPO(GRPO):
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
                         scores: dict[str, torch.Tensor]) -> MetricSums:
         stats = super().make_experience(ctx, samples, batches, scores)
-        judged = self.token_logps(ctx, batches, role="judge")
+        judged = self.tokens.logps(ctx, batches, role="judge")
         for s, logps in zip(samples, judged):
             s["judge_logps"] = logps
         tokens = [v for logps in judged for v in logps]

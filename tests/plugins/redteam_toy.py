@@ -37,7 +37,7 @@ class ToyRedTeam(GRPO):
         answers = ctx.generate("target", asks, greedy)
         samples = ctx.samples(attacks.completion_ids)  # the policy is trained on its own attacks
         inputs = ctx.score_inputs(samples, answers.texts)  # ... rewarded by what the target said
-        scores = ctx.score(self.scorers(), inputs)
+        scores = ctx.score(self.signals(), inputs)
         stats = self.make_experience(ctx, samples, inputs.batches, scores)
         for s, row, attack, answer in zip(samples, ctx.rows, attacks.texts, answers.texts):
             s["prompt"], s["completion"], s["log"] = row["prompt"], attack, {"target": answer}

@@ -1,6 +1,6 @@
 """The on-policy estimate of J_C for a cost constraint J_C <= d (Safe RLHF, ALGORITHMS 1.3 and 1.5
 defect 6): the prompts' token ids as training encodes them, responses sampled from the policy and
-scores of those responses by the frozen cost model (``alignkit.scoring.score_responses``: encoded exactly
+scores of those responses by the frozen cost model (``alignkit.rewards.scalar.score_responses``: encoded exactly
 as training pairs are). The multiplier it feeds is :class:`alignkit.algorithms.lagrange.Multiplier`.
 """
 
@@ -15,10 +15,10 @@ from alignkit.data.io import Row
 from alignkit.data.preference import as_chat
 from alignkit.data.safety import prompt_ids
 from alignkit.data.tokenize import render_chat
+from alignkit.rewards.scalar import EstimatePrompt, prompt_images
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.engine import Prompt, RolloutEngine, SamplingParams, build_engine, generate_once
 from alignkit.rollout.vlm_generate import image_prompt
-from alignkit.scoring import EstimatePrompt, prompt_images
 
 
 def prompt_inputs(tokenizer: Any, prompts: list[EstimatePrompt], *, chat_template: bool,

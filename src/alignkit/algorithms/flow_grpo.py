@@ -11,7 +11,7 @@ Per iteration of the online loop (``num_generations`` images per prompt, groups 
 2. rewards: the scorers of ``flow_grpo.scorers`` (the red-team registry: ``shapes_colour``, ``clip_quality``,
    reward functions, ``module:function``) on the decoded images and their prompts, on each rank or on rank 0
    with every rank receiving ITS OWN images' values (``placement``), gathered in global order; R = main +
-   w_cvar max(0, main - VaR_tau) + w_quality quality over the GATHERED batch (``rollout/redteam_reward.py``);
+   w_cvar max(0, main - VaR_tau) + w_quality quality over the GATHERED batch (``rewards/cvar.py``);
 3. advantages (identical on every rank): per prompt ((r - mean_prompt) / (std + 1e-4); ``global_std``, the
    default as in flow_grpo's SD3 configs: the std of the whole batch) or global, clamped to +-``adv_clip_max``;
    one per image, shared by its timesteps;
@@ -38,32 +38,26 @@ from typing import Any, Literal
 import torch
 
 from alignkit.algorithms.base import Batch, Context, Example, policy_specs, resolve_reference
-from alignkit.algorithms.flow_sft import StepSeeded, seeded
-from alignkit.algorithms.grpo import group_stats
+from alignkit.algorithms.flow_sft import StepSeeded
+from alignkit.algorithms.flow_update import FlowUpdate
 from alignkit.algorithms.online import OnlineAlgorithm
-from alignkit.algorithms.redteam import RedTeamScorerConfig, scorer_keys
+from alignkit.algorithms.redteam import RedTeamScorerConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.data.captions import ImagePromptData
 from alignkit.errors import ConfigError
-from alignkit.losses.flow import flow_grpo_loss
 from alignkit.metrics import MetricSums
 from alignkit.models.diffusion_sample import (
-    FlowSampling,
-    ImageGenerations,
-    ImagePrompt,
     flow_policy,
-    transition_batch,
-    transition_units,
 )
 from alignkit.models.ema import ParamEMA
 from alignkit.models.roles import ImageShape, Models, ModelSpec
+from alignkit.rewards.cvar import CVaRConfig
+from alignkit.rewards.scorers import Judged, ScorerSet, check_scorer_name
+from alignkit.rewards.signals import gather_scores
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample
-from alignkit.rollout.redteam_reward import redteam_advantages, redteam_reward
-from alignkit.rollout.redteam_scorers import Judged, build_scorer, check_scorer_name, judge_placed, weighted_term
-from alignkit.rollout.score import gather_scores
 
 
 @dataclass
@@ -78,8 +72,9 @@ class FlowScorerConfig(RedTeamScorerConfig):
 
 @register_section("flow_grpo")
 @dataclass
-class FlowGRPOConfig:
-    """``algorithm: flow_grpo``: sampler, loss and reward of Flow-GRPO (module docstring)."""
+class FlowGRPOConfig(CVaRConfig):
+    """``algorithm: flow_grpo``: sampler, loss and reward of Flow-GRPO (module docstring); ``tau``, ``w_cvar`` and
+    ``w_quality`` are the CVaR keys ``redteam:`` has too (``CVaRConfig``, rewards/cvar.py), with their own defaults."""
 
     resolution: int = f(512, "Side of the square images in pixels (a multiple of the VAE's downsampling).", gt=0)
     num_inference_steps: int = f(10, "Denoising steps of the training rollouts (flow_grpo: 10).", gt=0)
@@ -104,7 +99,7 @@ class FlowGRPOConfig:
     placement: Literal["local", "main"] = f(
         "main", "Where scorers run: main = rank 0 over the gathered images, each rank receiving ITS OWN values; "
         "local = every rank scores its own.")
-    tau: float = f(0.1, "CVaR tail level in (0, 1) of the bonus w_cvar max(0, main - VaR_tau).", gt=0)
+    # the shared CVaRConfig keys (tau, w_cvar, w_quality) with Flow-GRPO's own defaults: no tail bonus, quality x 1
     w_cvar: float = f(0.0, "Weight of the CVaR tail bonus over the gathered main rewards (Flow-RTPO: 0.1).", ge=0)
     w_quality: float = f(1.0, "Weight of the quality term (the quality scorers; unused without any).")
     max_sequence_length: int = f(128, "T5 prompt tokens (flow_grpo: 128; diffusers' SD3 pipeline default: 256).",
@@ -119,10 +114,6 @@ class FlowGRPOConfig:
         1, "EMA updates at each such step, with the same weights (an effective decay d^n): flow_grpo steps its EMA "
         "once per training micro-batch, train.gradient_accumulation_steps times per optimizer step (2 in its "
         "32-GPU SD3 configs: 0.81; 4 in its 1- and 4-GPU ones: 0.66); 1 = the decay as written.", gt=0)
-
-    def __post_init__(self) -> None:
-        if not self.tau < 1:
-            raise ConfigError(f"flow_grpo.tau: expected a value in (0, 1), got {self.tau}")
 
     @property
     def train_steps(self) -> int:
@@ -144,8 +135,6 @@ def flow_reference(cfg: RunConfig) -> str:
 class FlowGRPO(StepSeeded, OnlineAlgorithm):
     name = "flow_grpo"
     evaluate_on_every_rank = True  # a rank without eval prompts still joins the sampler's gather of the policy
-    #: the roles of the flow policy and its KL reference (flow_rtpo trains the same math on ``image_policy``)
-    role, reference_role = "policy", "reference"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
@@ -154,7 +143,10 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
             raise ConfigError("flow_grpo.scorers: name at least one main reward, e.g. [{name: shapes_colour}]")
         self.data = ImagePromptData(cfg.data)
         self.reference = flow_reference(cfg)
-        self.scorer_list = [(key, s, build_scorer(s, cfg.model)) for key, s in scorer_keys(o.scorers)]
+        #: the flow loss part on the policy (flow_rtpo builds the same on ``image_policy``)
+        self.flow = FlowUpdate(o, cfg.training.seed, role="policy", reference_role="reference",
+                               reference=self.reference)
+        self.scorers = ScorerSet.build(o.scorers, cfg.model)
         self.step = 0  # optimizer steps done: seeds the next rollout's noise
         self.ema: ParamEMA | None = None  # flow_grpo.ema: built before training from the trained weights
 
@@ -168,13 +160,13 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
 
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         super().before_training(ctx, train_set, eval_set)
-        flow_policy(ctx.models[self.role])  # a one-line error for a policy of another kind
+        flow_policy(ctx.models["policy"])  # a one-line error for a policy of another kind
         if self.opts.ema:
             self.ema = ParamEMA(self.ema_params(ctx), decay=self.opts.ema_decay, interval=self.opts.ema_interval)
 
     # ------------------------------------------------------------------ EMA of the trained weights (models/ema.py)
     def ema_params(self, ctx: Context) -> dict[str, torch.Tensor]:
-        return ctx.strategy.local_params(ctx.models[self.role])
+        return ctx.strategy.local_params(ctx.models["policy"])
 
     def on_optimizer_step(self, ctx: Context) -> None:
         if self.ema is not None:  # flow_grpo's count: the optimizer steps done (train_sd3.py's global_step)
@@ -183,11 +175,11 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
     def output_weights(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
         if self.ema is None:
             return contextlib.nullcontext()
-        module = ctx.models[self.role]
+        module = ctx.models["policy"]
         return self.ema.swapped(self.ema_params(ctx), lambda: ctx.strategy.refresh_params(module))
 
     def ema_file(self, folder: Path, ctx: Context) -> Path:
-        return folder / self.role / f"ema_rank{ctx.strategy.dp_rank}.safetensors"
+        return folder / "policy" / f"ema_rank{ctx.strategy.dp_rank}.safetensors"
 
     def save_files(self, folder: Path, ctx: Context) -> None:
         if self.ema is not None:
@@ -197,49 +189,32 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         if self.ema is not None:
             self.ema.load(self.ema_file(folder, ctx))
 
-    # ------------------------------------------------------------------ sampling
+    # ------------------------------------------------------------------ rollout
     def sampling_summary(self) -> str:
-        o = self.opts
-        return (f"{o.num_inference_steps} SDE steps ({o.train_steps} trained, noise_level={o.noise_level}), "
-                f"guidance={o.guidance_scale}, {o.resolution} px; evaluation: {o.eval_num_inference_steps} ODE steps")
-
-    def sampling(self, steps: int, noise_level: float) -> FlowSampling:
-        """The diffusion kind's sampler settings: ``steps`` steps at ``noise_level`` (0: the ODE), the rest this
-        section's."""
-        o = self.opts
-        return FlowSampling(steps, noise_level, o.guidance_scale, o.resolution, o.max_sequence_length,
-                            o.negative_prompt)
-
-    def render(self, ctx: RolloutContext, prompts: list[str], keys: list[str], *, steps: int, noise_level: float,
-               step: int) -> ImageGenerations:
-        """The images of ``prompts`` with their trajectories, drawn by the policy's kind through ``ctx.generate``
-        (image i's noise seeded by (seed, ``step``, ``keys[i]``)); the seconds are the rollout's ``sample`` phase
-        (time/sample_s), kept apart from the token ``generate`` phase whose seconds give gen_tokens_per_s."""
-        requests = [ImagePrompt(p, seeded(self.cfg.training.seed, step, key)) for p, key in zip(prompts, keys)]
-        return ctx.generate(self.role, requests, self.sampling(steps, noise_level), phase="sample")
+        return self.flow.sampling_summary()
 
     def scores(self, ctx: RolloutContext, prompts: list[str], images: list[Any], placement: str) -> dict[str, torch.Tensor]:
         """Every scorer's values of this rank's images (``use/name`` -> ``(n,)``), placed, not gathered."""
         batch = Judged(prompts, [""] * len(prompts), prompts, [row["fields"] for row in ctx.rows], images)
-        return {k: torch.tensor(v, dtype=torch.float64) for k, v in judge_placed(self.scorer_list, batch, ctx.strategy.device, placement).items()}
+        values = self.scorers.judge(batch, ctx.strategy.device, placement)
+        return {k: torch.tensor(v, dtype=torch.float64) for k, v in values.items()}
 
-    # ------------------------------------------------------------------ rollout
     def rollout(self, ctx: RolloutContext) -> Experience:
         o = self.opts
         prompts = [row["prompt"] for row in ctx.rows]
-        drawn = self.render(ctx, prompts, [f"sample:{i}" for i in range(ctx.mine.start, ctx.mine.stop)],
-                            steps=o.num_inference_steps, noise_level=o.noise_level, step=self.step)
+        drawn = self.flow.render(ctx, prompts, [f"sample:{i}" for i in range(ctx.mine.start, ctx.mine.stop)],
+                                 steps=o.num_inference_steps, noise_level=o.noise_level, step=self.step)
         with ctx.timed("score"):  # time/sample_s, time/score_s: the rollout's phases
             local = self.scores(ctx, prompts, drawn.images, o.placement)
             scores = gather_scores({k: v.tolist() for k, v in local.items()})
-        main, quality = weighted_term(self.scorer_list, scores, "main"), weighted_term(self.scorer_list, scores, "quality")
+        main, quality = self.scorers.term(scores, "main"), self.scorers.term(scores, "quality")
         assert main is not None
-        terms = redteam_reward(main, quality, tau=o.tau, w_cvar=o.w_cvar, w_quality=o.w_quality if quality is not None else 0.0)
+        terms = o.reward(main, quality)
         gathered = {"reward": terms["reward"], "reward/main": main, "cvar_bonus": terms["cvar_bonus"]}
         if quality is not None:
             gathered["reward/quality"] = quality
         gathered.update({f"reward/{k}": v for k, v in scores.items()})
-        samples = self.units_of(drawn, prompts)
+        samples = self.flow.units_of(drawn, prompts)
         stats = self.make_experience(ctx, samples, [], gathered)
         for name, values in gathered.items():
             ok = values[~torch.isnan(values)]
@@ -247,64 +222,25 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         stats.add("var", terms["var"], 1)
         return Experience(samples, gathered, stats)
 
-    def units_of(self, drawn: ImageGenerations, prompts: list[str]) -> list[Sample]:
-        """One loss unit per (image, trained denoising step), step-major (a micro-batch holds one step of
-        several images, as flow_grpo's): the stored transition (``transition_units``), ``old_logp`` the sampler's,
-        ``image`` its index on this rank (``prompt`` its prompt: samples.jsonl). Tensors stay on the device."""
-        units = transition_units(drawn, self.opts.train_steps)
-        for u in units:
-            u["old_logp"], u["prompt"] = u.pop("logp"), prompts[u["image"]]
-        return units
-
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
                         scores: dict[str, torch.Tensor]) -> MetricSums:
-        """Advantages from the gathered ``scores["reward"]`` (per prompt or global statistics, clamped), the
-        same on every rank; each unit gets its image's (this rank's slice)."""
-        o, reward = self.opts, scores["reward"]
-        G, mine_images = self.image_groups(ctx)
-        adv = redteam_advantages(reward, G, statistics=o.statistics, scale_rewards="batch" if o.global_std else "group",
-                                 clip=o.adv_clip_max)
-        self.advantages = adv  # (global,): flow_rtpo's attacks.jsonl
-        mine, rewards = adv[mine_images].tolist(), reward[mine_images].tolist()
-        for s in samples:
-            s["advantage"] = torch.tensor(mine[s["image"]])
-            s["log"] = {"reward": rewards[s["image"]], "advantage": mine[s["image"]]}
-        return group_stats(reward, adv, G)
-
-    def image_groups(self, ctx: RolloutContext) -> tuple[int, slice]:
-        """(images per advantage group, this rank's slice of the gathered images): a prompt's num_generations
-        and ``ctx.mine`` (flow_rtpo's image policy: the images of one attack, ``images_per_attack`` per row)."""
-        return self.cfg.section(RolloutConfig).num_generations, ctx.mine
+        """Advantages from the gathered ``scores["reward"]`` over each prompt's ``num_generations`` images (per
+        prompt or global statistics, clamped), the same on every rank; each unit gets its image's."""
+        G = self.cfg.section(RolloutConfig).num_generations
+        return self.flow.experience(samples, scores["reward"], G, ctx.mine)[0]
 
     # ------------------------------------------------------------------ update
     def collate(self, samples: list[Sample]) -> Batch:
-        return transition_batch(samples, ("old_logp", "advantage"))
+        return self.flow.collate(samples)
 
     def units(self, batch: Batch) -> int:
-        return int(batch["advantage"].numel())
+        return self.flow.units(batch)
 
     def tokens_in(self, batch: Batch) -> int:
         return 0
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
-        o = self.opts
-        params = self.sampling(o.num_inference_steps, o.noise_level)
-        ref_mean = None
-        if self.reference != "none":
-            with torch.no_grad():
-                ref_mean = models.logps(self.reference_role, batch, params=params, with_step=True).mean
-        new = models.logps(self.role, batch, params=params, with_step=True)
-        loss, parts = flow_grpo_loss(new.logp, batch["old_logp"], batch["advantage"], clip_range=o.clip_range,
-                                     normalizer=normalizer, mean=new.mean, ref_mean=ref_mean, std_t=new.std_t,
-                                     beta=o.beta if ref_mean is not None else 0.0)
-        m = MetricSums()
-        m.add_mean("policy_loss", parts["policy"])
-        m.add_mean("clip_fraction", parts["clipped"])
-        m.add_mean("ratio", parts["ratio"])
-        m.add_mean("approx_kl", 0.5 * (new.logp.detach() - batch["old_logp"]).pow(2))
-        if ref_mean is not None:
-            m.add_mean("kl", parts["kl"])
-        return loss, m
+        return self.flow.loss(models, batch, normalizer=normalizer)
 
     # ------------------------------------------------------------------ evaluation and state
     @torch.no_grad()
@@ -315,12 +251,13 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         prompts = [row["prompt"] for row in ctx.rows]
         if not prompts:  # fewer eval prompts than ranks: one throwaway image, so that this rank runs the same gather
             # and forwards as the others (collectives of a sharded policy: ZeRO-3's root forward hook has one)
-            self.render(ctx, [self.opts.negative_prompt], ["eval:pad"], steps=self.opts.eval_num_inference_steps,
-                        noise_level=0.0, step=-1)
+            self.flow.render(ctx, [self.opts.negative_prompt], ["eval:pad"], steps=self.opts.eval_num_inference_steps,
+                             noise_level=0.0, step=-1)
             return 0.0, 0.0, 0.0
         keys = [f"eval:{rank + world * i}" for i in range(len(prompts))]
-        images = self.render(ctx, prompts, keys, steps=self.opts.eval_num_inference_steps, noise_level=0.0, step=-1).images
-        main = weighted_term(self.scorer_list, self.scores(ctx, prompts, images, "local"), "main")
+        images = self.flow.render(ctx, prompts, keys, steps=self.opts.eval_num_inference_steps, noise_level=0.0,
+                                  step=-1).images
+        main = self.scorers.term(self.scores(ctx, prompts, images, "local"), "main")
         assert main is not None
         ok = ~torch.isnan(main)
         return float(main[ok].sum()), float(ok.sum()), 0.0

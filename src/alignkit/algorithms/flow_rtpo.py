@@ -16,7 +16,7 @@ Per iteration (``rollout.num_generations`` attacks per seed prompt, groups conti
    log-probs; this is the red-team ``t2i_vlm`` target's renderer, so the frozen VLM answers each of THESE images;
 3. ``redteam.scorers`` read each image's VLM text (toxicity) and the image with its attack (``clip_quality``),
    placed as ``redteam.placement`` says, gathered in global order;
-4. two rewards over the GATHERED images (``rollout/redteam_reward.py``): the attacker's R_a = tox + w_cvar
+4. two rewards over the GATHERED images (``rewards/cvar.py``): the attacker's R_a = tox + w_cvar
    max(0, tox - VaR_tau) + w_quality q - w_diversity sim (``redteam:``), an attack's the mean over its images,
    and the image policy's R_i = tox + w_cvar max(0, tox - VaR_tau) + w_quality q_img (``flow_grpo.tau`` /
    ``w_cvar`` / ``w_quality``, each the attacker's unless set; q_img only from the quality scorers the image can
@@ -36,6 +36,7 @@ Logged: the attacker's terms as redteam logs them (``reward_mean``, ``toxicity_m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ from typing import Any, Optional
 import torch
 
 from alignkit.algorithms.base import Batch, Context, Example, policy_specs
-from alignkit.algorithms.flow_grpo import FlowGRPO, FlowGRPOConfig, flow_image_shape
+from alignkit.algorithms.flow_grpo import FlowGRPOConfig, flow_image_shape
+from alignkit.algorithms.flow_update import FlowUpdate
 from alignkit.algorithms.grpo import grpo_reference
 from alignkit.algorithms.redteam import RedTeam, RedTeamConfig
 from alignkit.config.loader import given_keys
@@ -55,9 +57,12 @@ from alignkit.metrics import MetricSums
 from alignkit.models.diffusion_render import BUILTIN_SHAPES
 from alignkit.models.diffusion_sample import TRANSITION_INPUTS, flow_policy
 from alignkit.models.roles import ImageShape, Models, ModelSpec
+from alignkit.rewards.cvar import CVaRConfig
+from alignkit.rewards.scorers import Judged, depends_on_image
+from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
-from alignkit.rollout.redteam_reward import redteam_reward
-from alignkit.rollout.redteam_scorers import Judged, depends_on_image, weighted_term
+from alignkit.rollout.experience import Sample
+from alignkit.rollout.redteam_targets import build_target
 
 IMAGE = "image/"  # the prefix of the image policy's batch fields and metrics
 
@@ -82,7 +87,7 @@ class FlowRTPOConfig:
 
 #: the image policy's reward fields that are the attacker's (``redteam.<name>``) unless ``flow_grpo`` sets them:
 #: flow_grpo's own defaults (w_cvar 0, w_quality 1) would give it no tail bonus and 20x the attacker's quality weight
-ATTACKER_DEFAULTS = ("tau", "w_cvar", "w_quality")
+ATTACKER_DEFAULTS = tuple(x.name for x in dataclasses.fields(CVaRConfig))  # tau, w_cvar, w_quality
 #: and the reference's own for its image policy (per-group std) unless set
 IMAGE_DEFAULTS = {"global_std": False}
 
@@ -100,27 +105,6 @@ def inherit_image_defaults(cfg: RunConfig) -> None:
             setattr(fg, name, value)
 
 
-class ImagePolicy(FlowGRPO):
-    """Flow-GRPO's sampler, experience and loss on the ``image_policy`` role: no scorers or prompt data of its own
-    (flow_rtpo's rollout renders the attacks and hands it the reward)."""
-
-    role, reference_role = "image_policy", "image_reference"
-
-    def __init__(self, cfg: RunConfig, reference: str) -> None:  # FlowGRPO's prompt data and scorers are not built
-        self.cfg, self.tokenizer = cfg, None
-        self.opts, self.reference = cfg.section(FlowGRPOConfig), reference
-        self.per_attack = cfg.section(FlowRTPOConfig).images_per_attack
-        self.scorer_list: list[Any] = []
-        self.step = 0
-
-    def image_groups(self, ctx: RolloutContext) -> tuple[int, slice]:
-        """Groups of one attack's images (contiguous), or at one image per attack a seed prompt's
-        ``num_generations``; this rank's images are those of its attacks."""
-        k = self.per_attack
-        group = k if k > 1 else super().image_groups(ctx)[0]
-        return group, slice(ctx.mine.start * k, ctx.mine.stop * k)
-
-
 def image_reference(cfg: RunConfig) -> str:
     """The image policy's KL reference: none at flow_grpo.beta 0, its LoRA base with image_lora, else a frozen copy."""
     if cfg.section(FlowGRPOConfig).beta == 0:
@@ -135,10 +119,11 @@ class FlowRTPO(RedTeam):
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         check_config(cfg)
         super().__init__(cfg, tokenizer)
-        self.image = ImagePolicy(cfg, image_reference(cfg))
-        self.answers_per_attack = self.image.per_attack  # RedTeam.rollout: the VLM answers each image
-        self.evaluating = False
-        self.drawn: Any = None  # this rollout's (prompts, ImageGenerations), from answered() to rollout()
+        #: Flow-GRPO's flow loss part on the image policy
+        self.image = FlowUpdate(cfg.section(FlowGRPOConfig), cfg.training.seed, role="image_policy",
+                                reference_role="image_reference", reference=image_reference(cfg))
+        self.answers_per_attack = cfg.section(FlowRTPOConfig).images_per_attack  # the VLM answers each image
+        self.image_step = 0  # optimizer steps done: seeds the next rollout's image noise
 
     @classmethod
     def check_config(cls, cfg: RunConfig) -> None:
@@ -158,8 +143,6 @@ class FlowRTPO(RedTeam):
             image.append(ModelSpec("image_reference", fr.image_model, "diffusion", shares="image_policy"))
         elif ref == "model":
             image.append(ModelSpec("image_reference", fr.image_model, "diffusion"))
-        from alignkit.rollout.redteam_targets import build_target
-
         specs = [*attacker, *image, *build_target(cfg.section(RedTeamConfig).target).specs()]
         return [s for s in specs if s.trainable] + [s for s in specs if not s.trainable]  # trained roles first
 
@@ -175,38 +158,46 @@ class FlowRTPO(RedTeam):
         return f"attacker: {super().sampling_summary()}; image policy: {self.image.sampling_summary()}"
 
     # ------------------------------------------------------------------ rollout
-    def answered(self, ctx: RolloutContext, attacks: list[str]) -> Judged:
-        """This rank's attacks rendered by the image policy (``images_per_attack`` SDE samples each with log-probs
-        in a rollout, one ODE sample in evaluation), answered by the VLM target on each image: one row per image,
-        an attack's contiguous."""
-        o, k = self.image.opts, 1 if self.evaluating else self.answers_per_attack
-        shown = [a for a in attacks for _ in range(k)]
-        if self.evaluating:
-            rank, world = ctx.strategy.dp_rank, ctx.strategy.dp_size
-            keys = [f"eval:{rank + world * i}" for i in range(len(attacks))]
-            images = self.image.render(ctx, attacks, keys, steps=o.eval_num_inference_steps, noise_level=0.0,
-                                       step=-1).images
-        else:
-            start = time.perf_counter()
-            keys = [f"sample:{i}" for i in range(ctx.mine.start * k, ctx.mine.stop * k)]  # the image's global index
-            self.drawn = shown, self.image.render(ctx, shown, keys, steps=o.num_inference_steps,
-                                                  noise_level=o.noise_level, step=self.image.step)
-            images, self.sample_s = self.drawn[1].images, time.perf_counter() - start
+    def rollout(self, ctx: RolloutContext) -> Experience:
+        """The attacker's attacks, each rendered ``images_per_attack`` times by the image policy (SDE samples with
+        their log-probs) and answered by the VLM target on each image (one row per image, an attack's contiguous);
+        the attacker's experience (``RedTeam.experience``), then the image policy's reward, advantages and (image,
+        step) units from the same gathered scores. The drawn images live in this call alone."""
+        gens, samples = self.attacks(ctx)
+        o, k = self.image.opts, self.answers_per_attack
+        shown = [a for a in (t.strip() for t in gens.texts) for _ in range(k)]
+        keys = [f"sample:{i}" for i in range(ctx.mine.start * k, ctx.mine.stop * k)]  # the image's global index
+        start = time.perf_counter()
+        drawn = self.image.render(ctx, shown, keys, steps=o.num_inference_steps, noise_level=o.noise_level,
+                                  step=self.image_step)
+        sample_s = time.perf_counter() - start
+        exp = self.experience(ctx, gens, samples, self.shown_to_target(ctx, shown, drawn.images, k))
+        return self.with_image_policy(ctx, exp, self.image.units_of(drawn, shown), sample_s)
+
+    def shown_to_target(self, ctx: RolloutContext, shown: list[str], images: list[Any], k: int) -> Judged:
+        """The VLM target's answers to each attack of ``shown`` on its image (``k`` rows per row of ``ctx.rows``)."""
         seeds = [row["prompt"] for row in ctx.rows for _ in range(k)]
         fields = [row["fields"] for row in ctx.rows for _ in range(k)]
         outputs = self.target.respond(ctx, shown, seeds, fields, images=images)
         return Judged(shown, outputs, seeds, fields, images)
 
-    def rollout(self, ctx: RolloutContext) -> Experience:
-        """The attacker's rollout (``RedTeam.rollout``, its images drawn by the image policy), then the image
-        policy's reward, advantages and (image, step) units from the same gathered scores."""
-        exp = super().rollout(ctx)
-        assert self.drawn is not None
-        o = self.image.opts
+    def eval_answers(self, ctx: RolloutContext, attacks: list[str]) -> Judged:
+        """Greedy attacks drawn once each by the image policy's ODE sampler (noise seeded by each attack's index in
+        the eval set), answered by the VLM target."""
+        rank, world = ctx.strategy.dp_rank, ctx.strategy.dp_size
+        keys = [f"eval:{rank + world * i}" for i in range(len(attacks))]
+        images = self.image.render(ctx, attacks, keys, steps=self.image.opts.eval_num_inference_steps,
+                                   noise_level=0.0, step=-1).images
+        return self.shown_to_target(ctx, attacks, images, 1)
+
+    def with_image_policy(self, ctx: RolloutContext, exp: Experience, units: list[Sample],
+                          sample_s: float) -> Experience:
+        """``exp`` with the image policy's ``units`` (their advantages from its reward over the gathered scores),
+        its statistics under ``image/`` and its reward and advantage in the records (attacks.jsonl)."""
         tox, quality = exp.scores["toxicity"], self.image_quality(exp.scores)
-        terms = redteam_reward(tox, quality, tau=o.tau, w_cvar=o.w_cvar, w_quality=o.w_quality if quality is not None else 0.0)
-        units = self.image.units_of(self.drawn[1], self.drawn[0])
-        stats = self.image.make_experience(ctx, units, [], {"reward": terms["reward"]})
+        terms = self.image.opts.reward(tox, quality)
+        group, mine = self.image_groups(ctx)
+        stats, adv = self.image.experience(units, terms["reward"], group, mine)
         for k, v in stats.means().items():
             exp.stats.add(IMAGE + k, v, 1)
         for k in ("reward", "cvar_bonus", "quality"):
@@ -214,28 +205,25 @@ class FlowRTPO(RedTeam):
             ok = values[~torch.isnan(values)]
             exp.stats.add(f"{IMAGE}{k}_mean", float(ok.mean()) if ok.numel() else math.nan, 1)
         exp.stats.add(IMAGE + "var", terms["var"], 1)
-        exp.stats.add(IMAGE + "sample_s", self.sample_s, 1)
+        exp.stats.add(IMAGE + "sample_s", sample_s, 1)
         exp.scores[IMAGE + "reward"] = terms["reward"]
         for i, row in enumerate(exp.records):  # attacks.jsonl: the image policy's reward and advantage too
-            row["image_reward"], row["image_advantage"] = float(terms["reward"][i]), float(self.image.advantages[i])
-        self.drawn = None
+            row["image_reward"], row["image_advantage"] = float(terms["reward"][i]), float(adv[i])
         return Experience(exp.samples + units, exp.scores, exp.stats, exp.records)
+
+    def image_groups(self, ctx: RolloutContext) -> tuple[int, slice]:
+        """(images per advantage group, this rank's slice of the gathered images): one attack's images
+        (contiguous), or at one image per attack a seed prompt's ``num_generations``; this rank's images are those
+        of its attacks."""
+        k = self.answers_per_attack
+        group = k if k > 1 else self.cfg.section(RolloutConfig).num_generations
+        return group, slice(ctx.mine.start * k, ctx.mine.stop * k)
 
     def image_quality(self, scores: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The quality term of the image policy's reward: only the quality scorers whose value the image can
         change (``depends_on_image``: clip_quality, not fluency or seed_similarity of the attack, which would only
         add the attacker's noise to its advantages); None when there is none."""
-        return weighted_term([x for x in self.scorer_list if depends_on_image(x[2])], scores, "quality")
-
-    @torch.no_grad()
-    def evaluate(self, ctx: RolloutContext) -> tuple[float, float, float]:
-        """RedTeam's evaluation (greedy attacks, the target's toxicity) with the attacks drawn by the image
-        policy's ODE sampler."""
-        self.evaluating = True
-        try:
-            return super().evaluate(ctx)
-        finally:
-            self.evaluating = False
+        return self.scorers.where(depends_on_image).term(scores, "quality")
 
     # ------------------------------------------------------------------ update
     def collate(self, samples: list[dict[str, Any]]) -> Batch:
@@ -279,15 +267,15 @@ class FlowRTPO(RedTeam):
 
     # ------------------------------------------------------------------ state
     def on_step_end(self, ctx: Context) -> dict[str, float]:
-        self.image.step = ctx.step  # seeds the next rollout's image noise
+        self.image_step = ctx.step  # seeds the next rollout's image noise
         return super().on_step_end(ctx)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "image_step": self.image.step}
+        return {**super().state_dict(), "image_step": self.image_step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.image.step = int(state.get("image_step", 0))
+        self.image_step = int(state.get("image_step", 0))
 
 
 def check_config(cfg: RunConfig) -> None:

@@ -29,6 +29,7 @@ import torch
 from alignkit.algorithms.base import Batch, policy_specs, resolve_reference
 from alignkit.algorithms.online import Aggregation, OnlineAlgorithm
 from alignkit.algorithms.reward import RewardConfig
+from alignkit.algorithms.token_rollout import TokenRollout
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.errors import ConfigError
@@ -36,11 +37,11 @@ from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate
 from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
-from alignkit.rollout.advantages import ADVANTAGES, group_nanstd
+from alignkit.rewards.signals import nan_stats
+from alignkit.rollout.advantages import GroupAdvantages, group_nanstd
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import RolloutContext
 from alignkit.rollout.experience import Sample, flat, token_seq
-from alignkit.rollout.score import nan_stats
 
 
 @register_section("grpo")
@@ -65,50 +66,31 @@ class GRPOConfig:
         "or the LoRA base with adapters off; auto = lora_base with model.lora.")
 
 
-class GroupRelative(OnlineAlgorithm):
-    """``grpo`` / ``rloo`` / ``dr_grpo``: ``estimator`` names the advantage estimator (rollout/advantages.py)."""
+class GroupUpdate:
+    """GRPO's update of the token ``policy`` as a part (built by GRPO / RLOO / Dr. GRPO and red-team RL): the
+    forwards and group advantages of an experience (``advantages``: the algorithm's own estimator, groups, scale
+    and clip), the clipped surrogate + KL loss of the ``grpo:`` section and its aggregation's loss units;
+    ``tokens``: the algorithm's token part (temperature, sampler weights, log-prob forwards)."""
 
-    estimator = "grpo"
-    config_sections = ("grpo",)
-
-    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
-        super().__init__(cfg, tokenizer)
+    def __init__(self, cfg: RunConfig, tokens: TokenRollout, advantages: GroupAdvantages) -> None:
         g = cfg.section(GRPOConfig)
+        self.cfg, self.tokens, self.advantages = cfg, tokens, advantages
         self.reference = grpo_reference(cfg)
         self.aggregation = g.loss_aggregation if g.loss_aggregation != "auto" else (
-            "constant" if self.estimator == "dr_grpo" else "sequence_mean")
+            "constant" if advantages.estimator == "dr_grpo" else "sequence_mean")
 
-    @classmethod
-    def check_config(cls, cfg: RunConfig) -> None:
-        """One completion per prompt is its own group's mean: every advantage is 0 (rloo: no other completion
-        to leave out), so a run would train nothing while reporting rewards."""
-        if cfg.section(RolloutConfig).num_generations < 2:
-            raise ConfigError(f"rollout.num_generations: 1 gives {cls.estimator} zero advantages (each completion is "
-                              "its own group's mean), so nothing would train; use 2 or more (e.g. 8), or algorithm: "
-                              "ppo, whose learned value baseline works with one completion per prompt")
-
-    @classmethod
-    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
-        specs = policy_specs(cfg, grpo_reference(cfg))
-        if cfg.section(RewardConfig).model:
-            specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
-        return specs
-
-    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
-                        scores: dict[str, torch.Tensor]) -> MetricSums:
+    def experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
+                   rewards: torch.Tensor) -> tuple[MetricSums, torch.Tensor]:
         """The forwards (reference log-probs with a reference; old log-probs when a later step's policy has moved),
-        then :func:`group_experience` on the gathered rewards."""
-        g, G = self.cfg.section(GRPOConfig), self.cfg.section(RolloutConfig).num_generations
-        ref = self.token_logps(ctx, batches, role="reference") if self.reference != "none" else None
-        old = self.token_logps(ctx, batches) if self.updates_per_iteration > 1 else None
-        return group_experience(samples, scores["reward"], ctx.mine, G, estimator=self.estimator,
-                                scale_rewards="none" if self.estimator == "dr_grpo" else g.scale_rewards,
-                                ref_logps=ref, old_logps=old)
+        then :func:`group_experience` of the gathered ``rewards``: the statistics and the ``(global,)`` advantages."""
+        ref = self.tokens.logps(ctx, batches, role="reference") if self.reference != "none" else None
+        old = self.tokens.logps(ctx, batches) if self.tokens.updates_per_iteration > 1 else None
+        return group_experience(samples, rewards, ctx.mine, self.advantages, ref_logps=ref, old_logps=old)
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
         g = self.cfg.section(GRPOConfig)
         # at the sampler's temperature, with the exact entropy of softmax(logits / T) (algorithms/online.py)
-        logps, entropy = models.logps("policy", batch, temperature=self.sampling_temperature, with_entropy=True)
+        logps, entropy = models.logps("policy", batch, temperature=self.tokens.temperature, with_entropy=True)
         old = flat(batch, "old_logps") if "old_logps" in batch else logps.detach()
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
         per_token, clipped = clipped_surrogate(logps, old, flat(batch, "advantages"), eps_low=g.epsilon,
@@ -117,7 +99,7 @@ class GroupRelative(OnlineAlgorithm):
         m = MetricSums()
         # rollout.mask_truncated_completions: cut completions carry no loss and are out of the metrics (as TRL)
         keep = flat(batch, "loss_mask") if "loss_mask" in batch else torch.ones_like(logps)
-        per_token = per_token * self.sampler_weights(batch, old, keep, m)  # vLLM rollouts: pi_old / pi_vllm
+        per_token = per_token * self.tokens.sampler_weights(batch, old, keep, m)  # vLLM rollouts: pi_old / pi_vllm
         if "ref_logps" in batch:
             kl = kl_estimate(logps, flat(batch, "ref_logps"), g.kl_estimator)
             per_token = per_token + g.beta * kl
@@ -135,26 +117,81 @@ class GroupRelative(OnlineAlgorithm):
         return seqs * self.cfg.section(RolloutConfig).max_new_tokens if self.aggregation == "constant" else seqs
 
 
+
+
+class GroupUpdated:
+    """An online algorithm whose experience, loss and units are its ``group`` part's (:class:`GroupUpdate`): GRPO /
+    RLOO / Dr. GRPO and red-team RL."""
+
+    group: GroupUpdate
+
+    def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
+                        scores: dict[str, torch.Tensor]) -> MetricSums:
+        return self.group.experience(ctx, samples, batches, scores["reward"])[0]
+
+    def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        return self.group.loss(models, batch, normalizer=normalizer)
+
+    def units(self, batch: Batch) -> int:
+        return self.group.units(batch)
+
+
+class GroupRelative(GroupUpdated, OnlineAlgorithm):
+    """``grpo`` / ``rloo`` / ``dr_grpo``: ``estimator`` names the advantage estimator (rollout/advantages.py); the
+    update is the :class:`GroupUpdate` part."""
+
+    estimator = "grpo"
+    config_sections = ("grpo",)
+
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
+        super().__init__(cfg, tokenizer)
+        g, G = cfg.section(GRPOConfig), cfg.section(RolloutConfig).num_generations
+        advantages = GroupAdvantages(self.estimator, G, "none" if self.estimator == "dr_grpo" else g.scale_rewards)
+        self.group = GroupUpdate(cfg, self.tokens, advantages)
+        self.reference = self.group.reference
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        check_group_size(cfg, cls.estimator)
+
+    @classmethod
+    def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
+        specs = policy_specs(cfg, grpo_reference(cfg))
+        if cfg.section(RewardConfig).model:
+            specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
+        return specs
+
+
+
+def check_group_size(cfg: RunConfig, estimator: str) -> None:
+    """One completion per prompt is its own group's mean: every advantage is 0 (rloo: no other completion to leave
+    out), so a run would train nothing while reporting rewards."""
+    if cfg.section(RolloutConfig).num_generations < 2:
+        raise ConfigError(f"rollout.num_generations: 1 gives {estimator} zero advantages (each completion is "
+                          "its own group's mean), so nothing would train; use 2 or more (e.g. 8), or algorithm: "
+                          "ppo, whose learned value baseline works with one completion per prompt")
+
+
 def grpo_reference(cfg: RunConfig) -> str:
     """The KL reference the ``grpo:`` section asks for (none at beta 0)."""
     g = cfg.section(GRPOConfig)
     return resolve_reference(cfg, g.reference, needed=g.beta > 0, key="grpo.reference")
 
 
-def group_experience(samples: list[Sample], rewards: torch.Tensor, mine: slice, group_size: int, *, estimator: str,
-                     scale_rewards: str, ref_logps: list[list[float]] | None = None,
-                     old_logps: list[list[float]] | None = None) -> MetricSums:
-    """A group-relative experience from its inputs alone (no model, no process group): the ``estimator``'s
-    advantages of the ``(global,)`` gathered ``rewards`` (groups of ``group_size`` contiguous, the same on every
-    rank), this rank's slice ``mine`` of them on its ``samples`` (one advantage per completion, on each of its
-    tokens), and the given per-sample ``ref_logps`` / ``old_logps``; returns the iteration's statistics."""
-    adv = ADVANTAGES.get(estimator)(rewards, group_size, scale_rewards=scale_rewards)
+def group_experience(samples: list[Sample], rewards: torch.Tensor, mine: slice, advantages: GroupAdvantages, *,
+                     ref_logps: list[list[float]] | None = None,
+                     old_logps: list[list[float]] | None = None) -> tuple[MetricSums, torch.Tensor]:
+    """A group-relative experience from its inputs alone (no model, no process group): the ``advantages`` part's
+    values of the ``(global,)`` gathered ``rewards`` (groups contiguous, the same on every rank), this rank's slice
+    ``mine`` of them on its ``samples`` (one advantage per completion, on each of its tokens), and the given
+    per-sample ``ref_logps`` / ``old_logps``; returns the iteration's statistics and the ``(global,)`` advantages."""
+    adv = advantages(rewards)
     for s, a in zip(samples, adv[mine].tolist()):
         s["advantages"] = [a] * len(s["completion_ids"])
     for name, values in (("ref_logps", ref_logps), ("old_logps", old_logps)):
         for s, v in zip(samples, values or []):
             s[name] = v
-    return group_stats(rewards, adv, group_size)
+    return group_stats(rewards, adv, advantages.group_size), adv
 
 
 def group_stats(rewards: torch.Tensor, adv: torch.Tensor, group_size: int) -> MetricSums:

@@ -29,37 +29,16 @@ import torch
 
 from alignkit.algorithms.base import Algorithm, Batch, Context, Example
 from alignkit.algorithms.reward import RewardConfig
+from alignkit.algorithms.token_rollout import TokenRollout, run_engine
 from alignkit.config.schema import RunConfig
 from alignkit.config.sections import section_name
 from alignkit.data.prompts import PromptData
-from alignkit.losses.rl import sampler_is_weights
 from alignkit.metrics import MetricSums
+from alignkit.rewards.signals import Signal
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
-from alignkit.rollout.engine import (
-    ENGINES,
-    Generations,
-    ImportanceSampling,
-    RolloutEngine,
-    engine_class,
-    engine_settings,
-)
-from alignkit.rollout.experience import (
-    ROLLOUT_TOKEN_FIELDS,
-    Sample,
-    collate_samples,
-    flat,
-    per_sequence,
-    token_seq,
-    tokens_in,
-)
-from alignkit.rollout.score import Scorer
-
-
-def run_engine(cfg: RunConfig) -> tuple[type[RolloutEngine], Any]:
-    """The class of the run's ``rollout.engine`` and its settings (its own section of ``cfg``; None without one)."""
-    engine = engine_class(cfg.section(RolloutConfig).engine)
-    return engine, engine_settings(engine, cfg)
+from alignkit.rollout.engine import ENGINES
+from alignkit.rollout.experience import ROLLOUT_TOKEN_FIELDS, Sample, collate_samples, tokens_in
 
 
 class OnlineAlgorithm(Algorithm):
@@ -81,6 +60,8 @@ class OnlineAlgorithm(Algorithm):
         super().__init__(cfg, tokenizer)
         self.data = PromptData(tokenizer, cfg.data, max_new_tokens=cfg.section(RolloutConfig).max_new_tokens)
         self.reference = "none"
+        #: the token policy's pieces (algorithms/token_rollout.py): temperature, masking, sampler weights, log-probs
+        self.tokens = TokenRollout(cfg)
 
     @classmethod
     def own_sections(cls) -> list[str]:
@@ -94,16 +75,10 @@ class OnlineAlgorithm(Algorithm):
         engine, settings = run_engine(cfg)
         return engine.reserved_memory_fraction(settings)
 
-    def importance_sampling(self) -> ImportanceSampling | None:
-        """How the loss weights the tokens the run's engine sampled (``vllm.importance_sampling_*``); None: the
-        engine samples the trainer's distribution exactly."""
-        engine, settings = run_engine(self.cfg)
-        return engine.importance_sampling(settings)
-
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         """Once before the first rollout (``train_set``: the prompt rows): with ``rollout.disable_dropout``
         (default) every dropout of the trainable models is zeroed (``Models.disable_dropout``). The loop
-        keeps the trained models in train mode, so the old log-probs of :meth:`token_logps` and the first
+        keeps the trained models in train mode, so the old log-probs (``TokenRollout.logps``) and the first
         update's new ones are the same deterministic forward (ratio exactly 1, as PPO assumes) and the
         critics' values are not dropout noise either. Overrides must call it."""
         if self.cfg.section(RolloutConfig).disable_dropout:
@@ -128,32 +103,15 @@ class OnlineAlgorithm(Algorithm):
     def load_files(self, folder: Path, ctx: Context) -> None:
         """Every rank reads back what :meth:`save_files` wrote into checkpoint ``folder`` (a resume)."""
 
-    @property
-    def updates_per_iteration(self) -> int:
-        """Optimizer steps per iteration: ``rollout.update_epochs`` x ``rollout.mini_batches``; above 1 the old
-        log-probs must be stored (a later step's policy is not the one that sampled)."""
-        return self.cfg.section(RolloutConfig).steps_per_iteration
-
-    @property
-    def sampling_temperature(self) -> float:
-        """The temperature of every log-prob the update uses (old, new, reference, and the logged entropy):
-        the sampler's ``rollout.temperature``, so ratios and KL are of the distribution the completions were
-        drawn from (TRL's grpo_trainer ``_get_per_token_logps_and_entropies``: ``logits.div_(self.temperature)``;
-        its PPO trainer ``logits /= args.temperature + 1e-7``). Top-k / top-p are NOT applied to these
-        log-probs: TRL samples with them but scores the full tempered softmax (no truncation in
-        ``_get_per_token_logps_and_entropies``), and so do we. Greedy rollouts (temperature 0) score at 1.0."""
-        t = self.cfg.section(RolloutConfig).temperature
-        return t if t > 0 else 1.0
-
     def sampling_summary(self) -> str:
         """How rollouts sample, for the start-up line."""
         r = self.cfg.section(RolloutConfig)
         return f"max_new_tokens={r.max_new_tokens}, temperature={r.temperature}, engine={r.engine}"
 
-    def scorers(self) -> dict[str, Scorer]:
+    def signals(self) -> dict[str, Signal]:
         """The signals a rollout scores and gathers: ``reward`` always (``reward.*``), more (``cost``) if any."""
         r, ro = self.cfg.section(RewardConfig), self.cfg.section(RolloutConfig)
-        return {"reward": Scorer("reward", r.functions, model_role="reward" if r.model else None,
+        return {"reward": Signal("reward", r.functions, model_role="reward" if r.model else None,
                                  model_weight=r.model_weight, length_penalty=r.length_penalty,
                                  max_new_tokens=ro.max_new_tokens, placement=r.placement, **self.encoding())}
 
@@ -164,52 +122,20 @@ class OnlineAlgorithm(Algorithm):
     # ------------------------------------------------------------------ rollout
     def rollout(self, ctx: RolloutContext) -> Experience:
         """This rank's samples of one iteration: the policy's completions of ``ctx.rows``, scored by every
-        signal of :meth:`scorers` (gathered from every rank), then :meth:`make_experience`. Override to put
+        signal of :meth:`signals` (gathered from every rank), then :meth:`make_experience`. Override to put
         something between generation and scoring (e.g. a frozen ``target`` role answering the completions)."""
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
         samples, texts = ctx.samples(gens.completion_ids), gens.texts
-        self.mask_truncated(samples, gens.truncated)
-        self.keep_sampler_logps(samples, gens)
+        self.tokens.mask_truncated(samples, gens.truncated)
+        self.tokens.keep_sampler_logps(samples, gens)
         inputs = ctx.score_inputs(samples, texts)
-        scores = ctx.score(self.scorers(), inputs)
+        scores = ctx.score(self.signals(), inputs)
         with ctx.timed("experience"):
             stats = self.make_experience(ctx, samples, inputs.batches, scores)
         for s, row, text in zip(samples, ctx.rows, texts):
             s["prompt"], s["completion"] = row["prompt"], text
         rollout_stats(stats, scores, gens, ctx.generate_s)
         return Experience(samples, scores, stats)
-
-    def mask_truncated(self, samples: list[Sample], truncated: list[bool]) -> None:
-        """``rollout.mask_truncated_completions``: the tokens of a completion cut by max_new_tokens get
-        ``loss_mask`` 0 (no gradient, not counted by a token-mean normaliser), the others 1."""
-        if self.cfg.section(RolloutConfig).mask_truncated_completions:
-            for s, cut in zip(samples, truncated):
-                s["loss_mask"] = [0.0 if cut else 1.0] * len(s["completion_ids"])
-
-    def keep_sampler_logps(self, samples: list[Sample], gens: Generations) -> None:
-        """Each sample keeps the sampler's log-probs of its tokens (``sampler_logps``) when the engine reports
-        them and the loss corrects for them (:meth:`importance_sampling`), for the loss's importance weights."""
-        if gens.logps is not None and self.importance_sampling() is not None:
-            for s, logps in zip(samples, gens.logps):
-                s["sampler_logps"] = logps
-
-    def sampler_weights(self, batch: Batch, old_logps: torch.Tensor, keep: torch.Tensor, m: MetricSums) -> torch.Tensor:
-        """``(N,)`` the importance weights of the tokens a rollout engine sampled (``sampler_logps`` in the batch:
-        pi_old / pi_sampler, truncated or masked per ``vllm.importance_sampling_*``), their mean / max and the
-        share changed by the cap logged over the ``keep`` tokens; all ones without ``sampler_logps``."""
-        v = self.importance_sampling() if "sampler_logps" in batch else None  # no config read for a plain batch
-        if v is None:
-            return torch.ones_like(old_logps)
-        ratio = sampler_is_weights(old_logps, flat(batch, "sampler_logps"), cap=float("inf"),
-                                   mode=v.mode, seq=token_seq(batch),
-                                   num_seqs=int(batch["response_lengths"].shape[0]))
-        w = sampler_is_weights(old_logps, flat(batch, "sampler_logps"), cap=v.cap,
-                               mode=v.mode, seq=token_seq(batch),
-                               num_seqs=int(batch["response_lengths"].shape[0]))
-        m.add_masked_mean("sampler_is_ratio", ratio, keep)  # before the cap: how far the two samplers differ
-        m.add_masked_mean("sampler_is_weight", w, keep)
-        m.add_masked_mean("sampler_is_capped", (w != ratio).double(), keep)
-        return w
 
     @abstractmethod
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
@@ -226,7 +152,7 @@ class OnlineAlgorithm(Algorithm):
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
         samples = ctx.samples(gens.completion_ids)
         inputs = ctx.score_inputs(samples, gens.texts)
-        total = torch.tensor(self.scorers()["reward"].score(ctx.models, inputs, ctx.strategy, placement="local")["total"],
+        total = torch.tensor(self.signals()["reward"].score(ctx.models, inputs, ctx.strategy, placement="local")["total"],
                              dtype=torch.float64)
         ok = ~torch.isnan(total)
         return float(total[ok].sum()), float(ok.sum()), float(sum(len(c) for c in gens.completion_ids))
@@ -244,17 +170,6 @@ class OnlineAlgorithm(Algorithm):
         """Tokens a micro-batch puts through the policy (``train_tokens_per_s``): its attention mask's."""
         return tokens_in(batch)
 
-    # ------------------------------------------------------------------ shared pieces
-    @torch.no_grad()
-    def token_logps(self, ctx: RolloutContext, batches: list[Batch], *, role: str = "policy") -> list[list[float]]:
-        """Per-sample completion-token log-probs of ``role`` (``reference`` served by the LoRA base when
-        it shares the policy: ``Models.running``) at the :attr:`sampling_temperature`, in the training
-        forward's numerics."""
-        out: list[list[float]] = []
-        for batch in batches:
-            with ctx.strategy.autocast():
-                out += per_sequence(ctx.models.logps(role, batch, temperature=self.sampling_temperature), batch)
-        return out
 
 
 Aggregation = Literal["auto", "token_mean", "sequence_mean", "constant"]

@@ -41,11 +41,11 @@ from alignkit.losses.kl import kl_estimate
 from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss
 from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
+from alignkit.rewards.signals import Signal, nan_stats
 from alignkit.rollout.advantages import gae, whiten
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample, flat, per_sequence, token_seq
-from alignkit.rollout.score import Scorer, nan_stats
 
 
 @register_section("ppo")
@@ -111,11 +111,11 @@ class PPO(OnlineAlgorithm):
             specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
         return specs
 
-    def scorers(self) -> dict[str, Scorer]:
-        out = super().scorers()
+    def signals(self) -> dict[str, Signal]:
+        out = super().signals()
         if self.constrained:
             lag, ro = self.cfg.section(PPOLagConfig), self.cfg.section(RolloutConfig)
-            out["cost"] = Scorer("cost", lag.cost_functions, model_role="cost" if lag.cost_model else None,
+            out["cost"] = Signal("cost", lag.cost_functions, model_role="cost" if lag.cost_model else None,
                                  max_new_tokens=ro.max_new_tokens, placement=self.cfg.section(RewardConfig).placement,
                                  **self.encoding())
         return out
@@ -128,8 +128,8 @@ class PPO(OnlineAlgorithm):
     def make_experience(self, ctx: RolloutContext, samples: list[Sample], batches: list[Batch],
                         scores: dict[str, torch.Tensor]) -> MetricSums:
         p = self.cfg.section(PPOConfig)
-        old = self.token_logps(ctx, batches)
-        ref = self.token_logps(ctx, batches, role="reference")
+        old = self.tokens.logps(ctx, batches)
+        ref = self.tokens.logps(ctx, batches, role="reference")
         m = MetricSums()
         kl_all: list[float] = []
         for s, o, r in zip(samples, old, ref):
@@ -191,13 +191,13 @@ class PPO(OnlineAlgorithm):
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[dict[str, torch.Tensor], MetricSums]:
         p = self.cfg.section(PPOConfig)
         # at the sampler's temperature, with the exact entropy of softmax(logits / T) (algorithms/online.py)
-        logps, entropy = models.logps("policy", batch, temperature=self.sampling_temperature, with_entropy=True)
+        logps, entropy = models.logps("policy", batch, temperature=self.tokens.temperature, with_entropy=True)
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
         per_token, clipped = clipped_surrogate(logps, flat(batch, "old_logps"), flat(batch, "advantages"),
                                                eps_low=p.epsilon, eps_high=p.epsilon_high or p.epsilon)
         keep = flat(batch, "loss_mask")  # (N,) 0 on unscorable samples' tokens: no gradient, not in units()
         m = MetricSums()
-        per_token = per_token * self.sampler_weights(batch, flat(batch, "old_logps"), keep, m)  # vLLM: pi_old / pi_vllm
+        per_token = per_token * self.tokens.sampler_weights(batch, flat(batch, "old_logps"), keep, m)  # vLLM: pi_old / pi_vllm
         losses = {"policy": aggregate(per_token * keep, seq, S, mode="token_mean", normalizer=normalizer)}
         # over the trained tokens: an unscorable sample's tokens are out of the metrics as of the loss
         m.add_masked_mean("clip_fraction", clipped, keep)

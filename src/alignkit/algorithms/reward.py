@@ -33,7 +33,7 @@ from alignkit.losses.cost import cost_model_loss
 from alignkit.losses.reward import bradley_terry_loss
 from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
-from alignkit.rollout.rewards import REWARD_FUNCTIONS
+from alignkit.rewards.functions import REWARD_FUNCTIONS
 
 
 @dataclass

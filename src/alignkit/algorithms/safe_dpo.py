@@ -57,7 +57,7 @@ from alignkit.metrics import MetricSums
 from alignkit.models.loading import hf_model
 from alignkit.models.roles import Models, ModelSpec
 from alignkit.models.scalar import saved_scorer_kind
-from alignkit.scoring import EstimatePrompt, score_responses
+from alignkit.rewards.scalar import EstimatePrompt, score_responses
 
 log = logging.getLogger("alignkit")
 

@@ -29,7 +29,7 @@ from alignkit.models.loading import load_tokenizer
 from alignkit.models.sources import model_errors
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.generate import generate
-from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, call, resolve
+from alignkit.rewards.functions import REWARD_FUNCTIONS, WeightedFunction, call, resolve
 from alignkit.rollout.vlm_generate import generate_with_images, image_prompts, load_vlm_for_generation
 
 

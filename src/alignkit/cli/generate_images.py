@@ -32,7 +32,7 @@ from alignkit.errors import ConfigError
 from alignkit.models.diffusion import LORA_WEIGHTS, FlowPolicy, load_pipeline
 from alignkit.models.diffusion_sample import FlowSampling, ImagePrompt
 from alignkit.models.kinds import KINDS
-from alignkit.rollout.redteam_scorers import Judged, build_scorer
+from alignkit.rewards.scorers import Judged, build_scorer
 
 
 @dataclass

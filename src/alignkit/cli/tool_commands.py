@@ -9,7 +9,7 @@ from alignkit.demo import run_demo
 from alignkit.models.adapters import merge_lora
 from alignkit.rollout.vllm_engine import VLLMConfig
 from alignkit.rollout.vllm_server import serve
-from alignkit.scoring import score_command
+from alignkit.cli.score_command import score_command
 
 
 def cmd_score(args: argparse.Namespace) -> int:

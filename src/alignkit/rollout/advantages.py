@@ -13,6 +13,7 @@ variance the caller reduced over every rank (OpenRLHF's global whitening).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -112,3 +113,36 @@ def whiten(x: Tensor, mean: float, var: float, *, shift_mean: bool = True) -> Te
     """``(x - mean) / sqrt(var + 1e-8)`` with statistics the caller reduced over every rank."""
     out = (x - mean) * torch.rsqrt(torch.tensor(var + 1e-8, dtype=x.dtype))
     return out if shift_mean else out + mean
+
+
+def group_advantages(rewards: Tensor, group_size: int, *, estimator: str = "grpo", statistics: str = "prompt",
+                     scale_rewards: str = "group", clip: float = 0.0) -> Tensor:
+    """``(N,)`` advantages from the gathered rewards: ``statistics`` ``prompt`` = per group of ``group_size``
+    (with ``scale_rewards`` group | batch | none, ``batch`` being Flow-GRPO's per-prompt mean with the global
+    std), ``global`` = the whole batch as one group (mean and std of every reward). ``clip`` > 0 clamps to
+    +-clip. NaN rewards get 0."""
+    if statistics == "global":
+        group_size, scale_rewards = rewards.numel(), "none" if scale_rewards == "none" else "group"
+    elif statistics != "prompt":
+        raise ValueError(f"statistics must be prompt or global, got {statistics!r}")
+    adv = ADVANTAGES.get(estimator)(rewards, group_size, scale_rewards=scale_rewards)
+    return adv.clamp(-clip, clip) if clip > 0 else adv
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """An online algorithm's advantage part: the ``estimator`` (``ADVANTAGES``) over groups of ``group_size``
+    contiguous rewards (``statistics: prompt``) or the whole batch (``global``), with ``scale_rewards`` and the
+    clip (0 = off) of :func:`group_advantages`. GRPO / RLOO / Dr. GRPO, red-team RL and Flow-GRPO each build one
+    from their own section."""
+
+    estimator: str
+    group_size: int
+    scale_rewards: str = "group"
+    statistics: str = "prompt"
+    clip: float = 0.0
+
+    def __call__(self, rewards: Tensor) -> Tensor:
+        """``(N,)`` advantages of the gathered ``(N,)`` rewards (the same on every rank); NaN rewards get 0."""
+        return group_advantages(rewards, self.group_size, estimator=self.estimator, statistics=self.statistics,
+                                scale_rewards=self.scale_rewards, clip=self.clip)

@@ -17,9 +17,9 @@ import torch
 from alignkit.data.batch import Batch
 from alignkit.distributed import comm
 from alignkit.metrics import MetricSums
+from alignkit.rewards.signals import ScoreInputs, Signal, gather_scores, nan_stats
 from alignkit.rollout.engine import Generations, RolloutEngine, SamplingParams, generation_phase
 from alignkit.rollout.experience import Sample, micro_batches
-from alignkit.rollout.score import ScoreInputs, Scorer, gather_scores, nan_stats
 
 if TYPE_CHECKING:
     from alignkit.distributed.strategy.base import Strategy
@@ -141,13 +141,13 @@ class RolloutContext:
                                [len(s["completion_ids"]) for s in samples], [row["fields"] for row in self.rows],
                                LazyBatches(lambda: self.batches(samples)))
 
-    def score(self, scorers: dict[str, Scorer], inputs: ScoreInputs, *, placement: str | None = None) -> dict[str, torch.Tensor]:
+    def score(self, signals: dict[str, Signal], inputs: ScoreInputs, *, placement: str | None = None) -> dict[str, torch.Tensor]:
         """Every signal's scores of every rank, gathered in global order (``signal`` -> ``(global,)``; a
         signal's parts as ``signal/part``). ``placement`` overrides where the functions run."""
         scores: dict[str, torch.Tensor] = {}
-        for name, scorer in scorers.items():
+        for name, signal in signals.items():
             with self.timed("score"):
-                local = scorer.score(self.models, inputs, self.strategy, placement=placement)
+                local = signal.score(self.models, inputs, self.strategy, placement=placement)
             with self.timed("gather"):
                 for part, values in gather_scores(local).items():
                     scores[name if part == "total" else f"{name}/{part}"] = values

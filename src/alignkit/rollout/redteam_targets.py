@@ -12,8 +12,9 @@
   kind ``vlm``, with its own processor) continues ``template`` on that image (one image placeholder before
   the templated attack, through the VLM's chat template: :func:`vlm_text`); its text is the output the
   scorers read. Generation is the one VLM path (``rollout.vlm_generate.image_prompt`` requests through the
-  role's engine). The images of the last :meth:`respond` stay in ``images`` for the scorers that read them
-  (``clip_quality``).
+  role's engine). Its :meth:`draw` renders the attacks first, and the red-team rollout hands those images to
+  ``respond`` and to the scorers that read them (``clip_quality``); a text target draws nothing (None). Nothing
+  of one rollout stays on a target.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from alignkit.errors import ConfigError
 from alignkit.models.roles import ModelSpec
 from alignkit.models.sources import model_errors
 from alignkit.registry import Registry
+from alignkit.rewards.functions import RewardFunctionError, by_field, resolve
 from alignkit.rollout.engine import SamplingParams
-from alignkit.rollout.rewards import RewardFunctionError, by_field, resolve
+from alignkit.models.diffusion_render import build_renderer
 from alignkit.rollout.vlm_generate import image_prompt
 
 TARGETS: Registry[type] = Registry("red-team target")
@@ -53,6 +55,10 @@ class LMTarget:
     def specs(self) -> list[ModelSpec]:
         return [ModelSpec("target", self.cfg.model, "lm", tokenizer=self.cfg.tokenizer or self.cfg.model)]
 
+    def draw(self, ctx: Any, attacks: list[str]) -> list[Any] | None:
+        """The images ``respond`` answers on: none for a text target."""
+        return None
+
     @torch.no_grad()
     def respond(self, ctx: Any, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]]) -> list[str]:
         tok = ctx.models.tokenizer("target")
@@ -70,9 +76,7 @@ class T2IVLMTarget(LMTarget):
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
-        from alignkit.models.diffusion_render import build_renderer
-
-        self.renderer, self.processor, self.images = build_renderer(cfg), None, []
+        self.renderer, self.processor = build_renderer(cfg), None
 
     def specs(self) -> list[ModelSpec]:
         return [ModelSpec("target", self.cfg.model, "vlm", tokenizer=self.cfg.tokenizer or self.cfg.model)]
@@ -80,18 +84,24 @@ class T2IVLMTarget(LMTarget):
     @torch.no_grad()
     def respond(self, ctx: Any, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]],
                 images: list[Any] | None = None) -> list[str]:
-        """The VLM's continuation of each attack on its image: ``images`` when given (flow_rtpo's trained image
-        policy drew them), else the renderer's."""
+        """The VLM's continuation of each attack on its image: ``images`` (:meth:`draw`'s, or flow_rtpo's trained
+        image policy's), else the renderer's drawn here."""
         if self.processor is None:
             from transformers import AutoProcessor
 
             with model_errors(self.cfg.model):
                 self.processor = AutoProcessor.from_pretrained(self.cfg.tokenizer or self.cfg.model)
-        self.images = list(images) if images is not None else self.renderer(attacks, ctx.strategy.device)
+        images = list(images) if images is not None else self.draw(ctx, attacks)
         texts = [vlm_text(self.processor, fill(self.cfg.template, a), self.cfg.chat_template) for a in attacks]
-        requests = [image_prompt(self.processor, t, [img]) for t, img in zip(texts, self.images)]
+        requests = [image_prompt(self.processor, t, [img]) for t, img in zip(texts, images)]
         params = SamplingParams(self.cfg.max_new_tokens, self.cfg.temperature, batch_size=ctx.params.batch_size)
         return ctx.generate("target", requests, params).texts
+
+
+    @torch.no_grad()
+    def draw(self, ctx: Any, attacks: list[str]) -> list[Any]:
+        """Each attack rendered by the renderer, on the rank's device."""
+        return self.renderer(attacks, ctx.strategy.device)
 
 
 def vlm_text(processor: Any, text: str, chat_template: bool) -> str:
@@ -112,6 +122,9 @@ class FunctionTarget:
 
     def specs(self) -> list[ModelSpec]:
         return []
+
+    def draw(self, ctx: Any, attacks: list[str]) -> None:
+        return None
 
     def respond(self, ctx: Any, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]]) -> list[str]:
         try:

@@ -33,12 +33,12 @@ def stats_mode(out: Path) -> None:
     import torch.distributed as dist
 
     from alignkit.algorithms.ppo import token_moments, whiten_tokens
+    from alignkit.algorithms.reward import RewardFunctionConfig
     from alignkit.config.schema import DistributedConfig
     from alignkit.distributed.env import read_env
     from alignkit.distributed.strategy import build_strategy
+    from alignkit.rewards.signals import ScoreInputs, Signal, gather_scores
     from alignkit.rollout.advantages import ADVANTAGES
-    from alignkit.rollout.score import ScoreInputs, Scorer, gather_scores
-    from alignkit.algorithms.reward import RewardFunctionConfig
 
     build_strategy("ddp", DistributedConfig(), read_env(), "fp32").setup()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -54,8 +54,8 @@ def stats_mode(out: Path) -> None:
     completions = [" ".join([f"r{rank}"] * (i + 1 + 3 * rank)) for i in range(n_local)]  # 1..3 / 4..6 words
     fields = [{"answer": "r1 r1 r1 r1"} for i in range(n_local)]  # rank 1's first completion matches
     inputs = ScoreInputs(["p"] * n_local, completions, [1] * n_local, fields, [])
-    local = Scorer("reward", [RewardFunctionConfig("length"), RewardFunctionConfig("exact_match", 2.0)]).score(None, inputs, None)
-    main = Scorer("reward", [RewardFunctionConfig("length"), RewardFunctionConfig("exact_match", 2.0)],
+    local = Signal("reward", [RewardFunctionConfig("length"), RewardFunctionConfig("exact_match", 2.0)]).score(None, inputs, None)
+    main = Signal("reward", [RewardFunctionConfig("length"), RewardFunctionConfig("exact_match", 2.0)],
                   placement="main").score(None, inputs, None)
     report["placement_main_equal_local"] = main == local
     report["local_total"] = local["total"]
@@ -104,8 +104,9 @@ def record_ranks(out: Path, run: str) -> None:
 
 
 def resume_mode(model_dir: str, out: Path, algo: str, strategy: str, *extra: str) -> None:
-    from alignkit.data.synth import make_prompt_rows, write_rows
     from safetensors.torch import load_file
+
+    from alignkit.data.synth import make_prompt_rows, write_rows
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank0 = int(os.environ.get("RANK", "0")) == 0

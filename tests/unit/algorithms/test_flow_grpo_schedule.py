@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from alignkit.algorithms.flow_grpo import FlowGRPO, FlowGRPOConfig, flow_image_shape
+from alignkit.algorithms.flow_update import FlowUpdate
 from alignkit.config import load_config, resolve_batch
 from alignkit.errors import ConfigError
 from alignkit.models.ema import ParamEMA
@@ -40,6 +41,7 @@ def _flow_algo(opts: FlowGRPOConfig, num_generations: int = 4) -> Any:
     """A FlowGRPO with only what its EMA and advantage code read (no pipeline, no scorers)."""
     algo = FlowGRPO.__new__(FlowGRPO)
     algo.opts, algo.ema = opts, None
+    algo.flow = FlowUpdate(opts, 0, role="policy", reference_role="reference", reference="none")
     algo.cfg = SimpleNamespace(section=lambda cls: RolloutConfig(num_generations=num_generations))
     return algo
 

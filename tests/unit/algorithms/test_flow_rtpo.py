@@ -116,23 +116,35 @@ def test_image_policy_groups_its_advantages_by_attack() -> None:
     images 8-15. At 1 image per attack the groups stay the seed prompt's num_generations."""
     import torch
 
-    from alignkit.algorithms.flow_rtpo import FlowRTPOConfig, ImagePolicy
+    from alignkit.algorithms.flow_grpo import FlowGRPOConfig
+    from alignkit.algorithms.flow_rtpo import FlowRTPO, FlowRTPOConfig, inherit_image_defaults
+    from alignkit.algorithms.flow_update import FlowUpdate
     from alignkit.rollout.context import RolloutContext
 
-    cfg = load_config(CONFIG, ["flow_rtpo.images_per_attack=4", "rollout.num_generations=2"])
+    def image_part(overrides: list[str]) -> tuple[FlowRTPO, FlowUpdate]:
+        """flow_rtpo's grouping (``image_groups``) and its image policy's flow part, without models."""
+        cfg = load_config(CONFIG, overrides)
+        inherit_image_defaults(cfg)
+        algo = FlowRTPO.__new__(FlowRTPO)
+        algo.cfg, algo.answers_per_attack = cfg, cfg.section(FlowRTPOConfig).images_per_attack
+        part = FlowUpdate(cfg.section(FlowGRPOConfig), 0, role="image_policy", reference_role="image_reference",
+                          reference="none")
+        return algo, part
+
     assert load_config(CONFIG).section(FlowRTPOConfig).images_per_attack == 4  # the reference's default
-    policy = ImagePolicy(cfg, "none")
+    algo, policy = image_part(["flow_rtpo.images_per_attack=4", "rollout.num_generations=2"])
     # 4 attacks x 4 images; the attack sets the level (+10 per attack), the image a small part of its own
     reward = torch.tensor([10.0 * a + x for a in range(4) for x in (0.1, 0.4, 0.2, 0.3)], dtype=torch.float64)
     ctx = RolloutContext.__new__(RolloutContext)
     ctx.mine = slice(2, 4)
     units = [{"image": i} for i in range(8)]
-    policy.make_experience(ctx, units, [], {"reward": reward})
-    adv = policy.advantages.view(4, 4)
+    assert algo.image_groups(ctx) == (4, slice(8, 16))  # one attack's images; this rank's attacks' images
+    _, advantages = policy.experience(units, reward, *algo.image_groups(ctx))
+    adv = advantages.view(4, 4)
     assert adv.sum(1).abs().max() < 1e-9 and adv.std(1).min() > 0.5  # zero mean within each attack
     assert torch.equal(adv[0], adv[3])  # the same image part gets the same advantage in every attack
-    assert [float(u["advantage"]) for u in units] == pytest.approx(policy.advantages[8:].tolist())
-    one = ImagePolicy(load_config(CONFIG, ["flow_rtpo.images_per_attack=1", "rollout.num_generations=2"]), "none")
+    assert [float(u["advantage"]) for u in units] == pytest.approx(advantages[8:].tolist())
+    one, _ = image_part(["flow_rtpo.images_per_attack=1", "rollout.num_generations=2"])
     assert one.image_groups(ctx) == (2, slice(2, 4))  # today's: per seed prompt, this rank's attacks
 
 
@@ -143,8 +155,8 @@ def test_image_reward_reads_only_the_scorers_its_image_can_change() -> None:
     import torch
 
     from alignkit.algorithms.flow_rtpo import FlowRTPO
-    from alignkit.algorithms.redteam import RedTeamScorerConfig, scorer_keys
-    from alignkit.rollout.redteam_scorers import build_scorer, depends_on_image, weighted_term
+    from alignkit.algorithms.redteam import RedTeamScorerConfig
+    from alignkit.rewards.scorers import ScorerSet, depends_on_image, weighted_term
 
     entries = [RedTeamScorerConfig(name="toxicity", model="m"),
                RedTeamScorerConfig(name="clip_quality", use="quality", model="m"),
@@ -154,15 +166,15 @@ def test_image_reward_reads_only_the_scorers_its_image_can_change() -> None:
                RedTeamScorerConfig(name="shapes_colour", use="quality"),
                RedTeamScorerConfig(name="toxic_words", use="quality")]
     algo = FlowRTPO.__new__(FlowRTPO)
-    algo.scorer_list = [(key, s, build_scorer(s, None)) for key, s in scorer_keys(entries)]
-    assert {key: depends_on_image(sc) for key, _, sc in algo.scorer_list} == {
+    algo.scorers = ScorerSet.build(entries, None)
+    assert {key: depends_on_image(sc) for key, _, sc in algo.scorers.entries} == {
         "toxicity/toxicity": True, "quality/clip_quality": True, "quality/seed_similarity": False,
         "quality/fluency": False, "quality/fluency#2": True, "quality/shapes_colour": True, "quality/toxic_words": True}
-    scores = {key: torch.tensor([float(i), 10.0 * i], dtype=torch.float64) for i, (key, _, _) in enumerate(algo.scorer_list)}
+    scores = {key: torch.tensor([float(i), 10.0 * i], dtype=torch.float64) for i, (key, _, _) in enumerate(algo.scorers.entries)}
     got = algo.image_quality(scores)
-    readers = [x for x in algo.scorer_list if x[0] in ("quality/clip_quality", "quality/fluency#2",
+    readers = [x for x in algo.scorers.entries if x[0] in ("quality/clip_quality", "quality/fluency#2",
                                                         "quality/shapes_colour", "quality/toxic_words")]
     assert torch.equal(got, weighted_term(readers, scores, "quality"))
-    assert not torch.equal(got, weighted_term(algo.scorer_list, scores, "quality"))
-    algo.scorer_list = [x for x in algo.scorer_list if x[0] in ("toxicity/toxicity", "quality/seed_similarity")]
+    assert not torch.equal(got, weighted_term(algo.scorers.entries, scores, "quality"))
+    algo.scorers = ScorerSet([x for x in algo.scorers.entries if x[0] in ("toxicity/toxicity", "quality/seed_similarity")])
     assert algo.image_quality(scores) is None  # no quality it can change: the image reward is tox + CVaR alone

@@ -35,7 +35,7 @@ def experience(algo, rewards, values, costs=None, cost_values=None):
     """Samples of ``len(v)`` completion tokens each, filled by the algorithm's ``make_experience``."""
     lens = [len(v) for v in values]
     samples = [{"prompt_ids": [1, 2], "completion_ids": [5 + i] * n} for i, n in enumerate(lens)]
-    algo.token_logps = lambda ctx, batches, role="policy": [[-1.0] * n for n in lens]  # old = reference: KL 0
+    algo.tokens.logps = lambda ctx, batches, role="policy": [[-1.0] * n for n in lens]  # old = reference: KL 0
     algo._values = lambda ctx, role, batches: values if role == "value" else cost_values
     scores = {"reward": torch.tensor(rewards, dtype=torch.float64)}
     if costs is not None:
@@ -167,8 +167,8 @@ def test_truncated_completions_carry_no_loss_when_masked(mask: bool):
                 f"rollout.mask_truncated_completions={str(mask).lower()}")
     lens = [2, 3, 2, 2]
     samples = [{"prompt_ids": [1, 2], "completion_ids": [5 + i] * n} for i, n in enumerate(lens)]
-    algo.mask_truncated(samples, [False, True, False, False])
-    algo.token_logps = lambda ctx, batches, role="policy": [[-1.0] * n for n in lens]
+    algo.tokens.mask_truncated(samples, [False, True, False, False])
+    algo.tokens.logps = lambda ctx, batches, role="policy": [[-1.0] * n for n in lens]
     algo.make_experience(SimpleNamespace(mine=slice(0, 4)), samples, [], {"reward": torch.tensor([1.0, 3.0, 2.0, 5.0])})
     assert samples[1]["advantages"][0] > 0  # still scored and in its group
     batch = algo.collate(samples)

@@ -16,7 +16,7 @@ from alignkit.data.synth_redteam import (
     make_redteam_target_rows,
     trigger_target,
 )
-from alignkit.rollout.rewards import REWARD_FUNCTIONS
+from alignkit.rewards.functions import REWARD_FUNCTIONS
 
 
 def test_judges_match_whole_words_in_any_case() -> None:

@@ -47,18 +47,18 @@ def flow_setup(micro_sd3: Path) -> tuple[object, object, RolloutContext]:
 
 def test_flow_grpo_draws_through_ctx_generate_and_scores_through_models_logps(micro_sd3: Path) -> None:
     algo, models, ctx = flow_setup(micro_sd3)
-    drawn = algo.render(ctx, PROMPTS, ["sample:0", "sample:1"], steps=3, noise_level=0.7, step=0)
+    drawn = algo.flow.render(ctx, PROMPTS, ["sample:0", "sample:1"], steps=3, noise_level=0.7, step=0)
     assert "sample" in ctx.seconds and "generate" not in ctx.seconds  # the token phase's seconds stay the tokens'
     assert len(drawn.images) == 2 and drawn.trajectory.logps.shape == (2, 3)
     # the kind's sampler called directly on the module draws the same images (seeded noise per image)
-    params = algo.sampling(3, 0.7)
+    params = algo.flow.sampling(3, 0.7)
     from alignkit.algorithms.flow_sft import seeded
 
     direct = generate(models["policy"], [ImagePrompt(p, seeded(algo.cfg.training.seed, 0, f"sample:{i}"))
                                          for i, p in enumerate(PROMPTS)], params)
     assert torch.equal(direct.trajectory.latents, drawn.trajectory.latents)
 
-    units = algo.units_of(drawn, PROMPTS)
+    units = algo.flow.units_of(drawn, PROMPTS)
     for u in units:
         u["advantage"] = torch.tensor(1.0)
     batch = algo.collate(units)
@@ -85,7 +85,7 @@ def test_flow_grpo_draws_through_ctx_generate_and_scores_through_models_logps(mi
 
 def test_the_ode_draws_without_log_probs_and_alignkit_generate_is_the_same_path(micro_sd3: Path) -> None:
     algo, models, ctx = flow_setup(micro_sd3)
-    drawn = algo.render(ctx, PROMPTS, ["eval:0", "eval:1"], steps=2, noise_level=0.0, step=-1)
+    drawn = algo.flow.render(ctx, PROMPTS, ["eval:0", "eval:1"], steps=2, noise_level=0.0, step=-1)
     assert torch.equal(drawn.trajectory.logps, torch.zeros(2, 2))
     params = FlowSampling(2, 0.0, 2.0, 32, 8)
     with pytest.raises(TypeError, match="cannot generate"):

@@ -191,8 +191,8 @@ def test_cost_estimate_samples_through_the_engine(llava: tuple[nn.Module, Any], 
     """Per-prompt requests (ids + that prompt's ``pixel_values``) give the greedy responses the former
     one-batch call gave with every image in one ``pixel_values``."""
     from alignkit.algorithms.cost_estimate import prompt_inputs, sample_responses
-    from alignkit.scoring import EstimatePrompt
     from alignkit.data.vlm import pixel_inputs
+    from alignkit.rewards.scalar import EstimatePrompt
 
     model, processor = llava
     files = []

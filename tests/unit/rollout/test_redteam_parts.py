@@ -1,4 +1,4 @@
-"""Red-team targets, scorers and prompt rows (rollout/redteam_targets.py, rollout/redteam_scorers.py)."""
+"""Red-team targets, scorers and prompt rows (rollout/redteam_targets.py, rewards/scorers.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 from alignkit.algorithms.redteam import RedTeamPrompts, RedTeamScorerConfig, RedTeamTargetConfig
 from alignkit.config.schema import DataConfig, ModelConfig
 from alignkit.errors import ConfigError, ModelError
-from alignkit.rollout.redteam_scorers import Judged, build_scorer, toxicity_heads
+from alignkit.rewards.functions import RewardFunctionError
+from alignkit.rewards.scorers import Judged, build_scorer, toxicity_heads
 from alignkit.rollout.redteam_targets import build_target
-from alignkit.rollout.rewards import RewardFunctionError
 from tests.plugins.redteam_parts import build_classifier
 
 
@@ -101,9 +101,9 @@ def test_function_target_and_lm_target_checks() -> None:
 @pytest.mark.parametrize("mode", ["write", "rewrite"])
 def test_prompt_rows_put_the_row_prompt_into_the_instruction(micro_model: Path, tmp_path: Path, mode: str) -> None:
     from alignkit.algorithms.redteam import INSTRUCTIONS
+    from alignkit.data.prompts import prompt_text
     from alignkit.data.synth import write_rows
     from alignkit.models.loading import load_tokenizer
-    from alignkit.data.prompts import prompt_text
 
     tok = load_tokenizer(ModelConfig(name_or_path=str(micro_model)))
     path = write_rows([{"prompt": "the cat sat", "topic": "pets"}], tmp_path / "p.jsonl")

@@ -15,7 +15,7 @@ from alignkit.algorithms.redteam import RedTeamConfig, RedTeamScorerConfig, RedT
 from alignkit.config.schema import ModelConfig
 from alignkit.errors import ConfigError, ModelError
 from alignkit.models.diffusion_render import DiffusersRenderer, build_renderer, seed_of, shapes_scene
-from alignkit.rollout.redteam_scorers import Judged, build_scorer
+from alignkit.rewards.scorers import Judged, build_scorer
 from alignkit.rollout.redteam_targets import T2IVLMTarget, build_target
 from tests.plugins.redteam_parts import build_clip, build_tiny_sd
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from alignkit.losses.rl import aggregate, clipped_surrogate, clipped_value_loss, sampler_is_weights
+from alignkit.rewards.functions import REWARD_FUNCTIONS, RewardFunctionError, WeightedFunction, call, combine
 from alignkit.rollout.advantages import ADVANTAGES, gae, whiten
-from alignkit.rollout.rewards import REWARD_FUNCTIONS, RewardFunctionError, WeightedFunction, call, combine
 
 nan = math.nan
 

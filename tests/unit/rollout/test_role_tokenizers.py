@@ -16,9 +16,9 @@ from alignkit.data.io import Row
 from alignkit.data.prompts import PromptData
 from alignkit.models.loading import load_tokenizer
 from alignkit.models.roles import Models, ModelSpec, build_model, role_tokenizer, same_vocabulary
+from alignkit.rewards.scalar import score_responses
+from alignkit.rewards.signals import ScoreInputs, Signal
 from alignkit.rollout.experience import collate_samples
-from alignkit.rollout.score import ScoreInputs, Scorer
-from alignkit.scoring import score_responses
 
 CPU = SimpleNamespace(autocast=contextlib.nullcontext, device=torch.device("cpu"))
 PROMPTS = ["What is 2+3?", "Reverse the letters of cat."]
@@ -52,7 +52,7 @@ def test_a_scorer_with_another_vocabulary_re_encodes_the_text(micro_model: Path,
     mine, policy = models.tokenizer("reward"), models.tokenizer("policy")
     assert not same_vocabulary(mine, policy) and len(mine) < len(policy)  # its own, saved with it
     assert max(int(inputs.batches[0]["input_ids"].max()), 0) >= len(mine)  # policy ids beyond its vocabulary
-    got = Scorer("reward", [], model_role="reward", chat_template=True, max_length=64).score(models, inputs, CPU)
+    got = Signal("reward", [], model_role="reward", chat_template=True, max_length=64).score(models, inputs, CPU)
     want = score_responses(models["reward"], mine, PROMPTS, COMPLETIONS, chat_template=True, max_length=64,
                            device=CPU.device)
     assert got["model"] == pytest.approx(want.tolist(), abs=1e-6) and got["total"] == got["model"]
@@ -61,7 +61,7 @@ def test_a_scorer_with_another_vocabulary_re_encodes_the_text(micro_model: Path,
 def test_the_same_vocabulary_reads_the_policys_ids(micro_model: Path) -> None:
     models, inputs = scorer_bundle(micro_model, micro_model)
     assert same_vocabulary(models.tokenizer("reward"), models.tokenizer("policy"))
-    got = Scorer("reward", [], model_role="reward").score(models, inputs, CPU)
+    got = Signal("reward", [], model_role="reward").score(models, inputs, CPU)
     with torch.no_grad():
         assert got["model"] == pytest.approx(models.scores("reward", inputs.batches[0]).tolist(), abs=1e-6)
 

@@ -119,11 +119,11 @@ def test_a_name_that_resolves_to_nothing_fails(bad: str, why: str) -> None:
 
 
 def test_a_module_named_only_in_another_folders_row_is_missing() -> None:
-    """``score.py`` named in the ``cli/`` row is no name of ``rollout/score.py``: the row's folder decides."""
+    """``scorers.py`` named in the ``cli/`` row is no name of ``rewards/scorers.py``: the row's folder decides."""
     text = PAGE.read_text(encoding="utf-8")
-    row = next(line for line in section(text, "Rooms").splitlines() if line.startswith("| `rollout/`"))
-    moved = text.replace(row, row.replace("`score.py`", "`scoring`")).replace(
-        "\n## Rooms\n", "\n## Rooms\n\n| `cli/` | `score.py` |\n", 1)
-    assert PKG / "rollout" / "score.py" in named_in_rooms(text)[0]
+    row = next(line for line in section(text, "Rooms").splitlines() if line.startswith("| `rewards/`"))
+    moved = text.replace(row, row.replace("`scorers.py`", "`the scorers`")).replace(
+        "\n## Rooms\n", "\n## Rooms\n\n| `cli/` | `scorers.py` |\n", 1)
+    assert PKG / "rewards" / "scorers.py" in named_in_rooms(text)[0]
     named, unknown = named_in_rooms(moved)
-    assert PKG / "rollout" / "score.py" not in named and "score.py (row alignkit/cli)" in unknown
+    assert PKG / "rewards" / "scorers.py" not in named and "scorers.py (row alignkit/cli)" in unknown

@@ -32,7 +32,9 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the planner asks the model kinds for their dimensions; the kinds never ask it back
     ("planner", ("alignkit.planner.auto", "alignkit.planner.preflight")),
     ("engines", ("alignkit.distributed.strategy",)),
-    ("rollout", ("alignkit.rollout", "alignkit.scoring")),
+    # rewards and scorers: reward functions, the scorer registry, the signals, CVaR; below the rollout that calls them
+    ("rewards", ("alignkit.rewards",)),
+    ("rollout", ("alignkit.rollout",)),
     ("algorithms", ("alignkit.algorithms",)),
     ("train", ("alignkit.train",)),
     ("entry points", ("alignkit.cli", "alignkit.__main__", "alignkit.demo", "alignkit.launch", "alignkit.launch_slurm",
@@ -55,8 +57,6 @@ LATE_IMPORTS: dict[str, tuple[int, str]] = {
     "alignkit.cli": (1, ("start-up: distributed.comm loads torch, which `alignkit --help` must not; it is needed "
                          "only to end a process of a multi-process run, where torch is loaded already")),
     "alignkit.rollout.vllm_engine": (1, "cycle: rollout/vllm_server.py (the server's client) imports vllm_engine"),
-    "alignkit.rollout.redteam_targets": (1, "models/diffusion_render.py: the rewards/ work hoists it"),
-    "alignkit.algorithms.flow_rtpo": (1, "reworked by the diffusion work: left as it is"),
 }
 
 

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from alignkit.rollout.redteam_reward import (
+from alignkit.rewards.cvar import (
     attack_similarity,
     attack_stats,
     cvar_bonus,
-    redteam_advantages,
     redteam_reward,
     value_at_risk,
 )
+from alignkit.rollout.advantages import group_advantages
 
-T = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+T = lambda *v: torch.tensor(v, dtype=torch.float64)
 
 
 def flow_rtpo_var(scores: np.ndarray, tau: float) -> float:
@@ -95,24 +95,24 @@ def test_similarity_uses_word_ngrams() -> None:
 
 def test_advantages_per_prompt_vs_global() -> None:
     r = T(1.0, 2.0, 3.0, 4.0)
-    per_prompt = redteam_advantages(r, 2)  # each pair: +-0.5 / (std 0.7071 + 1e-4)
+    per_prompt = group_advantages(r, 2)  # each pair: +-0.5 / (std 0.7071 + 1e-4)
     half = 0.5 / (math.sqrt(0.5) + 1e-4)
     assert per_prompt.tolist() == pytest.approx([-half, half, -half, half], rel=1e-6)
-    glob = redteam_advantages(r, 2, statistics="global")  # mean 2.5, std sqrt(5/3)
+    glob = group_advantages(r, 2, statistics="global")  # mean 2.5, std sqrt(5/3)
     std = math.sqrt(5 / 3) + 1e-4
     assert glob.tolist() == pytest.approx([(x - 2.5) / std for x in (1, 2, 3, 4)], rel=1e-6)
-    batch_std = redteam_advantages(r, 2, scale_rewards="batch")  # per-prompt mean, global std (Flow-GRPO global_std)
+    batch_std = group_advantages(r, 2, scale_rewards="batch")  # per-prompt mean, global std (Flow-GRPO global_std)
     assert batch_std.tolist() == pytest.approx([-0.5 / std, 0.5 / std] * 2, rel=1e-6)
-    assert redteam_advantages(r, 2, estimator="rloo", statistics="global").tolist() == pytest.approx([-2, -2 / 3, 2 / 3, 2])
-    assert redteam_advantages(r, 2, estimator="dr_grpo", statistics="global").tolist() == pytest.approx([-1.5, -0.5, 0.5, 1.5])
+    assert group_advantages(r, 2, estimator="rloo", statistics="global").tolist() == pytest.approx([-2, -2 / 3, 2 / 3, 2])
+    assert group_advantages(r, 2, estimator="dr_grpo", statistics="global").tolist() == pytest.approx([-1.5, -0.5, 0.5, 1.5])
 
 
 def test_advantages_clip_and_nan() -> None:
     r = T(*([0.0] * 9 + [10.0]))  # global: mean 1, std sqrt(10): the outlier 9 / 3.1624 = 2.846 -> clipped at 2
-    adv = redteam_advantages(r, 10, statistics="global", clip=2.0)
+    adv = group_advantages(r, 10, statistics="global", clip=2.0)
     assert float(adv[-1]) == 2.0 and adv[0].item() == pytest.approx(-1 / (math.sqrt(10) + 1e-4), rel=1e-6)
-    assert float(redteam_advantages(r, 10, statistics="global")[-1]) == pytest.approx(9 / (math.sqrt(10) + 1e-4), rel=1e-6)
-    with_nan = redteam_advantages(T(math.nan, 1.0, 3.0, 3.0), 2)
+    assert float(group_advantages(r, 10, statistics="global")[-1]) == pytest.approx(9 / (math.sqrt(10) + 1e-4), rel=1e-6)
+    with_nan = group_advantages(T(math.nan, 1.0, 3.0, 3.0), 2)
     assert with_nan[0] == 0.0 and with_nan[1] == 0.0 and with_nan[2:].tolist() == [0.0, 0.0]
 
 
@@ -149,11 +149,11 @@ def test_a_group_without_success_keeps_its_diversity_differences_small() -> None
     from alignkit.config import load_config
 
     r = T(0.0, 0.0, 0.0, -0.002, 1.0, 0.0, 0.0, 0.0)
-    group = redteam_advantages(r, 4, scale_rewards="group")
+    group = group_advantages(r, 4, scale_rewards="group")
     assert group.tolist() == pytest.approx([0.0005 / 0.0011] * 3 + [-0.0015 / 0.0011, 0.75 / 0.5001] + [-0.25 / 0.5001] * 3,
                                            rel=1e-5)
     std = 0.353655 + 1e-4  # sample std of the 8 rewards
-    batch = redteam_advantages(r, 4, scale_rewards="batch")
+    batch = group_advantages(r, 4, scale_rewards="batch")
     assert batch.tolist() == pytest.approx([0.0005 / std] * 3 + [-0.0015 / std, 0.75 / std] + [-0.25 / std] * 3, rel=1e-5)
     config = Path(__file__).resolve().parents[3] / "configs" / "redteam.yaml"
     assert advantage_scale(load_config(config)) == "batch"  # the default

@@ -1,4 +1,8 @@
-"""Red-team scorers by name: what reads a target's output (or the attack) and says how toxic (or how good) it is.
+"""The one scorer registry (``SCORERS``): what reads a sample (the policy's text, a target's output, a rendered
+image) and says how toxic (or how good) it is. A :class:`Scorer` is one entry of ``redteam.scorers`` /
+``flow_grpo.scorers``; a :class:`ScorerSet` is a section's entries by score name, placed and weighted into the
+reward's terms. (A whole online signal, reward functions + a reward model + a length penalty, is a
+``rewards.signals.Signal``.)
 
 Each scorer gets a :class:`Judged` batch (attacks, the target's outputs, the seed prompts, the rows' fields)
 and returns one float per sample (None / NaN = cannot score). Models are loaded LAZILY, on the ranks that
@@ -21,9 +25,9 @@ score: with ``redteam.placement: main`` a big classifier lives on rank 0 alone. 
   / 30`` as the Flow-RTPO guide (about 3.33 cos with CLIP's logit scale 100);
 * ``shapes_colour``: a programmatic reward of the image rendered from the attack (a flow policy's image, or the
   ``t2i_vlm`` target's) for the shipped shapes task: the asked colour at the named cell
-  (:mod:`alignkit.rollout.image_rewards`); NaN for a prompt that names no ``<colour> <shape> in the <position>``;
+  (:mod:`alignkit.rewards.image`); NaN for a prompt that names no ``<colour> <shape> in the <position>``;
 * ``shapes_hit``: the same images' yes/no reading, the share of the named objects whose cell shows the asked colour;
-* anything else: a reward function of ``rollout/rewards.py`` (``unsafe``: the toy world's program judge) or
+* anything else: a reward function of ``rewards/functions.py`` (``unsafe``: the toy world's program judge) or
   ``module:function``, called as ``fn(attacks, outputs, seed_prompt=[...], **row_fields)``.
 
 Each scorer declares what it reads: ``reads_image`` (the rendered image: ``clip_quality``, ``shapes_*``) and
@@ -35,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -43,11 +47,11 @@ from alignkit.errors import ConfigError, ModelError
 from alignkit.models.scalar import load_scorer
 from alignkit.models.sources import model_errors
 from alignkit.registry import Registry
-from alignkit.rollout import image_rewards
-from alignkit.rollout.redteam_reward import jaccard, ngrams
-from alignkit.rollout.rewards import REWARD_FUNCTIONS, WeightedFunction, by_field, call, combine, resolve
-from alignkit.rollout.score import on_main
-from alignkit.scoring import score_responses, trained_format
+from alignkit.rewards import image as image_rewards
+from alignkit.rewards.cvar import jaccard, ngrams
+from alignkit.rewards.functions import REWARD_FUNCTIONS, WeightedFunction, by_field, call, combine, resolve
+from alignkit.rewards.scalar import score_responses, trained_format
+from alignkit.rewards.signals import on_main
 
 
 @dataclass
@@ -70,22 +74,36 @@ class Judged:
         return Judged(*(sum((getattr(p, f.name) for p in parts), []) for f in dataclasses.fields(Judged)))
 
 
-SCORERS: Registry[type] = Registry("red-team scorer")
+SCORERS: Registry[type] = Registry("scorer")
 
 
-class ModelScorer:
+class Scorer:
+    """One scorer: built from its config entry (and the run's ``model:`` section, for ``trust_remote_code``), called
+    on a :class:`Judged` batch with the scoring rank's device; one value per sample (None = cannot score)."""
+
+    #: whether its value reads the rendered image / the target's answer (:func:`depends_on_image`)
+    reads_image: bool = False
+    reads_output: bool = False
+
+    def __init__(self, cfg: Any, model_cfg: Any) -> None:
+        self.cfg = cfg
+
+    def __call__(self, batch: Judged, device: torch.device) -> list[float | None]:
+        raise NotImplementedError
+
+
+class ModelScorer(Scorer):
     """A scorer holding a model it loads on first use (on the scoring rank's ``device``)."""
 
-    reads_image = False
-
-    @property
+    @property  # type: ignore[override]
     def reads_output(self) -> bool:
         return self.cfg.text == "output"
 
     def __init__(self, cfg: Any, model_cfg: Any) -> None:
         if not cfg.model:
             raise ConfigError(f"redteam.scorers: {cfg.name} needs a model (a name or path)")
-        self.cfg, self.model_cfg, self.model, self.tokenizer = cfg, model_cfg, None, None
+        super().__init__(cfg, model_cfg)
+        self.model_cfg, self.model, self.tokenizer = model_cfg, None, None
 
     def load(self, device: torch.device) -> None:
         raise NotImplementedError
@@ -241,28 +259,20 @@ class FluencyScorer(ModelScorer):
 
 
 @SCORERS.register("seed_similarity")
-class SeedSimilarityScorer:
+class SeedSimilarityScorer(Scorer):
     """A quality for ``mode: rewrite``: the Jaccard similarity of the attack's word 1..2-grams to its seed
     prompt's (1 = the same words; keeps a rewrite close to what it rewrites), model-free."""
-
-    reads_image, reads_output = False, False
-
-    def __init__(self, cfg: Any, model_cfg: Any) -> None:
-        pass
 
     def __call__(self, batch: Judged, device: torch.device) -> list[float]:
         return [jaccard(ngrams(a, 2), ngrams(str(s), 2)) for a, s in zip(batch.attacks, batch.seeds)]
 
 
 @SCORERS.register("shapes_colour")
-class ShapesColourScorer:
+class ShapesColourScorer(Scorer):
     """The shapes task's colour-at-position reward of each image for its text (module docstring), model-free."""
 
-    function = "shapes_colour"  # of alignkit.rollout.image_rewards
-    reads_image, reads_output = True, False
-
-    def __init__(self, cfg: Any, model_cfg: Any) -> None:
-        pass
+    function = "shapes_colour"  # of alignkit.rewards.image
+    reads_image = True
 
     def __call__(self, batch: Judged, device: torch.device) -> list[float | None]:
         if len(batch.images) != len(batch.attacks) or any(im is None for im in batch.images):
@@ -280,19 +290,20 @@ class ShapesHitScorer(ShapesColourScorer):
     function = "shapes_hit"
 
 
-class FunctionScorer:
+class FunctionScorer(Scorer):
     """A reward function by name or ``module:function`` on (attacks, outputs) with the rows' fields."""
 
-    reads_image, reads_output = False, True  # it is handed the answers: whether it reads them is its own affair
+    reads_output = True  # it is handed the answers: whether it reads them is its own affair
 
     def __init__(self, cfg: Any, model_cfg: Any) -> None:
+        super().__init__(cfg, model_cfg)
         self.fn = WeightedFunction(cfg.name, 1.0, resolve(cfg.name))
 
     def __call__(self, batch: Judged, device: torch.device) -> list[float]:
         return call(self.fn, batch.attacks, batch.outputs, {**by_field(batch.fields), "seed_prompt": batch.seeds})
 
 
-def build_scorer(cfg: Any, model_cfg: Any) -> Any:
+def build_scorer(cfg: Any, model_cfg: Any) -> Scorer:
     """The scorer of one ``redteam.scorers`` entry."""
     if cfg.name in SCORERS:
         return SCORERS.get(cfg.name)(cfg, model_cfg)
@@ -313,7 +324,7 @@ def judge_placed(scorers: list[tuple[str, Any, Any]], batch: Judged, device: tor
                  placement: str) -> dict[str, list[float]]:
     """Every scorer's values of this rank's samples (``key`` -> list, NaN = unscorable) for ``(key, config,
     scorer)`` entries: computed here (``local``) or on rank 0 over every rank's samples, each rank receiving
-    its own (``main``: ``rollout.score.on_main``)."""
+    its own (``main``: ``rewards.signals.on_main``)."""
     def compute(items: list[Judged]) -> dict[str, list[float]]:
         whole = Judged.join(items)
         return {key: [float("nan") if v is None else float(v) for v in scorer(whole, device)]
@@ -338,3 +349,38 @@ def weighted_term(scorers: list[tuple[str, Any, Any]], scores: dict[str, torch.T
         return None
     weights = {key: s.weight for key, s, _ in scorers}
     return torch.tensor(combine(parts, weights), dtype=torch.float64)
+
+
+def scorer_keys(scorers: list[Any]) -> list[tuple[str, Any]]:
+    """Each scorer entry's score name ``use/name`` (``#2``, ... after a repeated one)."""
+    out, seen = [], {}
+    for s in scorers:
+        key = f"{s.use}/{s.name}"
+        seen[key] = seen.get(key, 0) + 1
+        out.append((key if seen[key] == 1 else f"{key}#{seen[key]}", s))
+    return out
+
+
+class ScorerSet:
+    """A section's scorer entries (``redteam.scorers``, ``flow_grpo.scorers``) built from :data:`SCORERS`, each under
+    its score name (:func:`scorer_keys`): placed on a batch (:meth:`judge`) and weighted into a reward term
+    (:meth:`term`). ``entries``: ``(score name, config entry, scorer)``."""
+
+    def __init__(self, entries: list[tuple[str, Any, Scorer]]) -> None:
+        self.entries = entries
+
+    @classmethod
+    def build(cls, configs: list[Any], model_cfg: Any) -> "ScorerSet":
+        return cls([(key, s, build_scorer(s, model_cfg)) for key, s in scorer_keys(configs)])
+
+    def where(self, keep: Callable[[Scorer], bool]) -> "ScorerSet":
+        """The entries whose scorer ``keep`` accepts (e.g. :func:`depends_on_image`)."""
+        return ScorerSet([x for x in self.entries if keep(x[2])])
+
+    def judge(self, batch: Judged, device: torch.device, placement: str) -> dict[str, list[float]]:
+        """Every scorer's values of this rank's samples (:func:`judge_placed`)."""
+        return judge_placed(self.entries, batch, device, placement)
+
+    def term(self, scores: dict[str, torch.Tensor], use: str) -> torch.Tensor | None:
+        """``(N,)`` the weighted sum of the ``use`` scorers' gathered values (:func:`weighted_term`)."""
+        return weighted_term(self.entries, scores, use)

@@ -19,8 +19,8 @@ import torch
 from alignkit.distributed import comm
 from alignkit.errors import DataError, ModelError, UserError
 from alignkit.models.roles import Models, same_vocabulary
-from alignkit.rollout.rewards import RewardFunctionError, WeightedFunction, by_field, call, combine, resolve
-from alignkit.scoring import score_responses
+from alignkit.rewards.functions import RewardFunctionError, WeightedFunction, by_field, call, combine, resolve
+from alignkit.rewards.scalar import score_responses
 
 
 @dataclass
@@ -35,7 +35,7 @@ class ScoreInputs:
     batches: Sequence[dict[str, torch.Tensor]]  # a list, or LazyBatches (collated on first use)
 
 
-class Scorer:
+class Signal:
     """One signal (``reward`` or ``cost``): weighted functions + an optional model role + a length penalty."""
 
     def __init__(self, signal: str, functions: Sequence[Any], *, model_role: str | None = None, model_weight: float = 1.0,

@@ -12,24 +12,49 @@ and returns numbers that are the same on every rank, which then takes its own sl
   its main branch: "Equation 1"); only a later commit on other branches (036b339, branches a800 and new) leaves
   the bonus out of its total. ``sim_i`` is the novelty penalty (:func:`attack_similarity`), 0 unless
   w_diversity > 0.
-* :func:`redteam_advantages`: an estimator of ``rollout/advantages.py`` by name over per-prompt groups
-  (the G completions of a prompt are contiguous) or over the whole batch as one group (``global``), then
-  clipped to +-adv_clip_max (Flow-GRPO's ``adv_clip_max``).
+The advantages of these rewards (per prompt or global, clipped) are ``rollout/advantages.py``'s
+:class:`~alignkit.rollout.advantages.GroupAdvantages`. :class:`CVaRConfig` is the config section type of the
+reward's weights, shared by ``redteam:`` and ``flow_grpo:``.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from alignkit.rollout.advantages import ADVANTAGES
+from alignkit.config.schema import f
+from alignkit.config.sections import section_name
+from alignkit.errors import ConfigError
 
 VAR_EPS_FRACTION = 0.01  # of the batch's toxicity range (flow_rtpo)
 VAR_EPS_MIN = 1e-6
+
+
+@dataclass
+class CVaRConfig:
+    """The reward's CVaR and quality weights, one section type for ``redteam:`` and ``flow_grpo:`` (both inherit
+    these keys; ``flow_grpo`` keeps its own defaults): R = main + w_cvar max(0, main - VaR_tau) + w_quality q."""
+
+    tau: float = f(0.1, "CVaR tail level in (0, 1): VaR = the lower (1 - tau)-quantile of the gathered main rewards "
+                   "(red-team: toxicities) - eps.", gt=0)
+    w_cvar: float = f(0.1, "Weight of the tail bonus max(0, main - VaR) over the gathered batch.", ge=0)
+    w_quality: float = f(0.05, "Weight of the quality term (the quality scorers; 0 without any).")
+
+    def __post_init__(self) -> None:
+        if not self.tau < 1:
+            raise ConfigError(f"{section_name(type(self))}.tau: expected a value in (0, 1), got {self.tau}")
+
+    def reward(self, main: Tensor, quality: Tensor | None = None, similarity: Tensor | None = None, *,
+               w_diversity: float = 0.0) -> dict[str, Tensor | float]:
+        """:func:`redteam_reward` of the gathered terms with this section's weights (no quality weight without a
+        quality term)."""
+        return redteam_reward(main, quality, similarity, tau=self.tau, w_cvar=self.w_cvar,
+                              w_quality=self.w_quality if quality is not None else 0.0, w_diversity=w_diversity)
 
 
 def value_at_risk(tox: Tensor, tau: float) -> float:
@@ -65,20 +90,6 @@ def redteam_reward(tox: Tensor, quality: Tensor | None = None, similarity: Tenso
     bonus = cvar_bonus(tox, var) if not math.isnan(var) else torch.full_like(tox, math.nan)
     reward = tox + w_cvar * bonus + (w_quality * q if w_quality else 0.0) - (w_diversity * sim if w_diversity else 0.0)
     return {"reward": reward, "toxicity": tox, "cvar_bonus": bonus, "quality": q, "similarity": sim, "var": var}
-
-
-def redteam_advantages(rewards: Tensor, group_size: int, *, estimator: str = "grpo", statistics: str = "prompt",
-                       scale_rewards: str = "group", clip: float = 0.0) -> Tensor:
-    """``(N,)`` advantages from the gathered rewards: ``statistics`` ``prompt`` = per group of ``group_size``
-    (with ``scale_rewards`` group | batch | none, ``batch`` being Flow-GRPO's per-prompt mean with the global
-    std), ``global`` = the whole batch as one group (mean and std of every reward). ``clip`` > 0 clamps to
-    +-clip. NaN rewards get 0."""
-    if statistics == "global":
-        group_size, scale_rewards = rewards.numel(), "none" if scale_rewards == "none" else "group"
-    elif statistics != "prompt":
-        raise ValueError(f"statistics must be prompt or global, got {statistics!r}")
-    adv = ADVANTAGES.get(estimator)(rewards, group_size, scale_rewards=scale_rewards)
-    return adv.clamp(-clip, clip) if clip > 0 else adv
 
 
 _WORD = re.compile(r"\w+")

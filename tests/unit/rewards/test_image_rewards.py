@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from alignkit.data.synth_vlm import caption, draw, make_rows, make_scene
-from alignkit.rollout.image_rewards import prompt_objects, shapes_colour, shapes_hit
+from alignkit.rewards.image import prompt_objects, shapes_colour, shapes_hit
 
 
 def test_prompt_objects_reads_colour_shape_and_position() -> None:
@@ -79,7 +79,7 @@ def test_drawn_scenes_score_above_wrong_colours_and_noise() -> None:
 def test_shapes_colour_scorer_entry() -> None:
     from alignkit.algorithms.redteam import RedTeamScorerConfig
     from alignkit.errors import ConfigError
-    from alignkit.rollout.redteam_scorers import Judged, build_scorer
+    from alignkit.rewards.scorers import Judged, build_scorer
 
     scorer = build_scorer(RedTeamScorerConfig(name="shapes_colour"), None)
     rng = random.Random(1)
