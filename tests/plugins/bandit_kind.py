@@ -20,8 +20,8 @@ from torch import nn
 
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.batch import Batch
+from alignkit.models.generation import Generations, Prompt, SamplingParams
 from alignkit.models.kinds import ModelKind, register_kind
-from alignkit.rollout.engine import Generations, Prompt, SamplingParams
 
 ACTIONS = ("A", "B", "C", "D")
 

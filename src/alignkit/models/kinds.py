@@ -31,6 +31,7 @@ from alignkit.models import diffusion_sample
 from alignkit.models.adapters import load_lm
 from alignkit.models.diffusion import FlowPolicy, add_lora, load_pipeline
 from alignkit.models.dims import resolve_dims
+from alignkit.models.generation import Generations, SamplingParams, TokenGenerator
 from alignkit.models.loading import hf_model, load_tokenizer
 from alignkit.models.policy import CausalLMLogps, forward_logps, forward_scores, token_values
 from alignkit.models.scalar import ScalarHeadModel, load_scalar_model
@@ -41,7 +42,6 @@ from alignkit.registry import Registry
 if TYPE_CHECKING:
     from alignkit.models.roles import ModelSpec
     from alignkit.planner.model_dims import ModelDims
-    from alignkit.rollout.engine import Generations, RolloutEngine, SamplingParams
 
 
 class ModelKind:
@@ -82,10 +82,11 @@ class ModelKind:
         """``(N,)`` a value per scored position, aligned with :meth:`logps` (a PPO critic)."""
         raise TypeError(f"a {self.name!r} model gives no per-token values")
 
-    def generate(self, module: nn.Module, engine: RolloutEngine, prompts: list[Any], params: Any, *,
+    def generate(self, module: nn.Module, engine: TokenGenerator, prompts: list[Any], params: Any, *,
                  synced: bool = False) -> Any:
         """Sample one output per prompt from the plain (unwrapped, gathered) ``module``: a token kind's
-        :class:`~alignkit.rollout.engine.Generations` of ``SamplingParams``, the diffusion kind's images
+        :class:`~alignkit.models.generation.Generations` of ``SamplingParams`` from the run's ``engine`` (any
+        :class:`~alignkit.models.generation.TokenGenerator`), the diffusion kind's images
         (:class:`~alignkit.models.diffusion_sample.ImageGenerations` of ``FlowSampling``)."""
         raise TypeError(f"a {self.name!r} model cannot generate")
 
@@ -124,7 +125,7 @@ class CausalLMKind(ModelKind):
               with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return forward_logps(module, batch, temperature=temperature, with_entropy=with_entropy)
 
-    def generate(self, module: nn.Module, engine: RolloutEngine, prompts: list[Any], params: SamplingParams, *,
+    def generate(self, module: nn.Module, engine: TokenGenerator, prompts: list[Any], params: SamplingParams, *,
                  synced: bool = False) -> Generations:
         return engine.generate(hf_model(module), prompts, params, synced=synced)
 
@@ -173,7 +174,7 @@ class DiffusionKind(ModelKind):
     samples with its own SDE / ODE sampler and gives the log-probs of stored transitions
     (:mod:`alignkit.models.diffusion_sample`)."""
 
-    def generate(self, module: nn.Module, engine: RolloutEngine, prompts: list[Any], params: Any, *,
+    def generate(self, module: nn.Module, engine: TokenGenerator, prompts: list[Any], params: Any, *,
                  synced: bool = False) -> Any:
         """``ImageGenerations`` of :class:`~alignkit.models.diffusion_sample.ImagePrompt` s under ``params`` (a
         ``FlowSampling``): images, the trajectory with each SDE step's log-prob, the conditioning. The token engine

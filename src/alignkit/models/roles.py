@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -25,13 +25,12 @@ from torch import nn
 from alignkit.config.schema import ModelConfig
 from alignkit.data.batch import Batch
 from alignkit.models.adapters import adapters_disabled
+from alignkit.models.handle import Handle
 from alignkit.models.kinds import KINDS, ModelKind
 from alignkit.models.loading import load_tokenizer
 from alignkit.models.policy import sequence_sums
 from alignkit.models.sources import model_errors
 
-if TYPE_CHECKING:
-    from alignkit.distributed.strategy.base import Handle
 
 @dataclass(frozen=True)
 class ModelSpec:

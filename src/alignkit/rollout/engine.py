@@ -37,45 +37,9 @@ import torch
 from torch import nn
 
 from alignkit.distributed.env import read_env
+from alignkit.models.generation import Generations, Prompt, SamplingParams  # the kinds' floor; re-exported here
 from alignkit.progress import track
 from alignkit.registry import Registry
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_new_tokens: int
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0
-    batch_size: int = 64  # sequences per generate call
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One generation request. ``ids``: the prompt's token ids as the model reads them (a VLM's image
-    tokens already expanded, no padding); ``inputs``: its extra model inputs, each tensor's first dim
-    indexing this prompt's images (``pixel_values`` ``(n_images, C, H, W)``); None for a text prompt."""
-
-    ids: list[int]
-    inputs: dict[str, torch.Tensor] | None = None
-
-
-@dataclass
-class Generations:
-    """One completion per prompt, in order: ``completion_ids[i]`` (ending with EOS when the model stopped),
-    ``finish_reasons[i]`` ("stop": EOS; "length": max_new_tokens reached first) and ``texts[i]`` (decoded,
-    special tokens skipped); ``logps[i]``: the sampler's log-prob of each completion token where the engine
-reports it (vLLM; for the importance-sampling correction), else None."""
-
-    completion_ids: list[list[int]]
-    finish_reasons: list[str]
-    texts: list[str]
-    logps: list[list[float]] | None = None
-
-    @property
-    def truncated(self) -> list[bool]:
-        """Whether each completion was cut by max_new_tokens."""
-        return [r == "length" for r in self.finish_reasons]
 
 
 @dataclass(frozen=True)
@@ -105,7 +69,8 @@ class ImportanceSampling:
 class RolloutEngine(abc.ABC):
     """The engine lifecycle (module docstring). Subclasses implement :meth:`from_settings`, :meth:`with_tokenizer`
     and :meth:`generate`; the rest default to an engine that generates with the caller's module itself (nothing
-    to push, no memory of its own, exact sampler)."""
+    to push, no memory of its own, exact sampler). Its :meth:`generate` makes every engine the
+    :class:`~alignkit.models.generation.TokenGenerator` a token kind's ``generate`` calls."""
 
     #: the registry name (set by :func:`register_engine`)
     name: ClassVar[str] = "engine"

@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -28,6 +27,7 @@ from alignkit.config.schema import DistributedConfig
 from alignkit.distributed import comm
 from alignkit.distributed.env import DistEnv
 from alignkit.errors import ConfigError
+from alignkit.models.handle import Handle  # the record prepare returns; re-exported here, its users' old name
 from alignkit.models.loading import hf_model
 from alignkit.models.weights import load_weights_into
 from alignkit.planner import auto
@@ -42,25 +42,6 @@ OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 #: (estimator strategy of this engine, ranks, device memory) -> (shard the frozen models?, why)
 FrozenSharding = Callable[[str, int, "DeviceMemory"], tuple[bool, str]]
 
-
-@dataclass
-class Handle:
-    """One trainable model as the engine holds it.
-
-    ``module`` is what forward calls (the DDP / FSDP module or the DeepSpeed engine); ``engine`` is
-    the DeepSpeed engine (None elsewhere); ``scaler`` is this model's fp16 loss scaler (None for
-    bf16 / fp32 and for DeepSpeed, which scales itself): one per model, so one role's overflow
-    neither skips nor rescales another role's step; ``scheduler`` is set by the loop; ``sync`` is
-    False while an accumulation micro-batch that is not the last of the step runs (``Strategy.no_sync``).
-    """
-
-    role: str
-    module: nn.Module
-    optimizer: torch.optim.Optimizer
-    engine: Any = None
-    scaler: torch.amp.GradScaler | None = None
-    scheduler: Any = None
-    sync: bool = True
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

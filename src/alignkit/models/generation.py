@@ -1,0 +1,62 @@
+"""What a token model kind's ``generate`` trades with a rollout engine, on the models floor.
+
+A kind hands an engine :class:`Prompt` s and :class:`SamplingParams` and gets :class:`Generations` back; the
+engine is whatever has :class:`TokenGenerator`'s ``generate`` (every ``rollout.engine.RolloutEngine`` does).
+They live here, below the rollout, so the kinds (``models/kinds.py``) name them without importing the rollout
+floor above them; ``alignkit.rollout.engine`` re-exports the three value types under the same names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    batch_size: int = 64  # sequences per generate call
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One generation request. ``ids``: the prompt's token ids as the model reads them (a VLM's image
+    tokens already expanded, no padding); ``inputs``: its extra model inputs, each tensor's first dim
+    indexing this prompt's images (``pixel_values`` ``(n_images, C, H, W)``); None for a text prompt."""
+
+    ids: list[int]
+    inputs: dict[str, torch.Tensor] | None = None
+
+
+@dataclass
+class Generations:
+    """One completion per prompt, in order: ``completion_ids[i]`` (ending with EOS when the model stopped),
+    ``finish_reasons[i]`` ("stop": EOS; "length": max_new_tokens reached first) and ``texts[i]`` (decoded,
+    special tokens skipped); ``logps[i]``: the sampler's log-prob of each completion token where the engine
+reports it (vLLM; for the importance-sampling correction), else None."""
+
+    completion_ids: list[list[int]]
+    finish_reasons: list[str]
+    texts: list[str]
+    logps: list[list[float]] | None = None
+
+    @property
+    def truncated(self) -> list[bool]:
+        """Whether each completion was cut by max_new_tokens."""
+        return [r == "length" for r in self.finish_reasons]
+
+
+class TokenGenerator(Protocol):
+    """What a token kind's ``generate`` calls on the run's engine (``rollout.engine.RolloutEngine`` has it)."""
+
+    def generate(self, model: nn.Module, prompts: Sequence[Prompt] | Sequence[list[int]], params: SamplingParams,
+                 *, synced: bool = False, progress: str | None = None) -> Generations:
+        """One completion per prompt sampled from ``model`` under ``params``; ``synced``: the module is sharded
+        and every rank steps together until all are done."""
