@@ -463,8 +463,9 @@ def run_all(a: argparse.Namespace, out: Path, work: Path) -> dict[str, list[dict
 
     data = write_task_data(work)
     policy = ensure_policy(out, data)
-    sides = {} if a.skip_alignkit else {"alignkit": sys.executable}
-    if not a.skip_trl:
+    reused = reuse_runs(a.reuse)
+    sides = {} if a.skip_alignkit or "alignkit" in reused else {"alignkit": sys.executable}
+    if not a.skip_trl and "trl" not in reused:
         sides["trl"] = str(ensure_trl_venv(out / ".venv-trl"))
     def one(seed: int, side: str) -> dict[str, Any]:
         spec = {"policy": policy, "prompts": data["prompts"], "iterations": a.iterations, "seed": seed,
@@ -481,9 +482,21 @@ def run_all(a: argparse.Namespace, out: Path, work: Path) -> dict[str, list[dict
         seeds = [int(x) for x in a.seed_list.split(",")] if a.seed_list else list(range(a.seeds))
         futures = [(side, pool.submit(one, seed, side)) for seed in seeds for side in sides]
         runs = {side: [f.result() for s, f in futures if s == side] for side in sides}
+    runs = {side: reused.get(side) or runs[side] for side in ("alignkit", "trl") if side in runs or side in reused}
     if a.eval_samples > 0:
         evaluate_runs(runs, policy, a.eval_samples, work)
     return runs
+
+
+def reuse_runs(items: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """``--reuse SIDE=FILE``: that side's runs from an earlier result JSON of this script (the same starting policy,
+    prompts and settings: the caller's word), their evaluations included; the other side runs now."""
+    out = {}
+    for item in items:
+        side, _, path = item.partition("=")
+        runs = json.loads(Path(path).read_text(encoding="utf-8"))["runs"][side]
+        out[side] = [{k: v for k, v in r.items() if k not in ("rise", "final", "start", "diagnostics")} for r in runs]
+    return out
 
 
 def evaluate_runs(runs: dict[str, list[dict[str, Any]]], policy: str, samples: int, work: Path) -> None:
@@ -491,13 +504,16 @@ def evaluate_runs(runs: dict[str, list[dict[str, Any]]], policy: str, samples: i
     alignkit's environment) and put ``eval`` (the final's), ``eval_start`` and ``eval_rise`` on each run."""
     from bench_sft_dpo import log, run_child
 
-    finals = {id(r): str(Path(r["run_dir"]) / "final") for v in runs.values() for r in v if r.get("ok")}
+    finals = {id(r): str(Path(r["run_dir"]) / "final") for v in runs.values() for r in v if r.get("ok") and "eval" not in r}
     res = run_child(sys.executable, "eval", {"paths": [policy, *finals.values()], "samples": samples},
                     work / "eval.log", 3 * 3600, script=Path(__file__))
     if not res["ok"]:
         log(f"evaluation failed: {res['error']}")
         return
     start = res["evals"][policy]
+    stale = {r["eval_start"] for v in runs.values() for r in v if "eval_start" in r and id(r) not in finals}
+    if stale - {start["reward"]}:  # reused runs were scored against another start: the evaluator is not the same
+        log(f"warning: reused runs' starting score {sorted(stale)} differs from this evaluation's {start['reward']}")
     for v in runs.values():
         for r in v:
             if id(r) in finals:
@@ -568,6 +584,8 @@ def main() -> None:
     ap.add_argument("--seed-list", default="", metavar="S,S,...",
                     help="these seeds instead of 0..seeds-1 (e.g. 2,6: a weak seed's diagnostics)")
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--reuse", action="append", default=[], metavar="SIDE=FILE",
+                    help="take SIDE's runs (and their evaluations) from an earlier result JSON instead of running them")
     ap.add_argument("--eval-samples", type=int, default=32, metavar="K",
                     help="score the start and every final policy on all 100 products, K samples each, with one "
                          "evaluator for both sides (policy_eval.py); 0: no evaluation, no final models saved")
