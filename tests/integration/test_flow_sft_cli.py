@@ -54,20 +54,25 @@ def _losses(run: Path) -> dict[int, float]:
 def test_flow_sft_noise_is_the_same_over_ranks_and_after_a_resume(micro_sd3: Path, tmp_path: Path) -> None:
     """Each image's noise and sigma are seeded by (seed, step, row): 2 DDP processes give the 1-process losses,
     and a run resumed at step 3 gives the uninterrupted run's steps 4-6. Those two keep the encoders' outputs
-    (``flow_sft.cache_encodings``; steps 5-6 are a second epoch, read from the cache): the same losses."""
+    (``flow_sft.cache_encodings``; steps 5-6 are a second epoch, read from the cache): the same losses. The same
+    rows in another folder draw the same noise too (the row's file name and line seed it, not its folder)."""
     data = generate_vlm(16, 0, tmp_path / "captions.json", stage="pretrain", split="train")
+    moved = generate_vlm(16, 0, tmp_path / "elsewhere" / "captions.json", stage="pretrain", split="train")
     common = [str(REPO / "configs" / "flow_sft.yaml"), f"model.name_or_path={micro_sd3}", f"data.train={data}",
               "data.image_root=null", "training.max_steps=6", "training.global_batch_size=4", "checkpoint.save_steps=3",
               "checkpoint.save_total_limit=2", "logging.logging_steps=1", "logging.report_to=[jsonl]",
               "logging.plot=false"]
-    one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
+    one, two, resumed, there = tmp_path / "one", tmp_path / "two", tmp_path / "resumed", tmp_path / "there"
     for args, nproc in (([f"output_dir={one}", "distributed.strategy=single", "flow_sft.cache_encodings=false"], 1),
                         ([f"output_dir={two}", "distributed.strategy=ddp", "flow_sft.cache_encodings=true"], 2),
                         ([f"output_dir={resumed}", "distributed.strategy=single", "flow_sft.cache_encodings=true",
-                          f"checkpoint.resume_from={one / 'checkpoint-3'}"], 1)):
+                          f"checkpoint.resume_from={one / 'checkpoint-3'}"], 1),
+                        ([f"output_dir={there}", "distributed.strategy=single", "flow_sft.cache_encodings=false",
+                          f"data.train={moved}", "training.max_steps=3", "checkpoint.save_steps=null"], 1)):
         proc = run_cli(["train", *common, *args], nproc=nproc)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b, c = _losses(one), _losses(two), _losses(resumed)
+    a, b, c, d = _losses(one), _losses(two), _losses(resumed), _losses(there)
+    assert sorted(d) == [1, 2, 3] and all(abs(a[s] - d[s]) < 1e-6 for s in d), (a, d)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
     assert all(abs(a[s] - b[s]) < 1e-5 for s in a), (a, b)
     assert sorted(c) == [4, 5, 6] and all(abs(a[s] - c[s]) < 1e-6 for s in c), (a, c)

@@ -8,8 +8,8 @@ pipeline (``alignkit tiny-model OUT --arch sd3``) first learns to draw the shipp
 (``alignkit data synth --kind vlm --stage pretrain``), and a user fine-tunes a real one.
 
 Noise and sigma of an image are drawn from a generator seeded by (``training.seed``, the optimizer step, the
-row's file and line): the same however the step is split over micro-batches and ranks, and again after a
-resume (the step is the algorithm's state). Evaluation draws with step -1: every evaluation of a run sees the
+row's file name and line): the same however the step is split over micro-batches and ranks, again after a resume
+(the step is the algorithm's state), and wherever the data lies (the file's folder is not part of the seed). Evaluation draws with step -1: every evaluation of a run sees the
 same noise, so its losses compare.
 """
 
@@ -121,7 +121,7 @@ class FlowSFT(StepSeeded, OfflineAlgorithm):
         module = models["policy"]
         flow = flow_policy(module)
         x0, embeds, pooled = self.encodings(flow, batch)
-        noise, sigmas = self.draws(batch["keys"], x0.shape[1:], step)
+        noise, sigmas = self.draws(batch["noise_keys"], x0.shape[1:], step)
         noise, sigmas = noise.to(x0), sigmas.to(x0)
         scale = flow.pipe.scheduler.config.num_train_timesteps  # the transformer's timestep = sigma x 1000
         velocity = module(noisy_latents(x0, noise, sigmas), sigmas * scale, embeds, pooled)

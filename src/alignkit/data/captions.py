@@ -11,6 +11,7 @@ into latents and text embeddings.
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any
 
 import torch
@@ -36,11 +37,14 @@ def caption_of(row: Row) -> str:
 
 
 def caption_example(row: Row, *, image_root: str | None) -> dict[str, Any]:
-    """A row -> ``{image, caption, key}`` (the image file checked to exist, not read yet)."""
+    """A row -> ``{image, caption, key, noise_key}`` (the image file checked to exist, not read yet): ``key`` names
+    the row where it lies (the encoding cache's key), ``noise_key`` by its file's name and line only, so the noise a
+    run draws for it does not depend on the folder the data lies in."""
     ref = row.data.get("image")
     if not isinstance(ref, str) or not ref:
         raise DataError(f"{row.where('image')}: an image/caption row needs one image reference")
-    return {"image": resolve_image(ref, row, image_root), "caption": caption_of(row), "key": row.where()}
+    return {"image": resolve_image(ref, row, image_root), "caption": caption_of(row), "key": row.where(),
+            "noise_key": f"{PurePath(row.source).name}:{row.line}"}
 
 
 def pil_pixels(images: list[Any], resolution: int) -> torch.Tensor:
@@ -80,7 +84,8 @@ class CaptionData:
 
     def collate(self, examples: list[dict[str, Any]]) -> Batch:
         return Batch({}, {"pixels": image_pixels([e["image"] for e in examples], self.resolution),
-                          "captions": [e["caption"] for e in examples], "keys": [e["key"] for e in examples]})
+                          "captions": [e["caption"] for e in examples], "keys": [e["key"] for e in examples],
+                          "noise_keys": [e["noise_key"] for e in examples]})
 
     def loss_units(self, batch: Batch) -> int:
         return len(batch["captions"])
