@@ -251,8 +251,6 @@ def child_eval(spec: dict[str, Any]) -> dict[str, Any]:
     """The shared evaluator (``policy_eval.py``) over ``spec["paths"]``, in alignkit's environment for every side."""
     import torch
 
-    import policy_eval
-
     torch.set_num_threads(THREADS)
     return {"evals": {p: policy_eval.evaluate(p, samples=spec["samples"], max_new=MAX_NEW, seed=EVAL_SEED)
                       for p in spec["paths"]}}
@@ -337,15 +335,12 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     if "alignkit" in sides and "trl" in sides:
         result["alignkit_vs_trl_rise"] = compare(sides["alignkit"]["rise"], sides["trl"]["rise"])
         result["alignkit_vs_trl_final"] = compare(sides["alignkit"]["final"], sides["trl"]["final"])
-        pairs = [(a, t) for a, t in zip(runs["alignkit"], runs["trl"]) if "rise" in a and "rise" in t]
-        if pairs:  # seed s sees the same prompts in the same order on both sides: the per-seed difference
-            for key in ("rise", "final"):
+        # seed s sees the same prompts in the same order on both sides: the per-seed difference
+        for key in ("rise", "final", "eval_rise"):
+            pairs = [(a, t) for a, t in zip(runs["alignkit"], runs["trl"]) if key in a and key in t]
+            if pairs:
                 result[f"paired_{key}"] = mean_min_se([a[key] - t[key] for a, t in pairs])
                 result[f"paired_{key}"]["alignkit_higher"] = sum(a[key] > t[key] for a, t in pairs)
-        pairs = [(a, t) for a, t in zip(runs["alignkit"], runs["trl"]) if "eval_rise" in a and "eval_rise" in t]
-        if pairs:
-            result["paired_eval_rise"] = mean_min_se([a["eval_rise"] - t["eval_rise"] for a, t in pairs])
-            result["paired_eval_rise"]["alignkit_higher"] = sum(a["eval_rise"] > t["eval_rise"] for a, t in pairs)
     return result
 
 
@@ -520,7 +515,7 @@ def evaluate_runs(runs: dict[str, list[dict[str, Any]]], policy: str, samples: i
                 r["eval"] = res["evals"][finals[id(r)]]
                 r["eval_start"] = start["reward"]
                 r["eval_rise"] = r["eval"]["reward"] - start["reward"]
-                r["eval_vs_start"] = policy_eval.paired(r["eval"]["per_product"], start["per_product"])
+                r["eval_vs_start"] = mean_min_se([x - y for x, y in zip(r["eval"]["per_product"], start["per_product"])])
     log(f"evaluated {len(finals) + 1} policies ({samples} samples x 100 products each): start {start['reward']:.3f}")
 
 

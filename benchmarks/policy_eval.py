@@ -29,10 +29,9 @@ def evaluate(path: str, *, samples: int, max_new: int, seed: int) -> dict[str, A
     """The mean exact-match reward of ``samples`` sampled completions per product of the policy at ``path``,
     with its standard error (over products: sampling noise and which products it knows), the reward per product,
     and the share of completions in the bare-number form (the form the reward asks for, right or wrong)."""
+    import bench_rewards
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import bench_rewards
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -61,9 +60,3 @@ def evaluate(path: str, *, samples: int, max_new: int, seed: int) -> dict[str, A
     se = math.sqrt(sum((p - mean) ** 2 for p in per_product) / (n - 1) / n)
     return {"reward": mean, "se": se, "per_product": per_product, "bare_form": bare / (n * samples)}
 
-
-def paired(a: list[float], b: list[float]) -> dict[str, float]:
-    """Mean of ``a - b`` over products with its standard error (the same products and random draws on both)."""
-    d = [x - y for x, y in zip(a, b)]
-    mean = sum(d) / len(d)
-    return {"mean": mean, "se": math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))}
