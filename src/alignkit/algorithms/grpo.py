@@ -117,8 +117,6 @@ class GroupUpdate:
         return seqs * self.cfg.section(RolloutConfig).max_new_tokens if self.aggregation == "constant" else seqs
 
 
-
-
 class GroupUpdated:
     """An online algorithm whose experience, loss and units are its ``group`` part's (:class:`GroupUpdate`): GRPO /
     RLOO / Dr. GRPO and red-team RL."""
@@ -160,7 +158,6 @@ class GroupRelative(GroupUpdated, OnlineAlgorithm):
         if cfg.section(RewardConfig).model:
             specs.append(ModelSpec("reward", cfg.section(RewardConfig).model, "scalar"))
         return specs
-
 
 
 def check_group_size(cfg: RunConfig, estimator: str) -> None:

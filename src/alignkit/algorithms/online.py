@@ -171,5 +171,4 @@ class OnlineAlgorithm(Algorithm):
         return tokens_in(batch)
 
 
-
 Aggregation = Literal["auto", "token_mean", "sequence_mean", "constant"]

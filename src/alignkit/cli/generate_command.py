@@ -27,9 +27,9 @@ from alignkit.models.adapter_dirs import adapter_base, is_adapter_dir
 from alignkit.models.adapters import is_vision_language, load_lm
 from alignkit.models.loading import load_tokenizer
 from alignkit.models.sources import model_errors
+from alignkit.rewards.functions import REWARD_FUNCTIONS, WeightedFunction, call, resolve
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.generate import generate
-from alignkit.rewards.functions import REWARD_FUNCTIONS, WeightedFunction, call, resolve
 from alignkit.rollout.vlm_generate import generate_with_images, image_prompts, load_vlm_for_generation
 
 

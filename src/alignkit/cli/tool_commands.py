@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from alignkit.cli.score_command import score_command
 from alignkit.demo import run_demo
 from alignkit.models.adapters import merge_lora
 from alignkit.rollout.vllm_engine import VLLMConfig
 from alignkit.rollout.vllm_server import serve
-from alignkit.cli.score_command import score_command
 
 
 def cmd_score(args: argparse.Namespace) -> int:

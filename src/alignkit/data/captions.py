@@ -94,7 +94,6 @@ class CaptionData:
         return 0
 
 
-
 class ImagePromptData(CaptionData):
     """Prompt rows of a text-to-image policy (``algorithm: flow_grpo``): ``{"prompt": text, ...}``, or an
     image/caption row whose caption is the prompt (so the rows ``flow_sft`` trained on serve as prompts). An

@@ -25,7 +25,6 @@ from torch import nn
 
 from alignkit.config.schema import ModelConfig
 from alignkit.data.batch import Batch
-from alignkit.planner.pipeline_dims import pipeline_dims
 from alignkit.errors import ModelError
 from alignkit.models import diffusion_sample
 from alignkit.models.adapters import load_lm
@@ -37,6 +36,7 @@ from alignkit.models.policy import CausalLMLogps, forward_logps, forward_scores,
 from alignkit.models.scalar import ScalarHeadModel, load_scalar_model
 from alignkit.models.sources import check_model_folder, model_errors
 from alignkit.models.vlm import load_vlm_model
+from alignkit.planner.pipeline_dims import pipeline_dims
 from alignkit.registry import Registry
 
 if TYPE_CHECKING:

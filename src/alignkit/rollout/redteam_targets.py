@@ -25,12 +25,12 @@ import torch
 
 from alignkit.data.prompts import prompt_text
 from alignkit.errors import ConfigError
+from alignkit.models.diffusion_render import build_renderer
 from alignkit.models.roles import ModelSpec
 from alignkit.models.sources import model_errors
 from alignkit.registry import Registry
 from alignkit.rewards.functions import RewardFunctionError, by_field, resolve
 from alignkit.rollout.engine import SamplingParams
-from alignkit.models.diffusion_render import build_renderer
 from alignkit.rollout.vlm_generate import image_prompt
 
 TARGETS: Registry[type] = Registry("red-team target")
@@ -96,7 +96,6 @@ class T2IVLMTarget(LMTarget):
         requests = [image_prompt(self.processor, t, [img]) for t, img in zip(texts, images)]
         params = SamplingParams(self.cfg.max_new_tokens, self.cfg.temperature, batch_size=ctx.params.batch_size)
         return ctx.generate("target", requests, params).texts
-
 
     @torch.no_grad()
     def draw(self, ctx: Any, attacks: list[str]) -> list[Any]:
