@@ -17,9 +17,10 @@ import sys
 import time
 from typing import Callable
 
-from alignkit.cli.parser import build_parser, command_function, command_summary
+from alignkit.cli.parser import build_parser, command_function, command_parser, command_summary
 from alignkit.distributed.env import read_env
 from alignkit.errors import Interrupted, UserError
+from alignkit.launch.parent_death import arm_if_launched
 from alignkit.logging import quiet_transformers
 
 #: what is reported as one line; everything else is a bug and shows its traceback
@@ -89,6 +90,7 @@ def leave_to_rank0(error: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    arm_if_launched()  # a worker of `alignkit launch` dies with its launcher (torchrun)
     argv = _strip_launcher_args(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
         args.overrides = [*args.overrides, *extra]
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "algorithm", None):  # the seed guides' `--algorithm sft`
         args.overrides = [f"algorithm={args.algorithm}", *args.overrides]
     if getattr(args, "stage", None) and hasattr(args, "overrides"):  # the seed guides' `train_vlm.py --stage pretrain`

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import textwrap
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 #: ``tiny-model --arch sd3``: VAE fitting steps by default
@@ -58,6 +60,8 @@ def _launch_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--pvc", default=None, metavar="CLAIM",
                     help="--k8s: a PersistentVolumeClaim mounted at /workspace, the pods' working folder (checkpoints "
                     "outlive the pods)")
+    sp.add_argument("--partition", default=None,
+                    help="--slurm --dry-run: the partition the sbatch script asks for (#SBATCH --partition=NAME)")
     sp.add_argument("--job-name", "--job_name", default=None,
                     help="--slurm / --k8s: the job's name (default alignkit-<config file name>)")
 
@@ -252,10 +256,43 @@ def command_summary(sub: argparse._SubParsersAction) -> str:
     return "The alignkit command: " + " | ".join(names) + "."
 
 
+#: the registered algorithms (``alignkit.algorithms.ALGORITHMS``; a test keeps the two equal): written out here so
+#: ``--help`` names them without importing the algorithms (and torch)
+ALGORITHM_NAMES = ("sft", "reward_model", "cost_model", "dpo", "safe_dpo", "kto", "orpo", "ppo", "ppo_lag", "grpo",
+                   "dr_grpo", "rloo", "redteam", "vlm_sft", "flow_sft", "flow_grpo", "flow_rtpo")
+#: the repository's configs/ (the package runs from its src/ folder), else ./configs
+RECIPES = Path(__file__).resolve().parents[3] / "configs"
+DOCS = "docs/index.md (in the repository; `mkdocs serve` shows the site at http://127.0.0.1:8000)"
+
+
+def recipes() -> list[str]:
+    """The shipped recipes: the configs/*.yaml of the repository (or of the current folder)."""
+    folder = RECIPES if RECIPES.is_dir() else Path("configs")
+    return sorted(p.name for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def help_epilog() -> str:
+    """``alignkit --help``'s end: the algorithms, the shipped recipes and where the documentation is."""
+    found = recipes()
+    shipped = ", ".join(found) if found else "none found here (configs/ of the repository)"
+    lines = (f"algorithms (algorithm=NAME in a config): {', '.join(ALGORITHM_NAMES)}",
+             f"recipes (configs/, e.g. `alignkit train configs/sft.yaml`): {shipped}", f"documentation: {DOCS}")
+    return "\n".join(textwrap.fill(line, width=110, subsequent_indent="  ") for line in lines)
+
+
+def command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of sub-command ``command`` (its own usage in an error), else ``parser``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="alignkit")
+    p = argparse.ArgumentParser(prog="alignkit", formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     for register in COMMANDS:
         register(sub)
     p.description = command_summary(sub)
+    p.epilog = help_epilog()
     return p

@@ -10,9 +10,10 @@ import sys
 import pytest
 import yaml
 
-from alignkit.launch import DEFAULT_PORT, LaunchError, shell_join
-from alignkit.launch_k8s import render_pytorchjob
-from alignkit.launch_slurm import build_slurm, shipped_sbatch
+from alignkit.launch.args import DEFAULT_PORT, LaunchError
+from alignkit.launch.k8s import render_pytorchjob
+from alignkit.launch.slurm import build_slurm, shipped_sbatch
+from alignkit.launch.torchrun import shell_join
 from tests.conftest import REPO, assert_ok, child_env, run_cli
 
 CFG = "configs/sft.yaml"
@@ -37,7 +38,7 @@ def error_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 def test_shipped_sbatch_is_the_template_at_its_defaults() -> None:
     text = (REPO / "scripts" / "slurm" / "train.sbatch").read_text()
-    assert text == shipped_sbatch(), "regenerate: python -c 'from alignkit.launch_slurm import shipped_sbatch; " \
+    assert text == shipped_sbatch(), "regenerate: python -c 'from alignkit.launch.slurm import shipped_sbatch; " \
         "open(\"scripts/slurm/train.sbatch\", \"w\").write(shipped_sbatch())'"
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --signal=TERM@120", "#SBATCH --requeue"):

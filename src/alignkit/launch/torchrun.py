@@ -1,6 +1,8 @@
-"""``alignkit launch``: start ``alignkit train`` under torchrun, the deepspeed launcher or accelerate.
+"""``alignkit launch`` on one node (or each of several, started by hand): the command that starts ``alignkit train``
+under torchrun, the deepspeed launcher or accelerate.
 
-The command is built once, printed, and executed exactly as printed (``--dry-run`` only prints it).
+The command is built once, printed, and run exactly as printed by :mod:`alignkit.launch.run` (``--dry-run`` only
+prints it).
 Facts it relies on (docs/ENGINES_ON_CPU.md):
 
 * torchrun (``python -m torch.distributed.run``) takes ``--nnodes/--node_rank/--master_addr/--master_port``
@@ -19,18 +21,10 @@ import os
 import re
 import shlex
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from alignkit.errors import UserError
-
-DEFAULT_PORT = 29500
-LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
-
-
-class LaunchError(UserError, ValueError):
-    """Bad launch arguments (a user error: one line, exit status 2)."""
+from alignkit.launch.args import DEFAULT_PORT, LaunchError, check_launch_args
 
 
 @dataclass
@@ -75,13 +69,10 @@ def build_launch(config: str, overrides: list[str], *, nproc_per_node: int | Non
                  node_rank: int | None = 0, master_addr: str | None = None, master_port: int | None = None,
                  launcher: str = "torchrun", gpus: int | None = None) -> LaunchPlan:
     """The launcher command for ``alignkit train CONFIG OVERRIDES`` (``gpus``: for tests; None = probe)."""
-    if launcher not in LAUNCHERS:
-        raise LaunchError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    check_launch_args(nproc_per_node=nproc_per_node, nnodes=nnodes, launcher=launcher)
     gpus = _cuda_count() if gpus is None else gpus
     nnodes, node_rank = 1 if nnodes is None else nnodes, 0 if node_rank is None else node_rank  # None: not given
     nproc = nproc_per_node if nproc_per_node is not None else max(1, gpus)
-    if nproc < 1 or nnodes < 1:
-        raise LaunchError(f"--nproc-per-node and --nnodes must be >= 1, got {nproc} and {nnodes}")
     if not 0 <= node_rank < nnodes:
         raise LaunchError(f"--node-rank {node_rank} is outside [0, --nnodes {nnodes})")
     plan = LaunchPlan(argv=[], processes=nproc * nnodes)
@@ -104,16 +95,26 @@ def build_launch(config: str, overrides: list[str], *, nproc_per_node: int | Non
             plan.env["OMP_NUM_THREADS"] = "1"
         if launcher == "accelerate":
             plan.env["ACCELERATE_USE_CPU"] = "true"
+        plan.notes.append(cpu_note(nproc, os.cpu_count() or 1, plan.env.get("OMP_NUM_THREADS")
+                                   or os.environ.get("OMP_NUM_THREADS", "")))
     train = ["alignkit", "train", config, *overrides]
     plan.argv = launcher_argv(launcher, sys.executable, nproc=nproc, nnodes=nnodes, node_rank=str(node_rank),
                               master_addr=master_addr, master_port=str(port), train=train)
     return plan
 
 
+def cpu_note(nproc: int, cores: int, threads: str) -> str:
+    """What a launch without a GPU is about to do: ``nproc`` CPU processes over gloo sharing ``cores`` cores."""
+    share = (f"; {nproc} processes on {cores} cores take turns, so each step is slower than on one process"
+             if nproc > cores else "")
+    return (f"no GPU here: {nproc} CPU process(es) per node over gloo on {cores} CPU core(s), "
+            f"OMP_NUM_THREADS={threads or 'unset'} each{share}")
+
+
 def launcher_argv(launcher: str, py: str, *, nproc: int, nnodes: int, node_rank: str, master_addr: str,
                   master_port: str, train: list[str]) -> list[str]:
     """The launcher's argv for one node. ``node_rank`` / ``master_addr`` / ``master_port`` are strings so a
-    cluster launch (``launch_slurm``, ``launch_k8s``) can pass shell variables (``$SLURM_NODEID``) that each
+    cluster launch (``launch.slurm``, ``launch.k8s``) can pass shell variables (``$SLURM_NODEID``) that each
     node expands (:func:`shell_join`)."""
     if launcher == "torchrun":
         return [py, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--nnodes={nnodes}",
@@ -140,18 +141,3 @@ def shell_join(argv: list[str]) -> str:
         return f'{m.group(1)}="${m.group(2)}"' if m else shlex.quote(arg)
 
     return " ".join(one(a) for a in argv)
-
-
-def run_launch(plan: LaunchPlan, *, dry_run: bool = False) -> int:
-    """Print the command; unless ``dry_run``, run exactly it and return its exit status."""
-    for note in plan.notes:
-        print(f"alignkit launch: {note}", file=sys.stderr)
-    if dry_run:
-        print(plan.shell())
-        return 0
-    print(f"alignkit launch: {plan.shell()}", file=sys.stderr, flush=True)
-    env = {**os.environ, **plan.env}
-    if os.name == "posix":  # the launcher takes over this process: signals reach it directly
-        sys.stdout.flush()
-        os.execvpe(plan.argv[0], plan.argv, env)
-    return subprocess.call(plan.argv, env=env)

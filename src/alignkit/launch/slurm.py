@@ -13,8 +13,10 @@ Inside an allocation (a batch script, or an ``salloc`` shell) the command reads 
 
 It then runs ``srun --ntasks-per-node=1 ... bash -c 'exec <launcher> ... --node_rank="$SLURM_NODEID"'`` with
 ``MASTER_ADDR`` / ``MASTER_PORT`` exported: the per-node line is the same on every node and each expands its rank.
-Outside an allocation only ``--dry-run`` works: it prints the sbatch script (``resources/slurm_train.sbatch.j2``, the
-source of ``scripts/slurm/train.sbatch``) with the per-node command as comments at its end.
+Outside an allocation only ``--dry-run`` works: it prints the sbatch script (``launch/slurm_train.sbatch.j2``, the
+source of ``scripts/slurm/train.sbatch``) with the per-node command as comments at its end. That script runs the
+interpreter that printed it (``$PYTHON`` overrides it), writes its job log under the run's ``output_dir``, and
+names ``--partition`` when given.
 """
 
 from __future__ import annotations
@@ -30,19 +32,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-from alignkit.launch import (
-    DEFAULT_PORT,
-    LaunchError,
-    LaunchPlan,
-    _cuda_count,
-    build_launch,
-    free_port,
-    launcher_argv,
-    shell_join,
-)
+from alignkit.launch.args import DEFAULT_PORT, LaunchError, check_launch_args
+from alignkit.launch.torchrun import LaunchPlan, _cuda_count, build_launch, free_port, launcher_argv, shell_join
 
 #: the shipped template's defaults (scripts/slurm/train.sbatch is this rendering)
-TEMPLATE_DEFAULTS = {"nodes": 2, "gpus": 8, "time": "24:00:00", "signal_s": 120}
+TEMPLATE_DEFAULTS = {"nodes": 2, "gpus": 8, "time": "24:00:00", "signal_s": 120, "python": "python",
+                     "log": "%x-%j.out"}
 SCRIPT = "scripts/slurm/train.sbatch"
 
 
@@ -138,6 +133,7 @@ def build_slurm(config: str, overrides: list[str], *, nproc_per_node: int | None
                 master_port: int | None, launcher: str, env: Mapping[str, str] | None = None,
                 hostnames: Callable[[str], list[str]] = scontrol_hostnames, py: str | None = None) -> LaunchPlan:
     """The ``srun`` command for this allocation (``env``, ``hostnames``: for tests)."""
+    check_launch_args(nproc_per_node=nproc_per_node, nnodes=nnodes, launcher=launcher)
     env = os.environ if env is None else env
     alloc = read_allocation(env, hostnames)
     n = len(alloc.hosts)
@@ -145,7 +141,7 @@ def build_slurm(config: str, overrides: list[str], *, nproc_per_node: int | None
         raise LaunchError(f"--nnodes {nnodes} disagrees with the Slurm allocation: {n} node(s) "
                           f"({' '.join(alloc.hosts[:8])}); drop --nnodes or submit with `sbatch --nodes={nnodes}`")
     gpus = alloc.gpus_per_node if alloc.gpus_per_node is not None else _cuda_count()
-    nproc = nproc_per_node or max(1, gpus)
+    nproc = nproc_per_node if nproc_per_node is not None else max(1, gpus)
     port, port_from = _port(alloc, master_port, env)
     # build_launch checks the launcher and the counts and sets the CPU-only environment, as for one node
     base = build_launch(config, overrides, nproc_per_node=nproc, nnodes=n, node_rank=0, master_addr=alloc.hosts[0],
@@ -167,33 +163,41 @@ def shipped_sbatch() -> str:
 
 
 def render_sbatch(config: str, overrides: list[str], *, nodes: int, gpus: int, launch_options: list[str],
-                  job_name: str, launcher: str = "torchrun", time: str = TEMPLATE_DEFAULTS["time"],
-                  signal_s: int = TEMPLATE_DEFAULTS["signal_s"], script: str = SCRIPT) -> str:
-    """The sbatch script: ``resources/slurm_train.sbatch.j2`` filled in."""
+                  job_name: str, launcher: str = "torchrun", script: str = SCRIPT, partition: str | None = None,
+                  **defaults: object) -> str:
+    """The sbatch script: ``launch/slurm_train.sbatch.j2`` filled in; ``defaults`` overrides TEMPLATE_DEFAULTS' time,
+    signal_s, python (the interpreter the job runs unless $PYTHON is set) and log (``#SBATCH --output``)."""
     import jinja2
 
-    text = resources.files("alignkit").joinpath("resources/slurm_train.sbatch.j2").read_text(encoding="utf-8")
+    text = resources.files("alignkit.launch").joinpath("slurm_train.sbatch.j2").read_text(encoding="utf-8")
     template = jinja2.Template(text, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    return template.render(nodes=nodes, gpus=gpus, time=time, signal_s=signal_s, job_name=job_name, script=script,
+    values = {k: v for k, v in TEMPLATE_DEFAULTS.items() if k not in ("nodes", "gpus")} | defaults
+    return template.render(nodes=nodes, gpus=gpus, job_name=job_name, script=script, partition=partition,
                            launcher=launcher, default_args=shlex.join([config, *overrides]),
-                           launch_options="".join(shlex.quote(o) + " " for o in launch_options))
+                           launch_options="".join(shlex.quote(o) + " " for o in launch_options), **values)
 
 
 def dry_run_script(config: str, overrides: list[str], *, nproc_per_node: int | None, nnodes: int | None,
-                   master_port: int | None, launcher: str, job_name: str, py: str | None = None) -> str:
+                   master_port: int | None, launcher: str, job_name: str, py: str | None = None,
+                   output_dir: str = "runs", partition: str | None = None) -> str:
     """What ``--slurm --dry-run`` prints outside an allocation: the sbatch script, then (as comments, so the whole
-    text is still the script) the srun line the job will run and each node's command."""
-    nodes, gpus = nnodes or 1, nproc_per_node or TEMPLATE_DEFAULTS["gpus"]
+    text is still the script) the srun line the job will run and each node's command. The script runs ``py``
+    (default: this interpreter) and logs to ``output_dir/slurm-JOBNAME-JOBID.out``."""
+    check_launch_args(nproc_per_node=nproc_per_node, nnodes=nnodes, launcher=launcher)
+    nodes = 1 if nnodes is None else nnodes
+    gpus = TEMPLATE_DEFAULTS["gpus"] if nproc_per_node is None else nproc_per_node
     # the checks of one node's launch (launcher, counts, deepspeed on one node only)
     build_launch(config, overrides, nproc_per_node=gpus, nnodes=nodes, node_rank=0, master_addr="node0",
                  master_port=master_port or DEFAULT_PORT, launcher=launcher, gpus=gpus)
-    options = [*(["--nproc-per-node", str(nproc_per_node)] if nproc_per_node else []),
+    options = [*(["--nproc-per-node", str(nproc_per_node)] if nproc_per_node is not None else []),
                *(["--launcher", launcher] if launcher != "torchrun" else []),
                *(["--master-port", str(master_port)] if master_port else [])]
+    py = py or sys.executable
     script = render_sbatch(config, overrides, nodes=nodes, gpus=gpus, launch_options=options, job_name=job_name,
-                           launcher=launcher, script="job.sbatch")
+                           launcher=launcher, script="job.sbatch", partition=partition, python=py,
+                           log=f"{output_dir.rstrip('/')}/slurm-%x-%j.out")
     train = [config, "checkpoint.resume_from=latest", *overrides]
-    node = node_argv(train[0], train[1:], launcher=launcher, nproc=gpus, nnodes=nodes, py=py or sys.executable)
+    node = node_argv(train[0], train[1:], launcher=launcher, nproc=gpus, nnodes=nodes, py=py)
     srun = shlex.join(srun_argv(nodes, node, None))
     return (f"{script}# In the job, with MASTER_ADDR = the first host of SLURM_JOB_NODELIST and MASTER_PORT = a free "
             f"port there, `alignkit launch --slurm` runs\n#   {srun}\n# so every node runs\n#   {shell_join(node)}\n")

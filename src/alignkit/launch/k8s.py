@@ -21,7 +21,8 @@ from typing import Any
 
 import yaml
 
-from alignkit.launch import DEFAULT_PORT, LaunchError, build_launch, launcher_argv, shell_join
+from alignkit.launch.args import DEFAULT_PORT, LaunchError, check_launch_args
+from alignkit.launch.torchrun import build_launch, launcher_argv, shell_join
 
 CONFIG_DIR = "/etc/alignkit"
 WORKSPACE = "/workspace"
@@ -82,6 +83,17 @@ def _pod(name: str, image: str, command: list[str], nproc: int, pvc: str | None)
     return {"spec": {"containers": [container], "volumes": volumes}}
 
 
+def local_path_warning(key: str, value: str | None, pvc: str | None) -> str | None:
+    """One line when the config's ``key`` names a file or folder on this machine: the manifest carries the config, not
+    the files it names. A warning, not a refusal: the image or the claim may hold the same path, which cannot be
+    checked from here (the pods' working folder is /workspace with --pvc)."""
+    if not value or not Path(value).exists():
+        return None
+    where = (f"the claim {pvc} holds {WORKSPACE}/{value}" if pvc and not Path(value).is_absolute() else "the image holds it")
+    return (f"warning: --k8s: {key}={value} is a path on this machine, and the pods will not have it unless {where}: "
+            "name a hub id or a path in the image (or on the claim)")
+
+
 def render_pytorchjob(config: str, overrides: list[str], *, image: str | None, nnodes: int | None,
                       nproc_per_node: int | None, launcher: str = "torchrun", name: str | None = None,
                       pvc: str | None = None) -> str:
@@ -89,7 +101,8 @@ def render_pytorchjob(config: str, overrides: list[str], *, image: str | None, n
     if not image:
         raise LaunchError("--k8s needs --image: the container image every pod runs, with alignkit installed "
                           "(e.g. --image ghcr.io/you/alignkit:0.1; docs/distributed.md#kubernetes builds one)")
-    nodes, nproc = nnodes or 1, nproc_per_node or 1
+    check_launch_args(nproc_per_node=nproc_per_node, nnodes=nnodes, launcher=launcher)
+    nodes, nproc = 1 if nnodes is None else nnodes, 1 if nproc_per_node is None else nproc_per_node
     # the checks of one node's launch (launcher, counts, deepspeed on one node only)
     build_launch(config, overrides, nproc_per_node=nproc, nnodes=nodes, node_rank=0, master_addr="master",
                  master_port=DEFAULT_PORT, launcher=launcher, gpus=nproc)
