@@ -115,9 +115,14 @@ def _passing_signals(proc: subprocess.Popen[bytes]) -> Iterator[None]:
 
 
 def _write_stderr(data: bytes) -> None:
-    if data:
-        sys.stderr.buffer.write(data)
-        sys.stderr.buffer.flush()
+    if not data:
+        return
+    if (binary := getattr(sys.stderr, "buffer", None)) is not None:
+        binary.write(data)
+        binary.flush()
+    else:  # a text-only stream (a test's capture)
+        sys.stderr.write(data.decode(errors="replace"))
+        sys.stderr.flush()
 
 
 def supervise(argv: list[str], env: dict[str, str], *, filter_errors: bool = True) -> int:
