@@ -27,6 +27,8 @@ from alignkit.launch.torchrun import LaunchPlan
 
 #: how alignkit's one-line user error starts (cli/__init__.py)
 ERROR_MARK = b"alignkit: error: "
+#: what is held back after a worker's error at the most (its end: torchrun's summary comes last)
+HELD_BYTES = 1 << 20
 #: torchrun's summary of the first failure: ``exitcode  : 2``
 _ROOT_CAUSE = re.compile(rb"Root Cause.*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
 
@@ -56,6 +58,7 @@ class FirstError:
     def feed(self, chunk: bytes) -> None:
         if self.line is not None:
             self.held += chunk
+            del self.held[:-HELD_BYTES]
             return
         data, self.pending = self.pending + chunk, b""
         at = data.find(ERROR_MARK)
