@@ -326,18 +326,20 @@ def test_gpu_packed_varlen_equals_padded_in_bf16(micro_model: Path, checkpointin
         with torch.autocast("cuda", dtype=torch.bfloat16):
             results.append(_loss_and_grads(model, batch.to(device)))
     (loss_pad, g_pad), (loss_pack, g_pack) = results
-    torch.testing.assert_close(loss_pack, loss_pad, rtol=2e-2, atol=1e-2)
+    kernel = attention.describe("auto", device)  # named in every failure: which kernel ran the packed row
+    torch.testing.assert_close(loss_pack, loss_pad, rtol=2e-2, atol=1e-2, msg=lambda m: f"{kernel}: loss {m}")
     for n in g_pad:
-        torch.testing.assert_close(g_pack[n], g_pad[n], rtol=5e-2, atol=5e-3, msg=n)
-    print(attention.describe("auto", device))
+        torch.testing.assert_close(g_pack[n], g_pad[n], rtol=5e-2, atol=5e-3, msg=lambda m, n=n: f"{kernel}: {n} {m}")
     packed = TokenCollator(0, packed=True)(exs).to(device)
     backbone, _ = split_lm(model)
     inputs = {k: v for k, v in model_inputs(packed).items() if k != "input_ids"}
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
+    torch.cuda.set_sync_debug_mode("error")  # the first synchronising call raises from the line that made it
     try:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             final_hidden(backbone, model, packed["input_ids"], inputs).float().pow(2).mean().backward()
+    except RuntimeError as e:
+        raise AssertionError(f"{kernel}: a packed forward/backward synchronised: {e}") from e
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
