@@ -23,11 +23,17 @@ usage (TRL side)::
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from alignkit.models.attention import HALF, _per_example, torch_varlen
+try:
+    import alignkit  # noqa: F401
+except ImportError:  # a TRL child's path holds the benchmark helpers only: this checkout's src
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from alignkit.models.attention import HALF, _per_example, torch_varlen  # noqa: E402
 
 NAME = "bench_varlen"
 #: the current forward's boundaries: position_ids' (data_ptr, shape) -> (cu_seq_lens, longest, lengths)
