@@ -77,6 +77,11 @@ class VarlenApi:
             return None
         return cls(fn, causal, "scale" in params, "enable_gqa" in params)
 
+    @property
+    def label(self) -> str:
+        """The keywords this release takes, for the start-up line (``is_causal`` only: torch 2.10's API)."""
+        return "+".join([self.causal] + ["scale"] * self.scale + ["enable_gqa"] * self.gqa)
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
                  max_q: int, max_k: int, scaling: float | None) -> torch.Tensor:
         """Causal attention within each ``[cu[i], cu[i+1])`` span; q (T, H, D), k/v (T, H_kv, D) -> (T, H, D)."""
@@ -277,6 +282,8 @@ def describe(requested: str | None, device: torch.device) -> str:
     if requested not in PACKED_CHOICES:
         return f"Attention: {requested or 'the model default'} (transformers' own; model.attn_implementation)"
     packed = packed_kernel(device)
+    api = torch_varlen() if packed == TORCH_VARLEN else None
+    packed += f" ({api.label})" if api is not None else ""
     half = "" if packed == PER_EXAMPLE or device.type != "cuda" else " in bf16/fp16 (fp32: SDPA per example)"
     return (f"Attention: {NAME} (model.attn_implementation={requested}): padded batches PyTorch SDPA, packed rows "
             f"{packed}{half} on {device.type}")

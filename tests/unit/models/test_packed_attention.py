@@ -237,7 +237,7 @@ def test_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attention, "flash_varlen", lambda: None)
     assert attention.packed_kernel(cuda, torch.float16) == attention.TORCH_VARLEN
     assert attention.packed_kernel(cuda, dropout=0.1) == attention.PER_EXAMPLE  # varlen_attn has no dropout
-    assert "packed rows torch varlen_attn" in attention.describe("auto", cuda)
+    assert "packed rows torch varlen_attn (window_size+scale+enable_gqa)" in attention.describe("auto", cuda)
     monkeypatch.setattr(attention, "torch_varlen", lambda: None)
     assert attention.packed_kernel(cuda) == attention.PER_EXAMPLE
     monkeypatch.setattr(attention, "_flash_capable", lambda index: False)  # pre-Ampere
