@@ -56,8 +56,9 @@ from gpu_plan import PAIRS, VARIANTS, WORKLOADS, alignkit_config, shape, trl_spe
 #: seconds one variant may take at most (GPU / CPU), and the least worth starting
 CAP_S = {"cuda": 150, "cpu": 600}
 MIN_S = {"cuda": 25, "cpu": 20}
-#: a TRL row's time: its pair's alignkit wall seconds x TRL_FACTOR + TRL_SETUP_S (TRL was 0.4x-2.6x alignkit's speed)
-TRL_FACTOR, TRL_SETUP_S = 3.0, 30.0
+#: a TRL row's time: its pair's alignkit wall seconds x TRL_FACTOR + TRL_SETUP_S (H100, 2026-11-27: a TRL row's wall
+#: time was 1.4-2.1x its pair's, 33.6-39.5 s against 18.7-32.7 s)
+TRL_FACTOR, TRL_SETUP_S = 2.0, 30.0
 #: what a run leaves in OUT (a GPU machine returns a few small files from it)
 OUT_FILES = ("bench-logs.tgz", "results.json", "summary.md")
 ARCHIVE_MAX = 15 * 2**20
