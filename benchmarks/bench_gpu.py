@@ -1,8 +1,11 @@
 """alignkit vs TRL side by side on one GPU, in one go (issue 38; the workload of ``../shared/gpu/probe.sh``, so
 the numbers compare with the issue's table). Each variant runs in its own process, one after another:
 
-* SFT: alignkit packed (the real CLI, ``alignkit train CFG``) vs TRL padded and TRL ``padding_free``;
-* DPO (frozen reference): alignkit vs TRL; LoRA SFT (r16, all linear): alignkit vs TRL + peft;
+* SFT: alignkit packed (the real CLI, ``alignkit train CFG``) vs TRL padded (SDPA) and TRL ``padding_free`` with
+  a varlen attention (``trl_varlen.py``: under plain SDPA its packed rows attend across examples, not a correct
+  training), and the same with ``use_liger_kernel=True``;
+* DPO (frozen reference): alignkit vs TRL, both references in bf16; LoRA SFT (r16, all linear): alignkit vs TRL +
+  peft, both bases in bf16 (adapters fp32);
 * gradient checkpointing: alignkit vs TRL padding_free; a GPU-filling SFT workload (16 x 2 accumulation =
   32 conversations, ~36k tokens per optimizer step) where MFU means something;
 * GRPO rollout (HF generate) + update: alignkit vs TRL's GRPOTrainer (last: only if the time budget allows);
@@ -17,14 +20,17 @@ DPO 8, LoRA 4; attention FLOPs not counted); peak memory: ``torch.cuda.max_memor
 
 usage::
 
-    python benchmarks/bench_gpu.py                                  # on a GPU machine, ~8 minutes
-    python benchmarks/bench_gpu.py --wheels DIR                     # first install DIR/*.whl (prepare_gpu.sh)
-    python benchmarks/bench_gpu.py --device cpu --size micro        # the same pipeline on CPU, a micro model
-    python benchmarks/bench_gpu.py --skip-trl --only ak_sft,ak_dpo  # pieces
+    python3 benchmarks/bench_gpu.py --out $OUT                       # on a GPU machine (see README: the run calls)
+    python3 benchmarks/bench_gpu.py --wheels DIR --out $OUT          # first install DIR/*.whl (prepare_gpu.sh)
+    python3 benchmarks/bench_gpu.py --device cpu --size micro        # the same pipeline on CPU, a micro model
+    python3 benchmarks/bench_gpu.py --dry-run --out DIR              # CPU, tiny sizes: checks OUT's layout
+    python3 benchmarks/bench_gpu.py --skip-trl --only ak_sft,ak_dpo  # pieces
 
-Variants are run in priority order and each gets at most the time left of ``--budget`` seconds: a variant
-with no time left is reported as skipped, so the whole run fits one 8-minute machine run. Results (rewritten
-after every variant): ``OUT/results.json``, ``OUT/summary.md``; logs, configs and traces under ``OUT/work``.
+Variants run in priority order (each TRL row right after its alignkit pair) within ``--budget`` seconds: a TRL
+row gets the time its pair's alignkit row took, times ``TRL_FACTOR``, plus ``TRL_SETUP_S`` (it is skipped, and
+the summary says why, when less is left or its pair did not run). Work (wheels, model, data, runs, traces) goes
+to ``--scratch``; ``OUT`` receives only ``results.json`` and ``summary.md`` (rewritten after every variant) and
+``bench-logs.tgz`` (logs, configs, metrics; < 16 MiB) at the end: a GPU machine returns a few small files.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -44,100 +51,21 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 import gpu_report  # noqa: E402  (standard library only)
+from gpu_plan import PAIRS, VARIANTS, WORKLOADS, alignkit_config, shape, trl_spec  # noqa: E402
 
-LORA = {"r": 16, "alpha": 32, "dropout": 0.0,
-        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
-#: per model size: the main workload, the GPU-filling one and GRPO's (steps, warm = steps before the window)
-WORKLOADS: dict[str, dict[str, Any]] = {
-    "0.5b": {"batch": 8, "accum": 1, "steps": 15, "warm": 5, "log": 5, "rows": 512, "max_length": 2048,
-             "fill": {"batch": 16, "accum": 2, "steps": 8, "warm": 4, "log": 4},
-             "grpo": {"batch": 64, "G": 8, "max_new": 48, "steps": 6, "warm": 2}},
-    "micro": {"batch": 2, "accum": 1, "steps": 6, "warm": 2, "log": 2, "rows": 48, "max_length": 512,
-              "fill": {"batch": 2, "accum": 2, "steps": 3, "warm": 1, "log": 1},
-              "grpo": {"batch": 16, "G": 8, "max_new": 8, "steps": 3, "warm": 1}},
-}
-WORKLOADS["deep"] = WORKLOADS["0.5b"]
-#: in priority order; kind: how MFU counts FLOPs; TRL's LoRA / checkpointing / fill rows are padding-free (its best)
-VARIANTS: list[dict[str, Any]] = [
-    {"name": "ak_sft", "side": "alignkit", "algo": "sft", "kind": "sft", "profile": True},
-    {"name": "trl_sft_pf", "side": "trl", "algo": "sft", "variant": "padding_free", "kind": "sft", "profile": True},
-    {"name": "ak_dpo", "side": "alignkit", "algo": "dpo", "kind": "dpo", "profile": True},
-    {"name": "trl_dpo", "side": "trl", "algo": "dpo", "variant": "base", "kind": "dpo"},
-    {"name": "ak_fill", "side": "alignkit", "algo": "sft", "kind": "sft", "fill": True},
-    {"name": "trl_fill", "side": "trl", "algo": "sft", "variant": "padding_free", "kind": "sft", "fill": True},
-    {"name": "trl_sft_padded", "side": "trl", "algo": "sft", "variant": "padded", "kind": "sft"},
-    {"name": "ak_lora", "side": "alignkit", "algo": "sft", "kind": "lora", "lora": True},
-    {"name": "trl_lora", "side": "trl", "algo": "sft", "variant": "padding_free", "kind": "lora", "lora": True},
-    {"name": "ak_gc", "side": "alignkit", "algo": "sft", "kind": "sft", "gc": True},
-    {"name": "trl_gc", "side": "trl", "algo": "sft", "variant": "padding_free", "kind": "sft", "gc": True},
-    {"name": "ak_grpo", "side": "alignkit", "algo": "grpo", "kind": None},
-    {"name": "trl_grpo", "side": "trl", "algo": "grpo", "kind": None},
-    # training.torch_compile (regional, the decoder blocks) on the GPU-filling workload: its wall time less
-    # ak_fill's is about the compile
-    {"name": "ak_fill_compile", "side": "alignkit", "algo": "sft", "kind": "sft", "fill": True, "compile": True},
-]
-#: (alignkit row, TRL row) compared in the summary
-PAIRS = [("ak_sft", "trl_sft_pf"), ("ak_sft", "trl_sft_padded"), ("ak_dpo", "trl_dpo"), ("ak_lora", "trl_lora"),
-         ("ak_gc", "trl_gc"), ("ak_fill", "trl_fill"), ("ak_grpo", "trl_grpo"), ("ak_fill_compile", "trl_fill")]
 #: seconds one variant may take at most (GPU / CPU), and the least worth starting
 CAP_S = {"cuda": 150, "cpu": 600}
 MIN_S = {"cuda": 25, "cpu": 20}
+#: a TRL row's time: its pair's alignkit wall seconds x TRL_FACTOR + TRL_SETUP_S (H100, 2026-11-27: a TRL row's wall
+#: time was 1.4-2.1x its pair's, 33.6-39.5 s against 18.7-32.7 s)
+TRL_FACTOR, TRL_SETUP_S = 2.0, 30.0
+#: what a run leaves in OUT (a GPU machine returns a few small files from it)
+OUT_FILES = ("bench-logs.tgz", "results.json", "summary.md")
+ARCHIVE_MAX = 15 * 2**20
 
 
 def log(msg: str) -> None:
     print(f"[bench_gpu {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def shape(v: dict[str, Any], wl: dict[str, Any]) -> dict[str, Any]:
-    """Batch, accumulation, steps, warm-up and logging interval of variant ``v``."""
-    base = {k: wl[k] for k in ("batch", "accum", "steps", "warm", "log")}
-    if v.get("fill"):
-        base.update(wl["fill"])
-    if v["algo"] == "grpo":
-        base.update({k: wl["grpo"][k] for k in ("batch", "steps", "warm")}, accum=1, log=1)
-    return base
-
-
-def alignkit_config(v: dict[str, Any], wl: dict[str, Any], paths: dict[str, Path], run_dir: Path,
-                    log_steps: int | None = None, steps: int | None = None) -> dict[str, Any]:
-    """probe.sh's config for variant ``v`` (the attention kernel is alignkit's default, unlike probe.sh's sdpa)."""
-    s = shape(v, wl)
-    model: dict[str, Any] = {"name_or_path": str(paths["model"]), "dtype": "auto", "gradient_checkpointing": bool(v.get("gc"))}
-    if v.get("lora"):
-        model["lora"] = LORA
-    cfg: dict[str, Any] = {"algorithm": v["algo"], "output_dir": str(run_dir), "model": model,
-                           "checkpoint": {"save_final": False},
-                           "logging": {"logging_steps": log_steps or s["log"], "report_to": ["console", "jsonl"],
-                                       "progress_bar": "off", "plot": False}}
-    train = {"per_device_batch_size": s["batch"], "gradient_accumulation_steps": s["accum"], "learning_rate": 1.0e-5,
-             "lr_scheduler": "constant", "warmup_steps": 0, "max_steps": steps or s["steps"], "max_grad_norm": 1.0,
-             "weight_decay": 0.0, "seed": 0, "torch_compile": bool(v.get("compile"))}
-    if v["algo"] == "sft":
-        cfg["data"] = {"train": str(paths["data"] / "sft.jsonl"), "max_length": wl["max_length"], "packing": True}
-        cfg["sft"] = {"loss_on": "all"}  # TRL's objective on messages rows
-    elif v["algo"] == "dpo":
-        cfg["data"] = {"train": str(paths["data"] / "dpo.jsonl"), "max_length": wl["max_length"]}
-        cfg["dpo"] = {"loss_type": "sigmoid", "beta": 0.1, "reference": "model"}
-    else:
-        g = wl["grpo"]
-        cfg["data"] = {"train": str(paths["prompts"]), "max_length": 64}
-        cfg["rollout"] = {"num_generations": g["G"], "max_new_tokens": g["max_new"], "temperature": 1.0, "log_samples": 0}
-        cfg["reward"] = {"functions": [{"name": "gpu_setup:letter_fraction", "weight": 1.0}]}
-        cfg["grpo"] = {"beta": 0.0}
-        train.update(learning_rate=1.0e-6)
-    cfg["training"] = train
-    return cfg
-
-
-def trl_spec(v: dict[str, Any], wl: dict[str, Any], paths: dict[str, Path], out: Path, steps: int | None = None) -> dict[str, Any]:
-    s = shape(v, wl)
-    spec = {"algo": v["algo"], "variant": v.get("variant", "base"), "model": str(paths["model"]), "data": str(paths["data"]),
-            "out": str(out), "steps": steps or s["steps"], "batch": s["batch"], "accum": s["accum"],
-            "max_length": wl["max_length"], "lora": bool(v.get("lora")), "gc": bool(v.get("gc"))}
-    if v["algo"] == "grpo":
-        spec.update(prompts=str(paths["prompts"]), num_generations=wl["grpo"]["G"], max_new_tokens=wl["grpo"]["max_new"],
-                    lr=1e-6)
-    return spec
 
 
 def child_env(device: str, site: Path | None, alignkit: bool) -> dict[str, str]:
@@ -178,8 +106,10 @@ class Bench:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a, self.device, self.wl = a, a.device, WORKLOADS[a.size]
         self.out = Path(a.out or HERE / "results" / f"gpu-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-        self.work = self.out / "work"
+        self.work = Path(a.scratch).resolve() / "work"
+        shutil.rmtree(self.work, ignore_errors=True)  # a rerun on the same machine starts clean
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
         self.t0 = time.monotonic()
         self.site = self.install_wheels(Path(a.wheels)) if a.wheels else None
         self.paths = {"model": self.work / "model", "data": self.work / "data", "prompts": self.work / "prompts.jsonl"}
@@ -248,7 +178,47 @@ class Bench:
         return None if r and r["rc"] == 0 else f"TRL is not importable by {self.a.trl_python}"
 
     # ------------------------------------------------------------------ variants
-    def run_variant(self, v: dict[str, Any]) -> dict[str, Any]:
+    def trl_time(self, v: dict[str, Any], chosen: list[str]) -> tuple[float | None, str | None]:
+        """(the seconds TRL row ``v`` gets, None) or (None, why it is skipped): its pair's alignkit time."""
+        partner = next(a for a, b in PAIRS if b == v["name"]) if v["algo"] != "grpo" else "ak_grpo"
+        if partner not in chosen:  # --only without the pair: the usual cap
+            return CAP_S[self.device], None
+        ak = self.res["rows"].get(partner) or {}
+        if not ak.get("wall_s") or ak.get("rc"):
+            return None, f"skipped: its pair's alignkit row {partner} did not run"
+        need = ak["wall_s"] * TRL_FACTOR + TRL_SETUP_S
+        if self.left() - 5 < need:
+            return None, (f"skipped: needs ~{need:.0f} s ({partner} took {ak['wall_s']:.0f} s, x{TRL_FACTOR:g} + "
+                          f"{TRL_SETUP_S:g} s), {max(self.left(), 0):.0f} s of the budget left")
+        return need, None
+
+    def row_context(self, v: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+        """What every row records: the device, the versions, the attention kernel its packed rows ran."""
+        ver = self.res["setup"].get("versions") or {}
+        ctx = {"device": ver.get("gpu") or "CPU", "torch": ver.get("torch"), "transformers": ver.get("transformers"),
+               "trl": row.get("trl") or (ver.get("trl") if v["side"] == "trl" else None)}
+        log_path = self.work / "logs" / f"{v['name']}.log"
+        if v["side"] == "alignkit" and log_path.exists():
+            lines = [x for x in log_path.read_text(errors="replace").splitlines() if "Attention: " in x]
+            ctx["attention"] = lines[0].split("Attention: ", 1)[1].strip() if lines else None
+        else:
+            ctx["attention"] = row.get("attention")
+        return ctx
+
+    def archive(self) -> Path:
+        """OUT/bench-logs.tgz: logs, configs, metrics and TRL records (the traces too while it stays small)."""
+        w = self.work
+        files = [*w.glob("logs/*.log"), *w.glob("*.yaml"), *w.glob("*.json"), *w.glob("runs/*/metrics.jsonl")]
+        dest = self.out / OUT_FILES[0]
+        for extra in (sorted(w.glob("*.trace.json.gz")), []):
+            with tarfile.open(dest, "w:gz") as tar:
+                for f in sorted(files) + extra:
+                    tar.add(f, arcname=str(f.relative_to(w)))
+            if dest.stat().st_size <= ARCHIVE_MAX:
+                break
+        return dest
+
+    def run_variant(self, v: dict[str, Any], cap: float | None = None) -> dict[str, Any]:
         name, s = v["name"], shape(v, self.wl)
         probe: list[str] = []
         if v.get("profile") and not self.a.no_profile:
@@ -263,12 +233,12 @@ class Bench:
             spec = trl_spec(v, self.wl, self.paths, self.work / f"{name}.json")
             target, py = [str(HERE / "gpu_trl.py"), json.dumps(spec)], self.a.trl_python
         cmd = [py, str(HERE / "gpu_probe.py")] + probe + ["--"] + target if probe else [py] + target
-        r = self.child(name, cmd, alignkit=v["side"] == "alignkit")
+        r = self.child(name, cmd, alignkit=v["side"] == "alignkit", cap=cap)
         if r is not None and r["rc"] and probe:  # the speed row matters more than the profile: once more without
             log(f"{name}: failed under the profiler; again without it")
             probe, cmd = [], [py] + target
             shutil.rmtree(self.work / "runs" / name, ignore_errors=True)  # alignkit refuses a used output_dir
-            r = self.child(name, cmd, alignkit=v["side"] == "alignkit")
+            r = self.child(name, cmd, alignkit=v["side"] == "alignkit", cap=cap)
         if r is None:
             return {"skipped": "time budget"}
         row: dict[str, Any] = {"rc": r["rc"], "wall_s": r["wall_s"], "timed_window": f"steps {s['warm'] + 1}-{s['steps']}"}
@@ -306,15 +276,17 @@ class Bench:
         no_trl = "--skip-trl" if self.a.skip_trl else None
         if not no_trl and any(v["side"] == "trl" for v in chosen):
             no_trl = self.trl_ready()
+        names = [v["name"] for v in chosen]
         for v in chosen:
-            if v["side"] == "trl" and no_trl:
-                self.res["rows"][v["name"]] = {"skipped": no_trl}
-                continue
-            self.res["rows"][v["name"]] = self.run_variant(v)
+            cap, why = self.trl_time(v, names) if v["side"] == "trl" and not no_trl else (None, no_trl)
+            row = {"skipped": why} if v["side"] == "trl" and why else self.run_variant(v, cap)
+            if why and v["side"] == "trl":
+                log(f"{v['name']}: {why}")
+            self.res["rows"][v["name"]] = {**row, **self.row_context(v, row)}
             self.save()
         self.save()
         print(gpu_report.render(self.res), flush=True)
-        log(f"results: {self.out / 'results.json'} and summary.md ({self.res['elapsed_s']} s)")
+        log(f"results: {self.out / 'results.json'}, summary.md and {self.archive().name} ({self.res['elapsed_s']} s)")
         failed = [k for k, r in self.res["rows"].items() if r.get("rc")]
         return 1 if failed and self.a.strict else 0
 
@@ -331,9 +303,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--python", default=sys.executable, help="python of the alignkit children")
     p.add_argument("--trl-python", default="", help="python of the TRL children (default: this python on cuda; "
                    "benchmarks/results/.venv-trl on cpu, built if missing)")
-    p.add_argument("--out", default="", help="results folder (default benchmarks/results/gpu-<time>)")
+    p.add_argument("--out", default="", help="results folder: results.json, summary.md, bench-logs.tgz only "
+                   "(default benchmarks/results/gpu-<time>)")
+    p.add_argument("--scratch", default="/tmp/alignkit-bench", help="work folder: wheels, model, data, runs, traces")
+    p.add_argument("--dry-run", action="store_true", help="CPU, micro model: check that OUT gets its files")
     p.add_argument("--strict", action="store_true", help="exit 1 when a variant failed")
     a = p.parse_args(argv)
+    if a.dry_run:
+        a.device, a.size = "cpu", "micro"
     a.size = a.size or ("0.5b" if a.device == "cuda" else "micro")
     if a.size == "0.5b" and a.device == "cpu":
         p.error("--size 0.5b on CPU would take hours: use --size micro")
@@ -351,7 +328,15 @@ def main(argv: list[str] | None = None) -> int:
             a.trl_python = str(ensure_trl_venv(HERE / "results" / ".venv-trl"))
     if shutil.which("nvidia-smi"):
         subprocess.run(["nvidia-smi", "-L"])
-    return Bench(a).run()
+    bench = Bench(a)
+    rc = bench.run()
+    if a.dry_run:
+        got = sorted(p.name for p in bench.out.iterdir())
+        if got != sorted(OUT_FILES):
+            log(f"dry run: OUT holds {got}, expected exactly {sorted(OUT_FILES)}")
+            return 1
+        log(f"dry run: OUT holds {', '.join(got)}")
+    return rc
 
 
 if __name__ == "__main__":

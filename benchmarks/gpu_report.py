@@ -15,6 +15,8 @@ FLOPS_PER_TOKEN = {"sft": 6, "dpo": 8, "lora": 4}
 #: a gap between two GPU activities at least this long (us) is counted as the GPU waiting for the host
 GAP_US = 10.0
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: the TRL SFT rows TRL-best is chosen from (a padding-free row under plain SDPA is not a correct training)
+TRL_SFT = ("trl_sft_padded", "trl_sft_pf", "trl_sft_pf_liger")
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -57,7 +59,8 @@ def trl_speed(result: Path, warm: int) -> dict[str, Any] | None:
     window = t[-1] - t[warm - 1]
     out = {"tok_s": sum(k[warm:]) / window, "s_per_step": window / (len(t) - warm), "peak_mib": r.get("peak_mem_mib"),
            "steps": list(range(warm + 1, len(t) + 1)), "tokens_per_step": sum(k[warm:]) / (len(t) - warm),
-           "trl": r.get("trl"), "optim": r.get("optim")}
+           "trl": r.get("trl"), "optim": r.get("optim"), "attention": r.get("attention"),
+           "frozen_dtype": r.get("frozen_dtype"), "liger": r.get("liger")}
     if r.get("spec", {}).get("algo") == "grpo":
         out["samples_per_s"] = out.pop("tok_s")
     return out
@@ -188,6 +191,15 @@ def _profile_lines(name: str, p: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _note(r: dict[str, Any]) -> str:
+    """Why a row is empty (skipped, with the reason; the error's tail), its frozen weights' dtype, Liger."""
+    parts = [r["skipped"]] if r.get("skipped") else []
+    parts += ["; ".join(r.get("error") or [])[-160:]] if r.get("rc") else []
+    parts += [f"frozen {r['frozen_dtype']}"] if r.get("frozen_dtype") else []
+    parts += ["use_liger_kernel"] if r.get("liger") else []
+    return "; ".join(parts)
+
+
 def render(res: dict[str, Any]) -> str:
     """The markdown summary: the speed table, the ratios, GRPO, the profiles."""
     setup, rows = res.get("setup", {}), res.get("rows", {})
@@ -199,25 +211,31 @@ def render(res: dict[str, Any]) -> str:
            f"model: {model.get('size')} ({_fmt(model.get('n_params'), ',')} parameters); GEMM peak "
            f"{_fmt(gemm.get('gemm_tflops'), '.3g')} TFLOP/s ({gemm.get('gemm')}); MFU = k*N*tok/s / peak "
            "(k: SFT 6, DPO 8, LoRA 4; attention FLOPs not counted)", "",
-           "| run | tok/s | MFU | peak MiB | s/step | window | loss first -> last | wall s | note |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "every row's device, versions and attention kernel: results.json; frozen = the DPO reference / LoRA base",
+           "", "| run | tok/s | MFU | peak MiB | s/step | window | loss first -> last | wall s | attention | note |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         if name.endswith("grpo"):
             continue
-        note = r.get("skipped") or ("; ".join(r.get("error") or [])[-160:] if r.get("rc") else "")
         out.append(f"| {name} | {_fmt(r.get('tok_s'), ',.0f')} | {_fmt(r.get('mfu'), '.1%')} | "
                    f"{_fmt(r.get('peak_mib'), ',.0f')} | {_fmt(r.get('s_per_step'), '.3f')} | {r.get('timed_window', '')} | "
                    f"{_fmt(r.get('loss_first'), '.4g')} -> {_fmt(r.get('loss_last'), '.4g')} | {_fmt(r.get('wall_s'), '.0f')} "
-                   f"| {note} |")
+                   f"| {r.get('attention') or '-'} | {_note(r)} |")
     grpo = {k: v for k, v in rows.items() if k.endswith("grpo")}
     if grpo:
         out += ["", "| GRPO run | s/iteration | samples/s | generate s | update s | peak MiB | wall s | note |",
                 "|---|---|---|---|---|---|---|---|"]
         for name, r in grpo.items():
-            note = r.get("skipped") or ("; ".join(r.get("error") or [])[-160:] if r.get("rc") else "")
+            note = _note(r)
             out.append(f"| {name} | {_fmt(r.get('s_per_step'), '.3f')} | {_fmt(r.get('samples_per_s'), '.1f')} | "
                        f"{_fmt(r.get('generate_s'), '.3f')} | {_fmt(r.get('update_s'), '.3f')} | "
                        f"{_fmt(r.get('peak_mib'), ',.0f')} | {_fmt(r.get('wall_s'), '.0f')} | {note} |")
+    fair = {k: r for k, r in rows.items() if k in TRL_SFT and r.get("tok_s")
+            and "not a correct" not in str(r.get("attention"))}
+    if fair and (rows.get("ak_sft") or {}).get("tok_s"):
+        best = max(fair, key=lambda k: fair[k]["tok_s"])
+        out += ["", f"SFT TRL-best (the fastest correct TRL SFT row): {best}; ak_sft / {best}: "
+                    f"{rows['ak_sft']['tok_s'] / fair[best]['tok_s']:.2f}x"]
     out += ["", "alignkit / TRL: " + ("; ".join(f"{p['alignkit']} / {p['trl']}: speed {p['speed']:.2f}x, memory "
                                                  f"{_fmt(p['memory'], '.2f')}x" for p in res.get("pairs", [])) or "-"), ""]
     for name, r in rows.items():

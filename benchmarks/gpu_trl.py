@@ -4,9 +4,13 @@ CUDA first, with the step's tokens counted from its inputs (SFT: the attention m
 id of a padding-free row; DPO: prompt tokens twice, chosen and rejected once; GRPO: completions). The
 counts stay on the device until the run ends, so counting adds no host sync of its own.
 
-usage: python gpu_trl.py SPEC_JSON   (SPEC: algo sft|dpo|grpo, variant padded|padding_free|base, model, data,
-out, steps, batch, accum, max_length, lora, gc; GRPO: prompts, num_generations, max_new_tokens)
-Writes ``spec["out"]``: step_end (perf_counter s), step_tokens, peak_mem_mib, setup_s, trl, optim.
+usage: python3 gpu_trl.py SPEC_JSON   (SPEC: algo sft|dpo|grpo, variant padded|padding_free|base, model, data,
+out, steps, batch, accum, max_length, lora, gc; GRPO: prompts, num_generations, max_new_tokens; optional
+``attn``: sdpa (default) | varlen (``trl_varlen.py``: the only correct padding-free rows without flash-attn),
+``liger``: ``use_liger_kernel=True``, ``bf16_frozen``: the DPO reference / the LoRA base held in bf16 as
+alignkit holds them, instead of TRL's fp32)
+Writes ``spec["out"]``: step_end (perf_counter s), step_tokens, peak_mem_mib, setup_s, trl, optim, attention,
+frozen_dtype, liger.
 """
 
 from __future__ import annotations
@@ -26,15 +30,32 @@ from transformers import AutoTokenizer, TrainerCallback
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+def attention(spec: dict[str, Any], cuda: bool) -> tuple[str, str]:
+    """(attn_implementation to load with, the kernel a packed row runs: recorded in every row)."""
+    if spec.get("attn", "sdpa") == "sdpa":
+        wrong = spec["variant"] == "padding_free"
+        return "sdpa", "SDPA" + (" (packed rows attend across examples: not a correct training)" if wrong else "")
+    import trl_varlen
+
+    kernel = "torch varlen_attn" if cuda and trl_varlen.torch_varlen() is not None else "SDPA per example"
+    return trl_varlen.register(), f"{trl_varlen.NAME}: {kernel}"
+
+
+def frozen_dtype(spec: dict[str, Any]) -> torch.dtype:
+    """The DPO reference's / LoRA base's dtype: bf16 as alignkit holds them (``bf16_frozen``), else TRL's fp32."""
+    return torch.bfloat16 if spec.get("bf16_frozen") else torch.float32
+
+
 def common_args(spec: dict[str, Any], cuda: bool) -> dict[str, Any]:
     """The Trainer arguments every variant shares (trl_child.py's)."""
+    base_dtype = frozen_dtype(spec) if spec.get("lora") else torch.float32  # peft keeps the adapters in fp32
     return dict(output_dir=str(Path(spec["out"]).with_suffix("")) + "_run", per_device_train_batch_size=spec["batch"],
                 gradient_accumulation_steps=spec.get("accum", 1), learning_rate=spec.get("lr", 1e-5),
                 lr_scheduler_type="constant", warmup_steps=0, max_steps=spec["steps"], seed=0, max_grad_norm=1.0,
                 weight_decay=0.0, bf16=cuda, gradient_checkpointing=bool(spec.get("gc")), use_cpu=not cuda,
                 report_to="none", logging_steps=10**6, save_strategy="no", eval_strategy="no",
-                dataloader_num_workers=0, disable_tqdm=True,
-                model_init_kwargs={"dtype": torch.float32, "attn_implementation": "sdpa"})
+                dataloader_num_workers=0, disable_tqdm=True, use_liger_kernel=bool(spec.get("liger")),
+                model_init_kwargs={"dtype": base_dtype, "attn_implementation": attention(spec, cuda)[0]})
 
 
 def build(spec: dict[str, Any], cuda: bool, callbacks: list[Any], count: Any) -> Any:
@@ -67,6 +88,12 @@ def build(spec: dict[str, Any], cuda: bool, callbacks: list[Any], count: Any) ->
             args = trl.DPOConfig(beta=0.1, loss_type=["sigmoid"], max_length=spec["max_length"], **common)
             base = trl.DPOTrainer
         extra = {"peft_config": peft_config} if peft_config else {}
+        if algo == "dpo" and not peft_config and spec.get("bf16_frozen"):
+            from transformers import AutoModelForCausalLM
+
+            attn = common["model_init_kwargs"]["attn_implementation"]
+            extra["ref_model"] = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16,
+                                                                      attn_implementation=attn)
 
     class Counted(base):  # type: ignore[misc, valid-type]
         def training_step(self, model: Any, inputs: Any, *a: Any, **kw: Any) -> Any:
@@ -118,7 +145,15 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     trainer = build(spec, cuda, [Stamp()], token_counter(spec["algo"], pending))
+    if spec.get("attn") == "varlen":
+        import trl_varlen
+
+        trl_varlen.forget_each_forward(trainer.model)
     rec["setup_s"] = time.perf_counter() - t0
+    rec["attention"] = attention(spec, cuda)[1]
+    frozen = spec.get("lora") or spec["algo"] == "dpo"
+    rec["frozen_dtype"] = str(frozen_dtype(spec)).replace("torch.", "") if frozen else None
+    rec["liger"] = bool(spec.get("liger"))
     rec["optim"] = str(trainer.args.optim)
     trainer.train()
     rec["step_tokens"] = [sum(int(x) for x in step) for step in per_step]  # device counts read once, at the end
@@ -126,7 +161,7 @@ def main() -> None:
                            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     rec["peak_mem_kind"] = "cuda max_memory_allocated" if cuda else "CPU peak RSS"
     Path(spec["out"]).write_text(json.dumps(rec), encoding="utf-8")
-    print(json.dumps({k: rec[k] for k in ("side", "trl", "peak_mem_mib", "setup_s", "optim")}))
+    print(json.dumps({k: rec[k] for k in ("side", "trl", "peak_mem_mib", "setup_s", "optim", "attention")}))
 
 
 if __name__ == "__main__":

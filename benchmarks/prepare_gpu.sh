@@ -9,8 +9,10 @@
 # then, on the GPU machine, from the project root (the machine needs torch, accelerate, safetensors, pyarrow,
 # pandas, tqdm, pyyaml, jinja2, psutil already; wheels install into a folder of the run, never into its
 # site-packages):
-#   python benchmarks/bench_gpu.py --wheels .gpu-wheels     (~8 minutes)
-#   bash benchmarks/gpu_checks.sh .gpu-wheels               (the gpu-marked tests, ~5 minutes)
+#   OUT=$OUT bash benchmarks/gpu_checks.sh .gpu-wheels                 (the gpu-marked tests, <= 5.5 minutes)
+#   python3 benchmarks/bench_gpu.py --wheels .gpu-wheels --out $OUT     (--budget seconds)
+# .gpu-wheels is git-ignored: a run on a lent GPU machine must name it in its carry list (benchmarks/README.md,
+# "The run calls")
 set -euo pipefail
 DEST=${1:?usage: prepare_gpu.sh DEST}
 PY_VERSION=${PY_VERSION:-3.12}

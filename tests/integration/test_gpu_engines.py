@@ -5,17 +5,14 @@ rank over NCCL save and resume exactly, and the start-up log prints the GPU memo
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from alignkit.config import load_config
-from alignkit.train.offline_loop import OfflineTrainer
-from alignkit.train.runner import run_train
 from tests.conftest import assert_ok, run_cli, write_config
+from tests.integration.test_gpu_steps import assert_one_sync_per_step, synced_steps
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -38,36 +35,19 @@ def gpu_config(sft_config: dict[str, Any], tmp_path: Path, name: str, **training
 def test_steady_state_steps_do_not_sync(monkeypatch, micro_model: Path, sft_config: dict, tmp_path: Path,
                                         algo: str) -> None:
     """torch.cuda.set_sync_debug_mode warns at every synchronising CUDA call; steps 3+ may warn at most once
-    each (the step's read-back of its losses and gradient norms)."""
-    per_step: list[int] = []
-    original = OfflineTrainer._step
+    each (the step's read-back of its losses and gradient norms). A failure lists each call's Python line and
+    the op (``test_gpu_steps.synced_steps``), and the packed row's attention kernel."""
+    from alignkit.models import attention
 
-    def step(self: OfflineTrainer, group: list[Any]) -> Any:
-        if len(per_step) < 2:
-            per_step.append(-1)
-            return original(self, group)
-        torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                out = original(self, group)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        per_step.append(sum("synchroniz" in str(w.message) for w in seen))
-        return out
-
-    monkeypatch.setattr(OfflineTrainer, "_step", step)
+    print(attention.describe("auto", torch.device("cuda")))
     if algo == "sft":
-        cfg = load_config(str(gpu_config(sft_config, tmp_path, "sft")), ["logging.logging_steps=100"])
+        steps = synced_steps(monkeypatch, gpu_config(sft_config, tmp_path, "sft"), ["logging.logging_steps=100"])
     else:
-        cfg = load_config(str(Path(__file__).resolve().parents[2] / "configs" / "dpo.yaml"), [
+        steps = synced_steps(monkeypatch, "dpo.yaml", [
             f"model.name_or_path={micro_model}", f"output_dir={tmp_path / 'dpo'}", "data.max_train_examples=32",
             "data.max_length=64", "training.per_device_batch_size=4", "training.max_steps=5", "training.eval_steps=null",
             "logging.logging_steps=100", "logging.report_to=[]", "checkpoint.save_final=false"])
-    run_train(cfg)
-    steady = [n for n in per_step if n >= 0]
-    assert steady and max(steady) <= 1, per_step
+    assert_one_sync_per_step(steps)
 
 
 def test_gradient_checkpointing_same_losses(sft_config: dict, tmp_path: Path) -> None:

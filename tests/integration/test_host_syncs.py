@@ -80,6 +80,42 @@ def test_sft_step(monkeypatch, micro_model: Path, tmp_path: Path, sft_config: di
     assert_few_syncs(counters)
 
 
+def _varlen_stand_in(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, max_q: int, max_k: int, *,
+                     scale: Any = None, window_size: Any = (-1, -1), enable_gqa: bool = False) -> Any:
+    """torch 2.13's varlen_attn computed on CPU (SDPA per span); run host_side: only its caller is counted."""
+    import itertools
+
+    import torch
+    import torch.nn.functional as F
+
+    bounds = cu_seq_q.tolist()
+    assert window_size == (-1, 0) and max_q == max_k == max(b - a for a, b in itertools.pairwise(bounds))
+    return torch.cat([F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1) for x in (query, key, value)),
+                                                     is_causal=True, scale=scale, enable_gqa=enable_gqa).transpose(0, 1)
+                      for a, b in itertools.pairwise(bounds)])
+
+
+def test_sft_step_through_the_varlen_path(monkeypatch, micro_model: Path, tmp_path: Path, sft_config: dict) -> None:
+    """The packed SFT step with packed rows sent down the CUDA path (``models.attention._varlen``: layouts,
+    cu_seq_lens, max_length, the kernel call) instead of per-example SDPA asks the device nothing more: what
+    alignkit adds around torch's varlen_attn on a GPU holds no host sync (issue 49: the CUDA failures)."""
+    from alignkit.models import attention
+
+    calls = [0]
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return host_side(_varlen_stand_in)(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "packed_kernel", lambda *a, **k: attention.TORCH_VARLEN)
+    monkeypatch.setattr(attention, "torch_varlen", lambda: attention.VarlenApi(kernel, "window_size", True, True))
+    sft_config["data"]["packing"] = True
+    counters = counted_run(monkeypatch, write_config(tmp_path / "c.yaml", sft_config),
+                           ["logging.logging_steps=100", "logging.report_to=[]"])
+    assert calls[0] > 0
+    assert_few_syncs(counters)
+
+
 @pytest.mark.parametrize("config,extra", [
     ("rm_helpful.yaml", []),
     ("dpo.yaml", []),

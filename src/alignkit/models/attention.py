@@ -22,6 +22,7 @@ import functools
 import importlib.util
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,14 +50,64 @@ def flash_varlen() -> Callable[..., torch.Tensor] | None:
     return flash_attn_varlen_func
 
 
+@dataclass(frozen=True)
+class VarlenApi:
+    """How the installed ``torch.nn.attention.varlen.varlen_attn`` is called: its keywords differ per release.
+
+    * torch 2.9: no module (``torch_varlen`` answers None: packed rows run SDPA per example);
+    * torch 2.10: ``varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, return_aux=None)``: no
+      ``scale`` (folded into q), no ``window_size``, no GQA (kv heads repeated);
+    * torch 2.11+: keyword-only ``scale`` and ``window_size`` (``(-1, 0)`` is causal);
+    * torch 2.13: ``enable_gqa`` beside them.
+
+    A sliding window never reaches the kernel: :func:`packed_sdpa` refuses a packed example longer than the
+    window, and within it a sliding window is plain causal attention."""
+
+    fn: Callable[..., torch.Tensor]
+    causal: str  # the keyword that makes it causal: "window_size" or "is_causal"
+    scale: bool  # takes ``scale``
+    gqa: bool  # takes ``enable_gqa``
+
+    @classmethod
+    def of(cls, fn: Callable[..., torch.Tensor]) -> VarlenApi | None:
+        """The API of ``fn`` from its signature; None for a signature that cannot say "causal"."""
+        params = inspect.signature(fn).parameters
+        causal = next((k for k in ("window_size", "is_causal") if k in params), None)
+        if causal is None:
+            return None
+        return cls(fn, causal, "scale" in params, "enable_gqa" in params)
+
+    @property
+    def label(self) -> str:
+        """The keywords this release takes, for the start-up line (``is_causal`` only: torch 2.10's API)."""
+        return "+".join([self.causal] + ["scale"] * self.scale + ["enable_gqa"] * self.gqa)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                 max_q: int, max_k: int, scaling: float | None) -> torch.Tensor:
+        """Causal attention within each ``[cu[i], cu[i+1])`` span; q (T, H, D), k/v (T, H_kv, D) -> (T, H, D)."""
+        extra: dict[str, Any] = {"window_size": (-1, 0)} if self.causal == "window_size" else {"is_causal": True}
+        if scaling is not None and self.scale:
+            extra["scale"] = scaling
+        elif scaling is not None and scaling != q.shape[-1] ** -0.5:  # the kernel's own scale is 1/sqrt(D)
+            q = q * (scaling * q.shape[-1] ** 0.5)
+        gqa = q.shape[1] != k.shape[1]
+        if gqa and not self.gqa:  # kv head j serves query heads j*r .. j*r+r-1, as enable_gqa does
+            r = q.shape[1] // k.shape[1]
+            k, v = (x[:, :, None].expand(-1, -1, r, -1).reshape(x.shape[0], -1, x.shape[-1]) for x in (k, v))
+        elif self.gqa:
+            extra["enable_gqa"] = gqa
+        return self.fn(q, k, v, cu_q, cu_k, max_q, max_k, **extra)
+
+
 @functools.cache
-def torch_varlen() -> tuple[Callable[..., torch.Tensor], bool] | None:
-    """(``torch.nn.attention.varlen.varlen_attn``, whether it takes ``enable_gqa``), or None before torch has it."""
+def torch_varlen() -> VarlenApi | None:
+    """The installed ``torch.nn.attention.varlen.varlen_attn`` and how to call it (:class:`VarlenApi`, read from
+    its signature once), or None where torch has none (before 2.10) or one whose signature is not known."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
+    return VarlenApi.of(varlen_attn)
 
 
 @functools.cache
@@ -151,16 +202,9 @@ def _varlen(kernel: str, query: torch.Tensor, key: torch.Tensor, value: torch.Te
         fn = flash_varlen()
         assert fn is not None
         return fn(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=p, softmax_scale=scaling, causal=True)
-    found = torch_varlen()
-    assert found is not None
-    fn, takes_gqa = found
-    gqa = q.shape[1] != k.shape[1]
-    if gqa and not takes_gqa:  # kv head j serves query heads j*r .. j*r+r-1, as enable_gqa does
-        r = q.shape[1] // k.shape[1]
-        k, v = (x[:, :, None].expand(-1, -1, r, -1).reshape(x.shape[0], -1, x.shape[-1]) for x in (k, v))
-        gqa = False
-    extra = {"enable_gqa": gqa} if takes_gqa else {}
-    return fn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scaling, window_size=(-1, 0), **extra)
+    api = torch_varlen()
+    assert api is not None
+    return api(q, k, v, cu_q, cu_k, max_q, max_k, scaling)
 
 
 def packed_model_inputs(model: torch.nn.Module, inputs: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -238,6 +282,8 @@ def describe(requested: str | None, device: torch.device) -> str:
     if requested not in PACKED_CHOICES:
         return f"Attention: {requested or 'the model default'} (transformers' own; model.attn_implementation)"
     packed = packed_kernel(device)
+    api = torch_varlen() if packed == TORCH_VARLEN else None
+    packed += f" ({api.label})" if api is not None else ""
     half = "" if packed == PER_EXAMPLE or device.type != "cuda" else " in bf16/fp16 (fp32: SDPA per example)"
     return (f"Attention: {NAME} (model.attn_implementation={requested}): padded batches PyTorch SDPA, packed rows "
             f"{packed}{half} on {device.type}")

@@ -8,7 +8,9 @@ import gzip
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -120,13 +122,44 @@ def test_opcount_wrapper_snapshots_every_optimizer_step(tmp_path: Path) -> None:
     assert per_step(a, b, 3) == {"ops": 20.0, "syncs": {"equal": 1.0, "nonzero": 2.0}, "reads": {"tolist": 2.0}}
 
 
+def test_gpu_tests_never_run_first() -> None:
+    """gpu_checks.sh's GPU_TESTS_FIRST: a prefix names a file, a test or one parameter set; the rest go last."""
+    from pytest_gpu_order import rank
+
+    first = ["t/a.py::test_x", "t/b.py"]
+    assert rank("t/a.py::test_x[fsdp]", first) == rank("t/a.py::test_x", first) == 0
+    assert rank("t/b.py::test_y", first) == 1 and rank("t/a.py::test_xy", first) == rank("t/c.py::t", first) == 2
+
+
+def test_trl_rows_get_the_time_of_their_pair() -> None:
+    """A TRL row gets its alignkit pair's wall time x TRL_FACTOR + TRL_SETUP_S, or is skipped, saying why."""
+    import bench_gpu
+
+    bench = SimpleNamespace(device="cuda", res={"rows": {"ak_sft": {"rc": 0, "wall_s": 40.0}, "ak_dpo": {"rc": 1}}},
+                            left=lambda: 200.0)
+    names = ["ak_sft", "trl_sft_pf", "ak_dpo", "trl_dpo", "trl_lora"]
+    trl_time = bench_gpu.Bench.trl_time
+    need = 40.0 * bench_gpu.TRL_FACTOR + bench_gpu.TRL_SETUP_S
+    assert trl_time(bench, {"name": "trl_sft_pf", "algo": "sft"}, names) == (need, None)
+    assert trl_time(bench, {"name": "trl_dpo", "algo": "dpo"}, names)[1] == "skipped: its pair's alignkit row " \
+        "ak_dpo did not run"
+    assert trl_time(bench, {"name": "trl_lora", "algo": "sft"}, names) == (bench_gpu.CAP_S["cuda"], None)  # no pair
+    bench.left = lambda: need  # less than need + 5 s of margin
+    cap, why = trl_time(bench, {"name": "trl_sft_pf", "algo": "sft"}, names)
+    assert cap is None and why.startswith(f"skipped: needs ~{need:.0f} s (ak_sft took 40 s")
+
+
 @pytest.mark.slow(seconds=150)
 def test_bench_gpu_cpu_micro_alignkit_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_gpu.py"), "--device", "cpu", "--size", "micro", "--skip-trl",
-                           "--budget", "1500", "--out", str(out), "--strict"],
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_gpu.py"), "--dry-run", "--skip-trl", "--budget", "1500",
+                           "--out", str(out), "--scratch", str(tmp_path / "scratch"), "--strict"],
                           capture_output=True, text=True, timeout=1600, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # what a GPU machine returns: three small files, the work stays in the scratch folder
+    assert sorted(p.name for p in out.iterdir()) == ["bench-logs.tgz", "results.json", "summary.md"]
+    with tarfile.open(out / "bench-logs.tgz") as tar:
+        assert {"logs/ak_sft.log", "runs/ak_sft/metrics.jsonl", "ak_sft.yaml"} <= set(tar.getnames())
     res = json.loads((out / "results.json").read_text())
     rows = res["rows"]
     assert res["setup"]["make_model"]["n_params"] == 621120 and res["setup"]["gemm"]["gemm_tflops"] > 0
@@ -134,7 +167,8 @@ def test_bench_gpu_cpu_micro_alignkit_end_to_end(tmp_path: Path) -> None:
         assert rows[name]["rc"] == 0 and rows[name]["tok_s"] > 0 and 0 < rows[name]["mfu"], (name, rows[name])
         assert rows[name]["peak_mib"] > 0 and rows[name]["s_per_step"] > 0
     assert rows["ak_grpo"]["rc"] == 0 and rows["ak_grpo"]["samples_per_s"] > 0
-    assert all(rows[n] == {"skipped": "--skip-trl"} for n in rows if n.startswith("trl"))
+    assert all(rows[n]["skipped"] == "--skip-trl" and rows[n]["device"] == "CPU" for n in rows if n.startswith("trl"))
+    assert "packed rows SDPA per example on cpu" in rows["ak_sft"]["attention"] and rows["ak_sft"]["torch"]
     prof = rows["ak_sft"]["profile"]
     assert prof["step_ms"] > 0 and prof["cpu_ops"] > 100 and prof["top_cpu_ops"]
     summary = (out / "summary.md").read_text()

@@ -131,30 +131,46 @@ def test_packed_forward_backward_has_no_host_sync(micro_model: Path, checkpointi
 
 
 # ------------------------------------------------------------------ varlen plumbing through CPU stand-ins
-def _reference_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
-                      cu_k: torch.Tensor, gqa: bool) -> torch.Tensor:
-    """(T, H, D) causal attention per [cu[i], cu[i+1]) span, the varlen kernels' contract."""
-    assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k)
+def _spans(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int,
+           max_k: int, causal: bool, scale: float | None = None, gqa: bool = False) -> torch.Tensor:
+    """What torch's varlen_attn computes, with its checks: equal heads unless ``gqa``, the collator's lengths."""
+    assert causal and max_q == max_k == max(LENGTHS) and q.is_contiguous()
+    if not gqa and q.shape[1] != k.shape[1]:
+        raise ValueError("Expect query and key/value to have the same number of heads")
     bounds = cu_q.tolist()
-    outs = [F.scaled_dot_product_attention(*(x[s:e].transpose(0, 1) for x in (q, k, v)), is_causal=True,
-                                           enable_gqa=gqa).transpose(0, 1) for s, e in itertools.pairwise(bounds)]
-    return torch.cat(outs)
+    assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k)
+    return torch.cat([F.scaled_dot_product_attention(*(x[s:e].transpose(0, 1) for x in (q, k, v)), is_causal=True,
+                                                     scale=scale, enable_gqa=gqa).transpose(0, 1)
+                      for s, e in itertools.pairwise(bounds)])
+
+
+# stand-ins with exactly the signatures of torch's releases (torch/nn/attention/varlen.py)
+def varlen_2_10(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False,  # type: ignore[no-untyped-def]
+                return_aux=None):
+    return _spans(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal)
+
+
+def varlen_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,  # type: ignore[no-untyped-def]
+                return_aux=None, scale=None, window_size=(-1, -1)):
+    return _spans(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_size == (-1, 0), scale)
+
+
+def varlen_2_13(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,  # type: ignore[no-untyped-def]
+                return_aux=None, scale=None, window_size=(-1, -1), enable_gqa=False, seqused_k=None,
+                block_table=None, num_splits=None):
+    return _spans(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_size == (-1, 0), scale, enable_gqa)
+
+
+VARLEN_APIS = {"2.10": varlen_2_10, "2.11": varlen_2_11, "2.13": varlen_2_13}
 
 
 def _fake_torch_varlen(takes_gqa: bool) -> Any:
-    def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None,  # type: ignore[no-untyped-def]
-                    window_size=(-1, -1), **kw):
-        assert window_size == (-1, 0) and max_q == max_k == max(LENGTHS) and q.is_contiguous()
-        assert ("enable_gqa" in kw) == takes_gqa
-        if not takes_gqa:
-            assert k.shape[1] == q.shape[1]  # kv heads expanded by the caller
-        return _reference_varlen(q, k, v, cu_q, cu_k, kw.get("enable_gqa", False))
-    return varlen_attn
+    return attention.VarlenApi.of(varlen_2_13 if takes_gqa else varlen_2_11)
 
 
 def _fake_flash(q, k, v, cu_q, cu_k, max_q, max_k, *, dropout_p, softmax_scale, causal):  # type: ignore[no-untyped-def]
-    assert causal and dropout_p == 0.0 and max_q == max(LENGTHS)
-    return _reference_varlen(q, k, v, cu_q, cu_k, q.shape[1] != k.shape[1])
+    assert dropout_p == 0.0
+    return _spans(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, q.shape[1] != k.shape[1])
 
 
 @pytest.mark.parametrize("kernel", ["flash", "torch_gqa", "torch_no_gqa"])
@@ -166,7 +182,7 @@ def test_varlen_kernel_plumbing(kernel: str, monkeypatch: pytest.MonkeyPatch) ->
         name = attention.FLASH_ATTN
     else:
         takes = kernel == "torch_gqa"
-        monkeypatch.setattr(attention, "torch_varlen", lambda: (_fake_torch_varlen(takes), takes))
+        monkeypatch.setattr(attention, "torch_varlen", lambda: _fake_torch_varlen(takes))
         name = attention.TORCH_VARLEN
     batch = TokenCollator(0, packed=True)(_examples())
     T, g = sum(LENGTHS), torch.Generator().manual_seed(0)
@@ -177,19 +193,51 @@ def test_varlen_kernel_plumbing(kernel: str, monkeypatch: pytest.MonkeyPatch) ->
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("scaling", [None, 16 ** -0.5, 0.3])
+@pytest.mark.parametrize("release", VARLEN_APIS)
+def test_each_torch_varlen_signature(release: str, scaling: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each release's varlen_attn is called by its own signature (read once): 2.10's is_causal with the scale
+    folded into q and kv heads repeated, 2.11's scale and window_size, 2.13's enable_gqa; the output is
+    per-example SDPA's with the same scale (GQA: 4 query over 2 KV heads, D=16)."""
+    api = attention.VarlenApi.of(VARLEN_APIS[release])
+    assert api is not None and (api.causal, api.scale, api.gqa) == {
+        "2.10": ("is_causal", False, False), "2.11": ("window_size", True, False),
+        "2.13": ("window_size", True, True)}[release]
+    monkeypatch.setattr(attention, "torch_varlen", lambda: api)
+    batch = TokenCollator(0, packed=True)(_examples())
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, sum(LENGTHS), h, 16, generator=g).transpose(1, 2) for h in (4, 2, 2))
+    got = attention._varlen(attention.TORCH_VARLEN, q, k, v, dict(batch), 0.0, scaling).unsqueeze(0)
+    want = attention._per_example(q, k, v, list(LENGTHS), 0.0, scaling)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    if scaling == 0.3:  # a scale the kernel was not told about would show
+        assert not torch.allclose(want, attention._per_example(q, k, v, list(LENGTHS), 0.0, None), atol=1e-3)
+
+
+def test_installed_torch_varlen_signature_is_understood() -> None:
+    """This machine's torch (2.13 here) has varlen_attn with scale, window_size and enable_gqa; a signature with
+    no way to say "causal" is not used (packed rows then run SDPA per example)."""
+    from torch.nn.attention import varlen
+
+    api = attention.torch_varlen()
+    assert api is not None and api.fn is varlen.varlen_attn and (api.causal, api.scale, api.gqa) == (
+        "window_size", True, True)
+    assert attention.VarlenApi.of(lambda q, k, v, cu_q, cu_k, max_q, max_k: q) is None
+
+
 def test_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     """flash_attn's varlen first, then torch's varlen_attn, else per-example SDPA; CPU, fp32 and dropout the latter."""
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(attention, "_flash_capable", lambda index: True)
     monkeypatch.setattr(attention, "flash_varlen", lambda: _fake_flash)
-    monkeypatch.setattr(attention, "torch_varlen", lambda: (_fake_torch_varlen(True), True))
+    monkeypatch.setattr(attention, "torch_varlen", lambda: _fake_torch_varlen(True))
     assert attention.packed_kernel(cuda) == attention.FLASH_ATTN
     assert attention.packed_kernel(torch.device("cpu")) == attention.PER_EXAMPLE
     assert attention.packed_kernel(cuda, torch.float32) == attention.PER_EXAMPLE
     monkeypatch.setattr(attention, "flash_varlen", lambda: None)
     assert attention.packed_kernel(cuda, torch.float16) == attention.TORCH_VARLEN
     assert attention.packed_kernel(cuda, dropout=0.1) == attention.PER_EXAMPLE  # varlen_attn has no dropout
-    assert "packed rows torch varlen_attn" in attention.describe("auto", cuda)
+    assert "packed rows torch varlen_attn (window_size+scale+enable_gqa)" in attention.describe("auto", cuda)
     monkeypatch.setattr(attention, "torch_varlen", lambda: None)
     assert attention.packed_kernel(cuda) == attention.PER_EXAMPLE
     monkeypatch.setattr(attention, "_flash_capable", lambda index: False)  # pre-Ampere
@@ -278,18 +326,20 @@ def test_gpu_packed_varlen_equals_padded_in_bf16(micro_model: Path, checkpointin
         with torch.autocast("cuda", dtype=torch.bfloat16):
             results.append(_loss_and_grads(model, batch.to(device)))
     (loss_pad, g_pad), (loss_pack, g_pack) = results
-    torch.testing.assert_close(loss_pack, loss_pad, rtol=2e-2, atol=1e-2)
+    kernel = attention.describe("auto", device)  # named in every failure: which kernel ran the packed row
+    torch.testing.assert_close(loss_pack, loss_pad, rtol=2e-2, atol=1e-2, msg=lambda m: f"{kernel}: loss {m}")
     for n in g_pad:
-        torch.testing.assert_close(g_pack[n], g_pad[n], rtol=5e-2, atol=5e-3, msg=n)
-    print(attention.describe("auto", device))
+        torch.testing.assert_close(g_pack[n], g_pad[n], rtol=5e-2, atol=5e-3, msg=lambda m, n=n: f"{kernel}: {n} {m}")
     packed = TokenCollator(0, packed=True)(exs).to(device)
     backbone, _ = split_lm(model)
     inputs = {k: v for k, v in model_inputs(packed).items() if k != "input_ids"}
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
+    torch.cuda.set_sync_debug_mode("error")  # the first synchronising call raises from the line that made it
     try:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             final_hidden(backbone, model, packed["input_ids"], inputs).float().pow(2).mean().backward()
+    except RuntimeError as e:
+        raise AssertionError(f"{kernel}: a packed forward/backward synchronised: {e}") from e
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
