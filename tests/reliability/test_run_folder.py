@@ -51,9 +51,9 @@ def run_script(tmp_path: Path, body: str, args: list[str]) -> subprocess.Complet
 def test_a_second_run_into_a_held_folder_is_refused_and_a_killed_holders_lock_is_gone(micro_model: Path,
                                                                                       tmp_path: Path) -> None:
     out = tmp_path / "run"
-    args = sft_args(micro_model, out, "training.max_steps=40", "checkpoint.save_steps=1",
+    args = sft_args(micro_model, out, "training.max_steps=400", "checkpoint.save_steps=1",
                     "checkpoint.resume_from=latest")
-    # the first run, each step slowed to 0.5 s: it holds the folder for 20 s
+    # the first run, each step slowed to 0.5 s: it would hold the folder for 200 s (it is killed long before)
     first = subprocess.Popen([sys.executable, str(REPO / "tests" / "reliability" / "slow_steps.py"), "0.5", *args],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env())
     try:
@@ -77,12 +77,13 @@ def test_a_second_run_into_a_held_folder_is_refused_and_a_killed_holders_lock_is
         if first.stderr:
             first.stderr.close()
     # the holder died without a word: its lock went with it, and the next run resumes its checkpoints
-    proc = run_cli([*args[:-1], "training.max_steps=2", "checkpoint.resume_from=latest"])
+    step = int((out / "latest").read_text().removeprefix("checkpoint-"))
+    proc = run_cli([*args, f"training.max_steps={step + 1}"])
     assert_ok(proc)
-    assert "Resumed from" in proc.stderr or "Run finished" in proc.stderr
+    assert f"Resumed from {out / f'checkpoint-{step}'} at step {step}" in proc.stderr
     # a run that ended (not killed) leaves the folder free too: resume into it again
-    assert_ok(run_cli([*args[:-1], "training.max_steps=3", "checkpoint.resume_from=latest"]))
-    assert (out / LOCK_FILE).is_file()
+    assert_ok(run_cli([*args, f"training.max_steps={step + 2}"]))
+    assert (out / LOCK_FILE).is_file() and (out / "latest").read_text() == f"checkpoint-{step + 2}"
 
 
 @pytest.mark.slow(seconds=25)
@@ -191,7 +192,7 @@ def test_samples_log_is_rewound_on_resume(micro_model: Path, tmp_path: Path) -> 
     shutil.copy(out / "metrics.jsonl", tmp_path / "metrics.straight")
     proc = run_cli(["train", str(config), f"checkpoint.resume_from={out / 'checkpoint-2'}"])
     assert_ok(proc)
-    assert "samples.jsonl: dropped 6 rows logged after step 2 by the interrupted run" in proc.stderr
     assert (out / "samples.jsonl").read_text(encoding="utf-8") == straight
+    assert "samples.jsonl: dropped 6 rows logged after step 2 by the interrupted run" in proc.stderr
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
