@@ -105,4 +105,4 @@ def note_late_signal(watch: InterruptWatch, log: RunLogger) -> None:
     during it (no step is left to stop at) is one line; the run has finished whole and ends as a finished run."""
     if watch.signum is not None:
         log.info(f"{signal.Signals(watch.signum).name} received while the run was finishing: it finished first "
-                 "(last checkpoint and final model saved)")
+                 "(last checkpoint and final model saved, as configured)")
