@@ -93,8 +93,8 @@ def test_a_push_without_network_or_token_is_one_line_and_the_run_stands(sft_conf
             (SECRET, f"Hub push to me/tiny-sft at {closed} failed (ConnectError: ",
              f"hub.push_to_hub: could not check the token with the Hub at {closed} (ConnectError: "),
             (None, "Hub push skipped: no Hugging Face token (set HF_TOKEN or run `hf auth login`)",
-             "hub.push_to_hub: no Hugging Face token (set HF_TOKEN or run `hf auth login`); training goes on, and the "
-             "push of final/ to me/tiny-sft at the end will be skipped")):
+             ("hub.push_to_hub: no Hugging Face token (set HF_TOKEN or run `hf auth login`); training goes on, and "
+              "the push of final/ to me/tiny-sft at the end will be skipped"))):
         shutil.rmtree(tmp_path / "run", ignore_errors=True)
         env = child_env(HF_ENDPOINT=closed, HF_HOME=str(tmp_path / "hf"))  # an empty HF_HOME: no stored login
         env.pop("HF_TOKEN", None)

@@ -44,7 +44,7 @@ def run_script(tmp_path: Path, body: str, args: list[str]) -> subprocess.Complet
     script = tmp_path / "faulty.py"
     script.write_text(textwrap.dedent(body) + f"\nimport sys\nfrom alignkit.cli import main\nsys.exit(main({args!r}))\n")
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env=child_env())
+                          env=child_env(), check=False)
 
 
 @pytest.mark.slow(seconds=40)

@@ -156,13 +156,13 @@ class _QuietLog:
 
 
 @pytest.mark.parametrize("whoami, token, expected", [
-    (None, None, "hub.push_to_hub: no Hugging Face token (set HF_TOKEN or run `hf auth login`); training goes on, "
-                 "and the push of final/ to me/m at the end will be skipped"),
+    (None, None, ("hub.push_to_hub: no Hugging Face token (set HF_TOKEN or run `hf auth login`); training goes on, "
+                  "and the push of final/ to me/m at the end will be skipped")),
     ({"name": "me", "orgs": [], "auth": {"accessToken": {"role": "read"}}}, "hf_t",
      "hub.push_to_hub: the token of me is read-only; the push of final/ to me/m at the end will fail"),
     ({"name": "you", "orgs": [{"name": "lab"}], "auth": {"accessToken": {"role": "write"}}}, "hf_t",
-     "hub.push_to_hub: the token is you's, who is not a member of 'me' (organisations: lab); the push to me/m at "
-     "the end will likely be refused"),
+     ("hub.push_to_hub: the token is you's, who is not a member of 'me' (organisations: lab); the push to me/m "
+      "at the end will likely be refused")),
     ({"name": "you", "orgs": [{"name": "me"}], "auth": {"accessToken": {"role": "write"}}}, "hf_t", None),
     ({"name": "me", "orgs": [], "auth": {"accessToken": {"role": "write"}}}, "hf_t", None),
 ])
