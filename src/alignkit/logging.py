@@ -217,7 +217,7 @@ def peak_memory_mb(device_type: str) -> float:
 def truncate_metrics(path: Path, step: int) -> int:
     """Drop the rows of a step-keyed JSONL log (``metrics.jsonl``, ``samples.jsonl``) logged after ``step`` (a
     resumed run logs them again, so each step appears once); returns how many were dropped. Written atomically.
-    Split on "\n" alone: a sampled completion may hold \u2028 or \x85 raw (ensure_ascii=False), which
+    Split on "\\n" alone: a sampled completion may hold \\u2028 or \\x85 raw (ensure_ascii=False), which
     str.splitlines would take for line ends."""
     if not path.is_file():
         return 0
