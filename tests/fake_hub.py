@@ -1,5 +1,6 @@
 """A fake Hugging Face Hub on 127.0.0.1 for tests of ``hub.push_to_hub``: the endpoints ``huggingface_hub``'s
-``create_repo`` and ``upload_folder`` call, answered as the Hub answers them, every request recorded.
+``whoami`` (the start-up check), ``create_repo`` and ``upload_folder`` call, answered as the Hub answers them,
+every request recorded.
 
 Every file is answered as a "regular" upload, so its bytes arrive base64-encoded inside the commit (the real Hub
 sends large files through LFS / Xet instead); the test can then compare what arrived with the folder on disk.
@@ -34,6 +35,9 @@ class FakeHub:
     files: dict[str, bytes] = field(default_factory=dict)  # path in repo -> bytes, of every commit
     commits: list[dict[str, Any]] = field(default_factory=list)  # the commits' header values
     branches: list[str] = field(default_factory=list)  # "repo@branch" created
+    #: what GET /api/whoami-v2 answers for any token: the Hub's shape (a user "me" whose token may write)
+    whoami: dict[str, Any] = field(default_factory=lambda: {
+        "type": "user", "name": "me", "orgs": [], "auth": {"type": "access_token", "accessToken": {"role": "write"}}})
 
     def __enter__(self) -> FakeHub:
         hub = self
@@ -49,7 +53,10 @@ class FakeHub:
 
             def do_GET(self) -> None:
                 hub.requests.append(Request("GET", self.path, {k.lower(): v for k, v in self.headers.items()}, b""))
-                self._reply(404, {"error": f"fake hub: no GET {self.path}"})
+                if self.path == "/api/whoami-v2":
+                    self._reply(200, hub.whoami)
+                else:
+                    self._reply(404, {"error": f"fake hub: no GET {self.path}"})
 
             def _reply(self, status: int, payload: dict[str, Any]) -> None:
                 data = json.dumps(payload).encode()

@@ -86,6 +86,7 @@ class RunLogger:
         config: dict[str, Any] | None = None,
     ) -> None:
         self.is_main = is_main
+        self.output_dir: Path | None = output_dir if is_main else None
         self.report_to = set(report_to)
         self._jsonl = None
         self._tb = None
@@ -167,15 +168,22 @@ class RunLogger:
                 head = f"Epoch {max(1, math.ceil(epoch))} step {step}"
             self.info(f"{head} {shown}")
 
-    def rewind_metrics(self, step: int) -> int:
-        """Resuming at ``step``: drop the JSONL rows logged after it (they are logged again), so every
-        step appears once; returns how many rows were dropped (rank 0 only, else 0)."""
-        if self._jsonl is None:
-            return 0
-        path = Path(self._jsonl.name)
-        self._jsonl.close()
-        dropped = truncate_metrics(path, step)
-        self._jsonl = path.open("a", encoding="utf-8")
+    def rewind_metrics(self, step: int) -> dict[str, int]:
+        """Resuming at ``step``: drop the rows logged after it from metrics.jsonl and every other log the run
+        appends by step (:data:`STEP_LOGS`; they are logged again), so every step appears once; returns
+        ``{file name: rows dropped}`` for the files that had any (rank 0 only, else empty)."""
+        if not self.is_main or self.output_dir is None:
+            return {}
+        dropped = {}
+        for name in ("metrics.jsonl", *STEP_LOGS):
+            path = self.output_dir / name
+            if name == "metrics.jsonl" and self._jsonl is not None:
+                self._jsonl.close()
+            n = truncate_metrics(path, step)
+            if name == "metrics.jsonl" and self._jsonl is not None:
+                self._jsonl = path.open("a", encoding="utf-8")
+            if n:
+                dropped[name] = n
         return dropped
 
     def close(self) -> None:
@@ -188,6 +196,10 @@ class RunLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+#: the logs besides metrics.jsonl that a run appends rows to, each row with its ``step`` (rewound on resume)
+STEP_LOGS = ("samples.jsonl",)
 
 
 def peak_memory_mb(device_type: str) -> float:
@@ -203,12 +215,16 @@ def peak_memory_mb(device_type: str) -> float:
 
 
 def truncate_metrics(path: Path, step: int) -> int:
-    """Drop the rows of ``metrics.jsonl`` logged after ``step`` (a resumed run logs them again, so each
-    step appears once); returns how many were dropped. Written atomically."""
+    """Drop the rows of a step-keyed JSONL log (``metrics.jsonl``, ``samples.jsonl``) logged after ``step`` (a
+    resumed run logs them again, so each step appears once); returns how many were dropped. Written atomically.
+    Split on "\\n" alone: a sampled completion may hold \\u2028 or \\x85 raw (ensure_ascii=False), which
+    str.splitlines would take for line ends."""
     if not path.is_file():
         return 0
     kept, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").split("\n"):
+        if not line:
+            continue
         try:
             row_step = json.loads(line).get("step", 0)
         except (ValueError, AttributeError):  # a line cut by a crash

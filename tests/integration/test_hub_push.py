@@ -80,6 +80,8 @@ def test_card_in_every_model_folder_and_push_to_a_fake_hub(sft_config: dict[str,
     assert posts and all(r.headers.get("authorization") == f"Bearer {SECRET}" for r in posts)
     assert f"Pushed {final} to the Hub: {hub.url}/me/tiny-sft/commit/" in proc.stderr
     assert SECRET not in proc.stdout + proc.stderr
+    # the start-up check asked the Hub who the token is ("me", may write to me/): nothing to say
+    assert "hub.push_to_hub:" not in proc.stderr and any(r.path == "/api/whoami-v2" for r in hub.requests)
 
 
 @pytest.mark.slow(seconds=25)
@@ -87,8 +89,12 @@ def test_a_push_without_network_or_token_is_one_line_and_the_run_stands(sft_conf
                                                                          micro_model: Path, tmp_path: Path) -> None:
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the network is down
     cfg = _config(sft_config, tmp_path, micro_model)
-    for token, expected in ((SECRET, f"Hub push to me/tiny-sft at {closed} failed (ConnectError: "),
-                            (None, "Hub push skipped: no Hugging Face token (set HF_TOKEN or run `hf auth login`)")):
+    for token, expected, at_start in (
+            (SECRET, f"Hub push to me/tiny-sft at {closed} failed (ConnectError: ",
+             f"hub.push_to_hub: could not check the token with the Hub at {closed} (ConnectError: "),
+            (None, "Hub push skipped: no Hugging Face token (set HF_TOKEN or run `hf auth login`)",
+             ("hub.push_to_hub: no Hugging Face token (set HF_TOKEN or run `hf auth login`); training goes on, and "
+              "the push of final/ to me/tiny-sft at the end will be skipped"))):
         shutil.rmtree(tmp_path / "run", ignore_errors=True)
         env = child_env(HF_ENDPOINT=closed, HF_HOME=str(tmp_path / "hf"))  # an empty HF_HOME: no stored login
         env.pop("HF_TOKEN", None)
@@ -100,6 +106,11 @@ def test_a_push_without_network_or_token_is_one_line_and_the_run_stands(sft_conf
         assert_ok(proc)
         lines = [x for x in (proc.stdout + proc.stderr).splitlines() if "Hub push" in x]
         assert len(lines) == 1 and lines[0].startswith(expected), lines
+        # said at start-up too (issue 50.5: before, only after training), once, before training starts
+        log = proc.stderr.splitlines()
+        start = [i for i, x in enumerate(log) if x.startswith("hub.push_to_hub:")]
+        training = next(i for i, x in enumerate(log) if x.startswith("Training: "))
+        assert len(start) == 1 and log[start[0]].startswith(at_start) and start[0] < training, log[start[0]:][:3]
         final = tmp_path / "run" / "final"
         assert lines[0].endswith(f"the model is complete in {final}; upload it later with: hf upload me/tiny-sft {final}")
         assert "Traceback" not in proc.stderr

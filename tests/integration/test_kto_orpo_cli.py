@@ -5,6 +5,8 @@
   run's losses, and ``alignkit eval`` of ``final/`` gives the run's last evaluation.
 - A KTO row without its desirability label, and an ORPO row without a chosen response, are one-line
   errors naming the file and line.
+- KTO data with desirable rows only (or undesirable only) is refused in one line at start-up; the Eq. 8 imbalance
+  warning counts the whole data set, not the first micro-batches.
 """
 
 from __future__ import annotations
@@ -78,3 +80,39 @@ def test_bad_row_is_one_line_naming_file_and_line(micro_model: Path, tmp_path: P
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == f"alignkit: error: {path}{message}"
     assert "Traceback" not in proc.stderr
+
+
+def kto_rows(path: Path, desirable: int, undesirable: int) -> Path:
+    rows = [{"prompt": f"What is {i}+{i}?", "completion": str(2 * i), "label": i < desirable}
+            for i in range(desirable + undesirable)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("label", [True, False])
+def test_kto_one_sided_data_is_one_line(micro_model: Path, tmp_path: Path, label: bool) -> None:
+    """Before, desirable rows alone trained and logged logps/rejected=nan without a word."""
+    path = kto_rows(tmp_path / "rows.jsonl", 8 if label else 0, 0 if label else 8)
+    proc = run_cli(["train", *args("kto", micro_model, tmp_path / "x", f"data.train={path}", "data.eval=[]",
+                                   "training.max_steps=1")])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    kind, other = ("desirable", "undesirable") if label else ("undesirable", "desirable")
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"alignkit: error: data.train: all 8 completions are {kind} (label {str(label).lower()}); KTO needs {other} "
+        f"ones too (label {str(not label).lower()}), else their loss and metrics are undefined (NaN)")
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "x" / "metrics.jsonl").read_text()  # refused before any step
+
+
+def test_kto_imbalance_warning_counts_the_whole_data_set(micro_model: Path, tmp_path: Path) -> None:
+    """12 desirable and 4 undesirable rows, one step of 4 completions: before, the warning counted the 4 the step
+    read (``examples_used``), not the data's 16."""
+    path = kto_rows(tmp_path / "rows.jsonl", 12, 4)
+    proc = run_cli(["train", *args("kto", micro_model, tmp_path / "x", f"data.train={path}", "data.eval=[]",
+                                   "training.max_steps=1")])
+    assert_ok(proc)
+    lines = [x for x in proc.stderr.splitlines() if "desirable and" in x]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert ("kto: data.train holds 12 desirable and 4 undesirable completions; desirable_weight x 12 / "
+            "(undesirable_weight x 4) = 3.00, outside [1, 4/3] (KTO paper Eq. 8): e.g. set kto.desirable_weight=0.33"
+            in lines[0]), lines

@@ -1,6 +1,6 @@
 """Runs logged from step 0 (``training.eval_before_train``): the untrained model's eval is metrics.jsonl's
 first row, equal to ``alignkit eval`` of the starting model; training is the same with it off; a resumed run
-does not log step 0 again."""
+does not log step 0 again; asked for (true) without eval data, it says once that there is none."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from alignkit.cli.eval_command import run_eval
 from alignkit.config import load_config
 from alignkit.train.runner import run_train
-from tests.conftest import REPO, write_config
+from tests.conftest import REPO, assert_ok, run_cli, write_config
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
@@ -73,3 +73,15 @@ def test_online_run_logs_its_start_eval_and_first_iteration(micro_model: Path, t
     logged = rows(out)
     assert [r["step"] for r in logged if "eval/reward_mean" in r] == [0, 3]
     assert [r["step"] for r in logged if "loss" in r] == [1, 3]
+
+
+def test_eval_before_train_without_eval_data_says_so_once(sft_config: dict[str, Any], tmp_path: Path) -> None:
+    """``training.eval_before_train=true`` with no data.eval: before, the step-0 eval was skipped without a word.
+    Left at its default (null: whenever there is eval data) it says nothing."""
+    said = "training.eval_before_train=true: no evaluation before training, the run has no eval data (data.eval)"
+    sft_config["training"]["max_steps"] = 1
+    config = write_config(tmp_path / "c.yaml", sft_config)
+    for value, expected in (("true", [said]), ("null", [])):
+        proc = run_cli(["train", str(config), f"output_dir={tmp_path / value}", f"training.eval_before_train={value}"])
+        assert_ok(proc)
+        assert [x for x in proc.stderr.splitlines() if "training.eval_before_train" in x] == expected, proc.stderr[-2000:]

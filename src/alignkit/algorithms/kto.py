@@ -95,7 +95,7 @@ class KTO(OfflineAlgorithm):
     def before_training(self, ctx: Context, train_set: list[Example], eval_set: list[Example]) -> None:
         """``kto.precompute_ref_logps``: cache the reference log-probs of every completion and KL completion (as
         DPO's, ``cache_pair_values``); warn, as TRL does, when the weights do not balance the desirable and
-        undesirable counts (Eq. 8)."""
+        undesirable counts (Eq. 8) of the whole training set (``train_set`` may be the first batches alone)."""
         k = self.cfg.section(KTOConfig)
         if k.precompute_ref_logps:
             models = ctx.models
@@ -109,11 +109,10 @@ class KTO(OfflineAlgorithm):
             models.free("reference")
             log.info(f"Precomputed reference log-probs ({self.reference}) of {len(train_set)} train and {len(eval_set)} "
                      "eval completions and of their KL completions")
-        n_d = sum(bool(e["label"]) for e in train_set)
-        n_u = len(train_set) - n_d
+        n_d, n_u = self.data.label_counts.get("train", (0, 0))  # the whole data set, counted as it was read
         ratio = k.desirable_weight * max(n_d, 1) / max(k.undesirable_weight * max(n_u, 1), 1e-12)
         if ctx.strategy.is_main and not 1.0 <= round(ratio, 2) <= 1.33:  # rounded as TRL's check is
-            log.warning(f"kto: {n_d} desirable and {n_u} undesirable completions; desirable_weight x {n_d} / "
+            log.warning(f"kto: data.train holds {n_d} desirable and {n_u} undesirable completions; desirable_weight x {n_d} / "
                         f"(undesirable_weight x {n_u}) = {ratio:.2f}, outside [1, 4/3] (KTO paper Eq. 8): e.g. set "
                         f"kto.desirable_weight={k.undesirable_weight * max(n_u, 1) / max(n_d, 1):.2f}")
 

@@ -189,10 +189,11 @@ class TrainingConfig:
     )
     seed: int = f(42, "Seed for data order, init of new heads and dropout.")
     eval_steps: Optional[int] = f(None, "Evaluate every N optimizer steps (and at the end).", gt=0)
-    eval_before_train: bool = f(
-        True, "With an eval set: evaluate the untrained model before the first step, logged as step 0 (eval/*), "
-        "so every eval curve starts at the starting value. Not repeated by a resumed run; the step-0 eval leaves "
-        "the random state alone, so training is the same with it off.")
+    eval_before_train: Optional[bool] = f(
+        None, "Evaluate the untrained model before the first step, logged as step 0 (eval/*), so every eval curve "
+        "starts at the starting value. null (default) = whenever the run has eval data; true without eval data "
+        "(data.eval) is one warning line. Not repeated by a resumed run; the step-0 eval leaves the random state "
+        "alone, so training is the same with it off.")
     eval_batch_size: Optional[int] = f(None, "Per-device eval batch; defaults to per_device_batch_size.", gt=0)
     nonfinite: Literal["skip", "stop"] = f(
         "skip", "A loss or gradient norm that is not finite on any rank: skip = that optimizer step is dropped "

@@ -149,6 +149,8 @@ class UnpairedData:
         self.tokenizer, self.cfg, self.pair = tokenizer, cfg, pair
         self.skipped: dict[str, int] = {}
         self.row_counts: dict[str, RowCounts] = {}
+        #: per split, (desirable, undesirable) completions of the whole split, counted once as it is built
+        self.label_counts: dict[str, tuple[int, int]] = {}
 
     def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
         d = self.cfg
@@ -158,6 +160,13 @@ class UnpairedData:
         examples = [r[0] for r in rows] + [r[1] for r in rows if len(r) > 1]  # TRL's unpairing order
         attach_kl_completions(examples, d.max_length)
         self.row_counts[split], self.skipped[split] = counts, counts.total_dropped
+        n_d = sum(bool(e["label"]) for e in examples)
+        self.label_counts[split] = (n_d, len(examples) - n_d)
+        if split == "train" and examples and n_d in (0, len(examples)):
+            kind, other = ("desirable", "undesirable") if n_d else ("undesirable", "desirable")
+            raise DataError(f"data.train: all {len(examples)} completions are {kind} (label "
+                            f"{str(bool(n_d)).lower()}); KTO needs {other} ones too (label {str(not n_d).lower()}), "
+                            "else their loss and metrics are undefined (NaN)")
         return examples
 
     def collate(self, examples: list[dict[str, Any]]) -> Any:

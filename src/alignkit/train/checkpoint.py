@@ -146,12 +146,28 @@ def clean_stale(output_dir: Path) -> None:
 
 
 def discard(path: Path) -> None:
-    """Delete a checkpoint so that a crash at any moment leaves it whole or invisible: it is renamed to a
-    hidden trash name first (atomic; loaders ignore it, the next run removes it), then deleted."""
-    trash = path.with_name(f"{TRASH_PREFIX}{path.name[len(PREFIX):]}-{os.getpid()}")
+    """Delete a checkpoint (or an exported model folder) so that a crash at any moment leaves it whole or
+    invisible: it is renamed to a hidden trash name first (atomic; loaders ignore it, the next run removes it),
+    then deleted."""
+    trash = path.with_name(f"{TRASH_PREFIX}{path.name.removeprefix(PREFIX)}-{os.getpid()}")
     os.rename(path, trash)
     fsync_dir(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def tmp_dir(final: Path) -> Path:
+    """The hidden folder ``final`` is written in before :func:`put_in_place` (the next run removes a stale one)."""
+    return final.with_name(TMP_PREFIX + final.name.removeprefix(PREFIX))
+
+
+def put_in_place(tmp: Path, final: Path) -> None:
+    """Rank 0: ``tmp``'s files made durable (fsync), then ``tmp`` renamed to ``final`` (an older ``final``, e.g. a step
+    saved again after a resume, discarded first): ``final`` is either absent, the old one or the new one, whole."""
+    _fsync_tree(tmp)
+    if final.exists():
+        discard(final)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
 
 
 def save_checkpoint(
@@ -169,7 +185,7 @@ def save_checkpoint(
     """Write ``checkpoint-STEP`` atomically (module docstring); every rank calls. ``extra(folder)``: every rank
     writes its own files (e.g. an algorithm's per-rank EMA) into the checkpoint before it is renamed."""
     final = output_dir / f"{PREFIX}{step}"
-    tmp = output_dir / f"{TMP_PREFIX}{step}"
+    tmp = tmp_dir(final)
     if strategy.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -196,11 +212,7 @@ def save_checkpoint(
         torch.save({"schedulers": schedulers, "rng": rngs}, tmp / "scheduler_rng.pt")
         (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
         (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
-        _fsync_tree(tmp)
-        if final.exists():  # re-saving a step after a resume
-            discard(final)
-        os.rename(tmp, final)
-        fsync_dir(output_dir)
+        put_in_place(tmp, final)
         write_text_atomic(output_dir / LATEST, final.name)
         if save_total_limit:
             for old in list_checkpoints(output_dir)[:-save_total_limit]:

@@ -59,6 +59,68 @@ def push_final(final_dir: Path, hub: HubConfig, log: RunLogger, *, algorithm: st
     return str(info.commit_url)
 
 
+#: seconds the start-up check of the token waits for the Hub (a network that drops packets must not hold the run)
+CHECK_TIMEOUT_S = 15.0
+
+
+def check_at_start(hub: HubConfig, log: RunLogger) -> None:
+    """``hub.push_to_hub``, rank 0 at start-up: warn at once (one line) what would make the push at the end fail,
+    rather than after hours of training: no token; where the Hub answers (``whoami``), a token it refuses, a
+    read-only token, or a namespace of ``hub.repo_id`` that is neither the user's nor one of their organisations'.
+    Without the network (or offline mode) the check is one line saying it could not be made. Never raises; the
+    end-of-run push and its line stay as they are."""
+    from huggingface_hub import get_token
+
+    if not hub.push_to_hub:
+        return
+    if not get_token():
+        log.info("hub.push_to_hub: no Hugging Face token (set HF_TOKEN or run `hf auth login`); training goes on, "
+                 f"and the push of final/ to {hub.repo_id} at the end will be skipped")
+        return
+    problem = _token_problem(hub)
+    if problem:
+        log.info(f"hub.push_to_hub: {problem}")
+
+
+def _token_problem(hub: HubConfig) -> str | None:
+    """What the Hub says against pushing to ``hub.repo_id`` with this token (None: nothing), asked in a thread that
+    is given up after :data:`CHECK_TIMEOUT_S`."""
+    import threading
+
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
+    answer: dict[str, Any] = {}
+
+    def ask() -> None:
+        try:
+            answer["me"] = api.whoami()
+        except Exception as e:  # noqa: BLE001 - offline, refused, a mirror without the endpoint: all said in one line
+            answer["error"] = e
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    thread.join(CHECK_TIMEOUT_S)
+    later = "the push is tried at the end of the run"
+    if "me" not in answer:
+        why = failure(answer["error"]) if "error" in answer else f"no answer in {CHECK_TIMEOUT_S:.0f} s"
+        status = getattr(getattr(answer.get("error"), "response", None), "status_code", None)
+        if status == 401:
+            return f"the Hub at {api.endpoint} refuses the token ({why}); the push at the end will fail"
+        return f"could not check the token with the Hub at {api.endpoint} ({why}); {later}"
+    me = answer["me"]
+    user = str(me.get("name", "?"))
+    role = ((me.get("auth") or {}).get("accessToken") or {}).get("role")
+    if role == "read":
+        return f"the token of {user} is read-only; the push of final/ to {hub.repo_id} at the end will fail"
+    owner = hub.repo_id.split("/", 1)[0] if hub.repo_id and "/" in hub.repo_id else user
+    orgs = {str(o.get("name")) for o in me.get("orgs") or [] if isinstance(o, dict)}
+    if owner != user and owner not in orgs:
+        return (f"the token is {user}'s, who is not a member of {owner!r} (organisations: "
+                f"{', '.join(sorted(orgs)) or 'none'}); the push to {hub.repo_id} at the end will likely be refused")
+    return None
+
+
 def upload_operations(final_dir: Path) -> list[Any]:
     """One commit's files: every file under ``final_dir`` (as ``upload_folder`` would, ``.git`` and
     ``.cache`` left out), ``config.yaml`` with its secret-looking values masked (``logging.scrub``)."""

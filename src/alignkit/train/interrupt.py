@@ -98,3 +98,11 @@ def stop_if_requested(watch: InterruptWatch, state: TrainState, checkpointer: Ch
     path = done[1] if done is not None and done[0] == state.step else save(state)
     log.close()
     raise Interrupted(signum, state.step, path)
+
+
+def note_late_signal(watch: InterruptWatch, log: RunLogger) -> None:
+    """After the run's end (last checkpoint, pruning, final model), all under the watch: a signal that came
+    during it (no step is left to stop at) is one line; the run has finished whole and ends as a finished run."""
+    if watch.signum is not None:
+        log.info(f"{signal.Signals(watch.signum).name} received while the run was finishing: it finished first "
+                 "(last checkpoint and final model saved, as configured)")

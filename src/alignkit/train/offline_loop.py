@@ -25,7 +25,7 @@ from alignkit.distributed.strategy.base import Strategy
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
 from alignkit.train.evaluate import evaluate, evaluate_at_start
-from alignkit.train.interrupt import InterruptWatch, stop_if_requested
+from alignkit.train.interrupt import InterruptWatch, note_late_signal, stop_if_requested
 from alignkit.train.optim import build_scheduler
 from alignkit.train.run_plan import RunPlan
 from alignkit.train.step import (
@@ -84,10 +84,12 @@ class OfflineTrainer:
         if self.stream is not None:
             self.stream.restore(state.stream)
         algo.load_state_dict(state.algo)
+        if self.checkpointer.resumed is not None and self._epoch_ends(state):
+            self._save_epoch(state)  # its epoch_N/ may be missing: killed between that checkpoint and the export
         window, losses = Window(), []
         guard = NonfiniteGuard(cfg.training.nonfinite, cfg.training.max_nonfinite_steps, log)
         metrics: dict[str, float] = {}
-        eval_metrics = evaluate_at_start(self._evaluate, enabled=cfg.training.eval_before_train, step=state.step)
+        eval_metrics = evaluate_at_start(self._evaluate, enabled=cfg.training.eval_before_train is not False, step=state.step)
         log.start_progress(steps.total, initial=state.step)
         batches = self._micro_batches(state)
         self.models.train()
@@ -108,15 +110,16 @@ class OfflineTrainer:
                     eval_metrics = self._evaluate(state.step)
                 if self._due(cfg.checkpoint.save_steps, state.step):
                     self._save(state)
-                if cfg.checkpoint.save_each_epoch and state.consumed >= self.order.usable():
-                    self.checkpointer.save_final(self.out / f"epoch_{state.epoch + 1}", dump_yaml(cfg),
-                                                 f"the model of epoch {state.epoch + 1}")
+                if self._epoch_ends(state):
+                    self._save_epoch(state)
                 if state.step < steps.total:  # a signal: a checkpoint here, then stop (all ranks alike)
                     stop_if_requested(watch, state, self.checkpointer, self._save, log)
-        if self.eval_set:
-            eval_metrics = self._evaluate(state.step)
-        final_dir = self.checkpointer.finish(lambda: self._save(state), save_steps=cfg.checkpoint.save_steps,
-                                             save_final=cfg.checkpoint.save_final)
+            # still watched: a signal now (the last save, the pruning, final/) lets the run end whole first
+            if self.eval_set:
+                eval_metrics = self._evaluate(state.step)
+            final_dir = self.checkpointer.finish(lambda: self._save(state), save_steps=cfg.checkpoint.save_steps,
+                                                 save_final=cfg.checkpoint.save_final)
+            note_late_signal(watch, log)
         log.close()
         return TrainResult(final_dir, metrics, eval_metrics, losses)
 
@@ -210,6 +213,17 @@ class OfflineTrainer:
                            batch_size=t.eval_batch_size or self.plan.batch.per_device)
         self.log.log_metrics(step, metrics, prefix="eval/")
         return metrics
+
+    def _epoch_ends(self, state: TrainState) -> bool:
+        """Whether ``state`` is the end of an epoch whose model is exported (``checkpoint.save_each_epoch``)."""
+        return self.cfg.checkpoint.save_each_epoch and self.order is not None and state.consumed >= self.order.usable()
+
+    def _save_epoch(self, state: TrainState) -> None:
+        """``epoch_N/``: the model at the end of epoch N, written aside and renamed whole (:meth:`Checkpointer.save_final`).
+        A run resumed from the checkpoint at that epoch's end writes it again, so a kill between the two leaves none
+        missing."""
+        n = state.epoch + 1
+        self.checkpointer.save_final(self.out / f"epoch_{n}", dump_yaml(self.cfg), f"the model of epoch {n}")
 
     def _save(self, state: TrainState) -> Path:
         state.algo = self.algo.state_dict()

@@ -43,7 +43,7 @@ from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.engine import SamplingParams, build_engine
 from alignkit.rollout.experience import Sample, micro_batches
 from alignkit.train.evaluate import evaluate_at_start
-from alignkit.train.interrupt import InterruptWatch, stop_if_requested
+from alignkit.train.interrupt import InterruptWatch, note_late_signal, stop_if_requested
 from alignkit.train.offline_loop import TrainResult
 from alignkit.train.optim import build_scheduler
 from alignkit.train.run_plan import RunPlan, StepPlan
@@ -93,7 +93,7 @@ class OnlineTrainer:
         window, losses, metrics, eval_metrics = Window(), [], {}, {}
         guard = NonfiniteGuard(cfg.training.nonfinite, cfg.training.max_nonfinite_steps, log)
         if self.eval_prompts:  # where the policy starts: the eval curves' first point
-            eval_metrics = evaluate_at_start(self._evaluate, enabled=cfg.training.eval_before_train, step=state.step)
+            eval_metrics = evaluate_at_start(self._evaluate, enabled=cfg.training.eval_before_train is not False, step=state.step)
         log.start_progress(total, initial=state.step)
         self.models.train()
         with InterruptWatch(cfg.checkpoint.save_on_interrupt) as watch:
@@ -127,11 +127,13 @@ class OnlineTrainer:
                 self._tail_s["eval_save"] = time.perf_counter() - tail
                 if state.step < total:  # a signal: a checkpoint at this iteration's end, then stop
                     stop_if_requested(watch, state, self.checkpointer, self._save, log)
-        if self.eval_prompts:
-            eval_metrics = self._evaluate(state.step)
-        final_dir = self.checkpointer.finish(
-            lambda: self._save(state), save_steps=cfg.checkpoint.save_steps, save_final=cfg.checkpoint.save_final,
-            final_weights=lambda: self.algo.output_weights(Context(self.models, self.strategy, state.step)))
+            # still watched: a signal now (the last save, the pruning, final/) lets the run end whole first
+            if self.eval_prompts:
+                eval_metrics = self._evaluate(state.step)
+            final_dir = self.checkpointer.finish(
+                lambda: self._save(state), save_steps=cfg.checkpoint.save_steps, save_final=cfg.checkpoint.save_final,
+                final_weights=lambda: self.algo.output_weights(Context(self.models, self.strategy, state.step)))
+            note_late_signal(watch, log)
         log.close()
         return TrainResult(final_dir, metrics, eval_metrics, losses)
 

@@ -8,13 +8,17 @@ unless ``checkpoint.overwrite_output_dir`` asks to move the old run aside first;
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
+import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from alignkit.config import RunConfig
-from alignkit.errors import ConfigError
+from alignkit.errors import ConfigError, UserError
 from alignkit.train.checkpoint import LATEST, find_latest, list_checkpoints
 
 METRICS = "metrics.jsonl"
@@ -88,3 +92,62 @@ def check_reuse(cfg: RunConfig) -> str | None:
         raise ConfigError(f"checkpoint.overwrite_output_dir: cannot move the run in {str(path)!r} aside to "
                           f"{aside} ({e.strerror or e}); move it yourself or choose a new output_dir") from None
     return f"output_dir: moved the previous {what.removeprefix('a ')} to {aside} (checkpoint.overwrite_output_dir)"
+
+
+#: the lock file a running run holds in its output_dir (rank 0): an OS lock, released when the process dies
+LOCK_FILE = ".alignkit.lock"
+#: output_dir (resolved) -> the open lock file of the run this process holds it for
+_held: dict[str, Any] = {}
+
+
+def hold(path: Path) -> None:
+    """Take ``path``'s run lock for this process (rank 0, once ``path`` exists): ``fcntl.flock`` on
+    ``LOCK_FILE``, held until :func:`release` or the process's end (the OS drops it when the process dies, even by
+    SIGKILL: a crashed run never leaves the folder stuck). The holder's pid and host are written into the file; a
+    second run into the folder while it is held is refused in one line naming them. Where the file system has no
+    locks (some network mounts) or the OS no ``fcntl``, the run goes on unlocked."""
+    key = str(path.resolve())
+    if key in _held:  # the same process again (a second run_train in one interpreter)
+        return
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock
+        return
+    fh = (path / LOCK_FILE).open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            fh.close()
+            return  # ENOLCK / EOPNOTSUPP: no locks on this file system
+        holder = _holder(fh)
+        fh.close()
+        raise OutputDirInUse(f"output_dir {str(path)!r} is in use by another run ({holder}); wait for it to end, "
+                             "or choose another output_dir") from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+    fh.flush()
+    _held[key] = fh
+
+
+def _holder(fh: Any) -> str:
+    """Who holds the lock, as its holder wrote it (read again for a moment: it writes just after locking)."""
+    for _ in range(20):
+        fh.seek(0)
+        text = fh.read().strip()
+        if text:
+            return text
+        time.sleep(0.05)
+    return "pid and host not written yet"
+
+
+def release(path: Path) -> None:
+    """Let go of ``path``'s run lock (the end of a run); a no-op where this process does not hold it."""
+    fh = _held.pop(str(path.resolve()), None)
+    if fh is not None:
+        fh.close()  # closing the last descriptor drops the flock
+
+
+class OutputDirInUse(UserError):
+    """A second run into an output_dir another run holds (only rank 0 takes the lock, and it prints)."""

@@ -44,11 +44,11 @@ from alignkit.planner.plan_report import format_table
 from alignkit.planner.preflight import preflight
 from alignkit.plot import plot_after_run
 from alignkit.train.checkpoint import resolve_resume, role_dir
-from alignkit.train.hub_push import publish
+from alignkit.train.hub_push import check_at_start, publish
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
 from alignkit.train.optim import build_optimizer, optimizer_impl
-from alignkit.train.output_dir import check_reuse
+from alignkit.train.output_dir import check_reuse, hold, release
 from alignkit.train.run_plan import RunPlan, plan_run
 
 if TYPE_CHECKING:
@@ -282,11 +282,33 @@ def open_stream(cfg: RunConfig, algo: OfflineAlgorithm | OnlineAlgorithm, strate
                      split=d.train_split, config=d.train_config)
 
 
+def claim_output_dir(cfg: RunConfig) -> str | None:
+    """Rank 0, before anything else: create ``output_dir`` (one line where it cannot be written), hold its run
+    lock (a second run at once is refused, naming the first's pid and host), then refuse or move aside another
+    run's folder (:func:`check_reuse`); returns the line saying it was moved, if it was."""
+    out = Path(cfg.output_dir)
+    check_output_dir(out)
+    hold(out)
+    moved = check_reuse(cfg)
+    if moved:  # the lock moved aside with the old run's folder: hold the new one
+        release(out)
+        check_output_dir(out)
+        hold(out)
+    return moved
+
+
 def run_train(cfg: RunConfig) -> TrainResult:
-    moved = None
-    if read_env().is_main:  # only rank 0 writes; another run's folder is refused (or moved aside) first
-        moved = check_reuse(cfg)
-        check_output_dir(Path(cfg.output_dir))
+    """A whole run; rank 0 holds ``output_dir``'s run lock from the start to the end (:func:`claim_output_dir`)."""
+    main = read_env().is_main
+    moved = claim_output_dir(cfg) if main else None
+    try:
+        return _run(cfg, moved)
+    finally:
+        if main:
+            release(Path(cfg.output_dir))
+
+
+def _run(cfg: RunConfig, moved: str | None) -> TrainResult:
     session = Session.start(cfg)
     strategy, algo = session.strategy, session.algo
     out = Path(cfg.output_dir)
@@ -296,6 +318,8 @@ def run_train(cfg: RunConfig) -> TrainResult:
     if moved:
         logger.info(moved)
     session.announce(logger)
+    if strategy.is_main:  # hub.push_to_hub: what would make the push at the end fail, said now
+        check_at_start(cfg.hub, logger)
     if strategy.is_main:
         import yaml
 
@@ -304,6 +328,9 @@ def run_train(cfg: RunConfig) -> TrainResult:
         check_groups(session.plan, cfg)  # before the data are read: a config error is cheap to report
     train_set = open_stream(cfg, algo, strategy) if cfg.data.streaming else algo.data.build_dataset(cfg.data.train, "train")
     eval_set = algo.data.build_dataset(cfg.data.eval, "eval") if cfg.data.eval else []
+    if cfg.training.eval_before_train and not eval_set:
+        logger.info("training.eval_before_train=true: no evaluation before training, the run has no eval data "
+                    "(data.eval)")
     for split, name in (("train", "training"), ("eval", "evaluation")):  # rows dropped or changed, by cause
         for line in algo.data.row_counts[split].lines(name) if split in algo.data.row_counts else []:
             logger.info(line)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -251,9 +252,8 @@ class Checkpointer:
             self.log.info(f"LR schedule rebuilt from the new settings at step {saved['step']} (lr now {lr:.3g})")
         self.log.info(f"Resumed from {path} at step {saved['step']} (epoch {saved['epoch']})")
         self._note_layout(saved)
-        dropped = self.log.rewind_metrics(saved["step"])
-        if dropped:
-            self.log.info(f"metrics.jsonl: dropped {dropped} rows logged after step {saved['step']} by the interrupted run")
+        for name, dropped in self.log.rewind_metrics(saved["step"]).items():
+            self.log.info(f"{name}: dropped {dropped} rows logged after step {saved['step']} by the interrupted run")
         return TrainState(saved["step"], saved["epoch"], consumed_of(saved, self.batch.per_device), saved.get("algo", {}),
                           saved.get("stream"))
 
@@ -306,9 +306,13 @@ class Checkpointer:
         names ``what`` was saved (the final model, or an epoch's model)."""
         for i, (role, handle) in enumerate(self.models.handles.items()):
             target = final_dir if i == 0 else final_dir.with_name(f"{final_dir.name}_{role}")
-            self.strategy.save_model(handle, target, self.tokenizer_of(role))
+            tmp = ckpt.tmp_dir(target)  # written aside, then renamed whole (a crash leaves no half folder)
+            if self.strategy.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            self.strategy.save_model(handle, tmp, self.tokenizer_of(role))
             if self.strategy.is_main:  # how it was trained (e.g. `alignkit score` reads the data format)
-                (target / "config.yaml").write_text(config_yaml, encoding="utf-8")
+                (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
+                ckpt.put_in_place(tmp, target)
                 spec = self.models.specs.get(role)  # what the role started from, named by its card
                 write_model_card(target, config_yaml, self.out, source=spec.source if spec else None, what=what,
                                  role=None if i == 0 else role)

@@ -21,12 +21,12 @@ def test_eval_curves_have_more_than_one_point(path: Path) -> None:
     if not cfg.data.eval:
         return
     t = cfg.training
-    assert t.eval_before_train, "the untrained eval is the curve's first point"
+    assert t.eval_before_train is not False, "the untrained eval is the curve's first point (null: with eval data)"
     if t.max_steps is not None:
         assert t.eval_steps is not None and t.eval_steps < t.max_steps, (t.eval_steps, t.max_steps)
 
 
 def test_the_demo_curves_start_at_the_untrained_values() -> None:
     cfg = load_config(resource_path("demo_sft.yaml"), notes=False)
-    assert cfg.logging.logging_first_step and cfg.training.eval_before_train
+    assert cfg.logging.logging_first_step and cfg.training.eval_before_train is not False and cfg.data.eval
     assert cfg.training.max_steps // cfg.training.eval_steps + 1 >= 5  # eval points, step 0 included

@@ -153,3 +153,55 @@ class _QuietLog:
 
     def info(self, msg: str) -> None:
         self.lines.append(msg)
+
+
+@pytest.mark.parametrize("whoami, token, expected", [
+    (None, None, ("hub.push_to_hub: no Hugging Face token (set HF_TOKEN or run `hf auth login`); training goes on, "
+                  "and the push of final/ to me/m at the end will be skipped")),
+    ({"name": "me", "orgs": [], "auth": {"accessToken": {"role": "read"}}}, "hf_t",
+     "hub.push_to_hub: the token of me is read-only; the push of final/ to me/m at the end will fail"),
+    ({"name": "you", "orgs": [{"name": "lab"}], "auth": {"accessToken": {"role": "write"}}}, "hf_t",
+     ("hub.push_to_hub: the token is you's, who is not a member of 'me' (organisations: lab); the push to me/m "
+      "at the end will likely be refused")),
+    ({"name": "you", "orgs": [{"name": "me"}], "auth": {"accessToken": {"role": "write"}}}, "hf_t", None),
+    ({"name": "me", "orgs": [], "auth": {"accessToken": {"role": "write"}}}, "hf_t", None),
+])
+def test_the_push_is_checked_at_start_up(monkeypatch: pytest.MonkeyPatch, whoami: dict | None, token: str | None,
+                                         expected: str | None) -> None:
+    """Issue 50.5: before, a push that could not work was only reported after training. The check asks the Hub who
+    the token is (``whoami``) and sends nothing else."""
+    import huggingface_hub
+
+    from alignkit.config.schema import HubConfig
+    from alignkit.train.hub_push import check_at_start
+    from tests.fake_hub import FakeHub
+
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: token)
+    log = _QuietLog()
+    with FakeHub() as hub:
+        if whoami is not None:
+            hub.whoami = whoami
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        if token:
+            monkeypatch.setenv("HF_TOKEN", token)
+        check_at_start(HubConfig(push_to_hub=True, repo_id="me/m"), log)
+    assert log.lines == ([expected] if expected else [])
+    asked = [r for r in hub.requests if r.path == "/api/whoami-v2"]
+    assert len(asked) == (1 if token else 0) and all(r.method == "GET" for r in hub.requests)
+
+
+def test_the_start_up_check_without_network_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from alignkit.config.schema import HubConfig
+    from alignkit.train.hub_push import check_at_start
+    from tests.conftest import free_port
+
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    monkeypatch.setenv("HF_TOKEN", "hf_fake_token_0123456789")
+    log = _QuietLog()
+    check_at_start(HubConfig(push_to_hub=True, repo_id="me/m"), log)
+    assert len(log.lines) == 1 and log.lines[0].startswith(
+        f"hub.push_to_hub: could not check the token with the Hub at {closed} (ConnectError: "), log.lines
+    assert log.lines[0].endswith("; the push is tried at the end of the run")
+    check_at_start(HubConfig(push_to_hub=False), log)  # no push: no check
+    assert len(log.lines) == 1

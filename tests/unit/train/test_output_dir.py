@@ -3,6 +3,7 @@ epoch model; a folder a run left before its first logged step is free again."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,37 @@ def test_overwrite_moves_the_folder_aside_whole(tmp_path: Path) -> None:
     line = check_reuse(config(out, "checkpoint.overwrite_output_dir=true"))
     assert line == f"output_dir: moved the previous run to {tmp_path / 'run.old-2'} (checkpoint.overwrite_output_dir)"
     assert not out.exists() and (tmp_path / "run.old-2" / "notes.txt").read_text() == "mine"
+
+
+def test_the_run_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> None:
+    """Issue 50.2: an OS lock (flock), not a marker file: held by a live process it refuses a second holder in one
+    line naming the first's pid and host; the holder SIGKILLed, the lock is gone with it."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from alignkit.train.output_dir import LOCK_FILE, OutputDirInUse, hold, release
+
+    code = ("import sys, time; from pathlib import Path; from alignkit.train.output_dir import hold; "
+            "hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputDirInUse) as err:
+            hold(tmp_path)
+        assert str(err.value) == (f"output_dir {str(tmp_path)!r} is in use by another run (pid {holder.pid} on host "
+                                  f"{socket.gethostname()}); wait for it to end, or choose another output_dir")
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    finally:
+        holder.kill()
+        holder.wait()
+    start = time.monotonic()
+    hold(tmp_path)
+    hold(tmp_path)  # this process again (a second run_train in one interpreter): a no-op
+    assert time.monotonic() - start < 1.0
+    assert (tmp_path / LOCK_FILE).read_text() == f"pid {os.getpid()} on host {socket.gethostname()}\n"
+    release(tmp_path)
+    release(tmp_path)
