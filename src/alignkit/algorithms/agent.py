@@ -29,6 +29,7 @@ from alignkit.rewards.signals import gather_scores
 from alignkit.rollout.agents import calculator  # noqa: F401  (registers the shipped environment)
 from alignkit.rollout.agents.credit import turn_advantages
 from alignkit.rollout.agents.env import ENVIRONMENTS
+from alignkit.rollout.agents.parsers import TOOL_CALL_PARSERS
 from alignkit.rollout.agents.render import MessageRenderer
 from alignkit.rollout.agents.trajectory import Limits, Trajectory, run_trajectories, trajectory_counts
 from alignkit.rollout.config import RolloutConfig
@@ -51,6 +52,10 @@ class AgentConfig:
     credit: Literal["trajectory", "turn"] = f(
         "trajectory", "trajectory: every policy token gets its trajectory's advantage; turn: a turn's tokens get "
         "the advantage of its reward-to-go (the rewards at or after it).")
+
+    def __post_init__(self) -> None:  # an unknown name: one line with the closest (plugins are imported first)
+        ENVIRONMENTS.get(self.env)
+        TOOL_CALL_PARSERS.get(self.tool_call_parser)
 
 
 class AgentGRPO(GroupRelative):
