@@ -7,8 +7,8 @@ sample: its ``completion_ids`` hold the policy's and the environment's ids in tu
 policy's only. Its return (the sum of its turn rewards, the last being the final reward) is gathered from every
 rank in global order, so every rank computes the same group advantages (``agent.estimator``, ``agent.credit``);
 the update is GRPO's (``GroupUpdate``: the ``grpo:`` section), whose loss already multiplies by ``loss_mask``.
-Use ``grpo.loss_aggregation: token_mean``: ``sequence_mean`` divides a trajectory's loss by all its ids,
-the environment's too.
+``grpo.loss_aggregation: auto`` is ``token_mean`` here (``constant`` for dr_grpo): ``sequence_mean`` would divide a
+trajectory's loss by all its ids, the environment's too.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 
 from alignkit.algorithms.base import Batch
-from alignkit.algorithms.grpo import GroupRelative
+from alignkit.algorithms.grpo import GroupRelative, GRPOConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.distributed import comm
@@ -69,6 +69,8 @@ class AgentGRPO(GroupRelative):
         self.estimator = a.estimator  # read by GroupRelative's constructor
         super().__init__(cfg, tokenizer)
         self.agent = a
+        if cfg.section(GRPOConfig).loss_aggregation == "auto" and a.estimator != "dr_grpo":
+            self.group.aggregation = "token_mean"  # sequence_mean would count the environment's ids
         self.env = ENVIRONMENTS.get(a.env)(tool_timeout_s=a.tool_timeout_s,
                                            tool_call_parser=a.tool_call_parser)
         self.renderer = MessageRenderer(tokenizer, self.env.schemas())

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
-import alignkit.algorithms  # noqa: F401  (registers the sections)
+from alignkit.algorithms import ALGORITHMS
 from alignkit.algorithms.agent import AgentConfig
 from alignkit.config import load_config
 from alignkit.errors import UnknownNameError
@@ -33,3 +34,13 @@ def test_plugin_environment() -> None:
     r = env.step(state, '<tool_call>{"name": "reverse", "arguments": {"text": "cat"}}</tool_call>')
     assert r.messages == [{"role": "tool", "content": "tac"}] and not r.done
     assert env.step(state, "tac").reward == 1.0
+
+
+def test_auto_aggregation_is_token_mean(micro_model: Path) -> None:
+    """``sequence_mean`` would divide each trajectory's loss by the environment's ids too: auto is token_mean."""
+    tok = AutoTokenizer.from_pretrained(micro_model)
+    for extra, want in (([], "token_mean"), (["agent.estimator=dr_grpo"], "constant"),
+                        (["grpo.loss_aggregation=sequence_mean"], "sequence_mean")):
+        cfg = load_config(RECIPE, [f"model.name_or_path={micro_model}", "grpo.loss_aggregation=auto", *extra],
+                          notes=False)
+        assert ALGORITHMS.get("grpo_agent")(cfg, tok).group.aggregation == want, extra
