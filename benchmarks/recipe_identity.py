@@ -67,6 +67,10 @@ RECIPES: dict[str, tuple[list[str], list[str]]] = {
         "training.gradient_accumulation_steps=1", "safe_dpo.cost_eval_every=2", "safe_dpo.cost_eval_prompts=4",
         "data.max_length=96"]),
     "grpo": (["sft_digits"], ["model.name_or_path={r}/sft_digits/final", *ONLINE]),
+    "sft_calculator": ([], ["model.name_or_path={w}/lm", "training.per_device_batch_size=8"]),
+    "grpo_agent_calculator": (["sft_calculator"], ["model.name_or_path={r}/sft_calculator/final", *ONLINE,
+                                                   "agent.max_total_tokens=24", "agent.max_turns=2",
+                                                   "data.max_length=96"]),
     "ppo": (["sft_digits"], ["model.name_or_path={r}/sft_digits/final", *ONLINE]),
     "ppo_lag": (["sft_digits"], ["model.name_or_path={r}/sft_digits/final", *ONLINE]),
     "ppo_lag_rm": (["sft", "rm_helpful", "rm_harmless"], [

@@ -41,6 +41,12 @@ DIGIT_DATASETS: dict[str, tuple[str, int, int, str]] = {
     "digits_prompts_train.jsonl": ("prompts", 1000, 9, "train"),
     "digits_prompts_eval.jsonl": ("prompts", 100, 10, "eval"),
 }
+#: the calculator tool-use task of grpo_agent (data/synth_agents.py)
+AGENT_DATASETS: dict[str, tuple[str, int, int, str]] = {
+    "calculator_sft_train.jsonl": ("calculator-sft", 2000, 11, "train"),
+    "calculator_prompts_train.jsonl": ("calculator-prompts", 1000, 12, "train"),
+    "calculator_prompts_eval.jsonl": ("calculator-prompts", 100, 13, "eval"),
+}
 
 PARAGRAPHS = """\
 Alignment is the work of teaching a language model to be helpful, honest and harmless. A model is first
@@ -193,7 +199,7 @@ def main() -> None:
     path = RESOURCES / "corpus.txt"
     path.write_text(corpus, encoding="utf-8")
     print(f"wrote {path} ({len(corpus.encode('utf-8')) / 1024:.0f} KiB)")
-    for name, (kind, n, seed, split) in DATASETS.items():
+    for name, (kind, n, seed, split) in {**DATASETS, **AGENT_DATASETS}.items():
         out = synth.generate(kind, n, seed, RESOURCES / "data" / name, split=split)
         print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB, {n} rows)")
     for name, (kind, n, seed, split) in DIGIT_DATASETS.items():

@@ -1,0 +1,68 @@
+"""Synthetic data of the shipped tool-use task (``agent.env: calculator``): products of two 3-digit numbers, which
+the tiny policy cannot compute alone but can get from a ``calculator`` tool.
+
+``make_calculator_prompt_rows``: ``{"prompt": "What is 347*829?", "answer": "287663"}``.
+``make_calculator_sft_rows``: noisy tool-use demonstrations as chat rows: the call
+``<tool_call>{"name": "calculator", "arguments": {"expression": "347*829"}}</tool_call>``, the tool's result, the
+answer; a share ``noise`` of them go wrong the way a careless writer would (a digit of the expression mistyped, so
+the answer is wrong; a guess without the tool; a malformed call answered by the tool's error, then a guess).
+Held-out questions are those whose text hashes into the eval bucket, as in ``data/synth.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+from typing import Any
+
+#: one question in this many is held out (split "eval")
+_EVAL_BUCKETS = 10
+
+
+def _split_ok(question: str, split: str | None) -> bool:
+    return split is None or (zlib.crc32(question.encode()) % _EVAL_BUCKETS == 0) == (split == "eval")
+
+
+def _questions(n: int, seed: int, split: str | None) -> list[tuple[str, int, int]]:
+    rng, out = random.Random(seed), []
+    while len(out) < n:
+        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        if _split_ok(f"{a}*{b}", split):
+            out.append((f"What is {a}*{b}?", a, b))
+    return out
+
+
+def make_calculator_prompt_rows(n: int, seed: int = 0, *, split: str | None = None) -> list[dict[str, Any]]:
+    return [{"prompt": q, "answer": str(a * b)} for q, a, b in _questions(n, seed, split)]
+
+
+def tool_call_text(expression: str) -> str:
+    """A Hermes-format call of the calculator."""
+    return "<tool_call>" + json.dumps({"name": "calculator", "arguments": {"expression": expression}}) + "</tool_call>"
+
+
+def _demo(rng: random.Random, q: str, a: int, b: int, noise: float) -> list[dict[str, str]]:
+    user = {"role": "user", "content": q}
+    mode = rng.choice(("typo", "guess", "malformed")) if rng.random() < noise else "clean"
+    if mode == "guess":
+        return [user, {"role": "assistant", "content": str(a * b + rng.randint(-999, 999))}]
+    if mode == "malformed":
+        call = tool_call_text(f"{a}*{b}")[:-13]  # the closing tag lost
+        error = "Error: malformed tool call (unclosed <tool_call>)"
+        return [user, {"role": "assistant", "content": call}, {"role": "tool", "content": error},
+                {"role": "assistant", "content": str(a * b + rng.randint(-999, 999))}]
+    if mode == "typo":
+        digits = list(str(a))
+        i = rng.randrange(3)
+        digits[i] = str((int(digits[i]) + rng.randint(1, 8)) % 10 or 1)
+        a = int("".join(digits))
+    product = str(a * b)
+    return [user, {"role": "assistant", "content": tool_call_text(f"{a}*{b}")},
+            {"role": "tool", "content": product}, {"role": "assistant", "content": product}]
+
+
+def make_calculator_sft_rows(n: int, seed: int = 0, *, split: str | None = None,
+                             noise: float = 0.4) -> list[dict[str, Any]]:
+    rng = random.Random(seed + 1)
+    return [{"messages": _demo(rng, q, a, b, noise)} for q, a, b in _questions(n, seed, split)]

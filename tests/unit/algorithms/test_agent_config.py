@@ -1,0 +1,46 @@
+"""The ``agent:`` section (issue 48): names are checked at load with the closest valid one, and an environment from
+a one-file plugin (tests/plugins/agent_env.py, the docs' example) is found through ``plugins:`` and steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from alignkit.algorithms import ALGORITHMS
+from alignkit.algorithms.agent import AgentConfig
+from alignkit.config import load_config
+from alignkit.errors import UnknownNameError
+from alignkit.rollout.agents.env import ENVIRONMENTS, EnvState
+
+RECIPE = Path(__file__).resolve().parents[3] / "configs" / "grpo_agent_calculator.yaml"
+
+
+def test_unknown_names_fail_at_load() -> None:
+    with pytest.raises(UnknownNameError, match="did you mean 'calculator'"):
+        load_config(RECIPE, ["agent.env=calculater"], notes=False)
+    with pytest.raises(UnknownNameError, match="tool-call parser"):
+        load_config(RECIPE, ["agent.tool_call_parser=qwen"], notes=False)
+
+
+def test_plugin_environment() -> None:
+    cfg = load_config(RECIPE, ["plugins=[tests.plugins.agent_env]", "agent.env=reverse_word", "agent.credit=turn"],
+                      notes=False)
+    a = cfg.section(AgentConfig)
+    assert (a.env, a.credit, a.max_turns, a.max_total_tokens) == ("reverse_word", "turn", 3, 128)
+    env = ENVIRONMENTS.get("reverse_word")(tool_timeout_s=a.tool_timeout_s)
+    state = EnvState({"prompt": "Reverse: cat", "answer": "tac"}, [])
+    r = env.step(state, '<tool_call>{"name": "reverse", "arguments": {"text": "cat"}}</tool_call>')
+    assert r.messages == [{"role": "tool", "content": "tac"}] and not r.done
+    assert env.step(state, "tac").reward == 1.0
+
+
+def test_auto_aggregation_is_token_mean(micro_model: Path) -> None:
+    """``sequence_mean`` would divide each trajectory's loss by the environment's ids too: auto is token_mean."""
+    tok = AutoTokenizer.from_pretrained(micro_model)
+    for extra, want in (([], "token_mean"), (["agent.estimator=dr_grpo"], "constant"),
+                        (["grpo.loss_aggregation=sequence_mean"], "sequence_mean")):
+        cfg = load_config(RECIPE, [f"model.name_or_path={micro_model}", "grpo.loss_aggregation=auto", *extra],
+                          notes=False)
+        assert ALGORITHMS.get("grpo_agent")(cfg, tok).group.aggregation == want, extra
