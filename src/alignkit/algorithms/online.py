@@ -46,7 +46,7 @@ class OnlineAlgorithm(Algorithm):
     :meth:`rollout` (default: generate -> score -> :meth:`make_experience`) and its :meth:`evaluate`."""
 
     name: str = "online"
-    config_sections = ("rollout", "reward")
+    config_sections = ("rollout", "reward", "off_policy")
     #: :meth:`evaluate` runs on every rank, also one with no eval prompt (fewer prompts than ranks): the gathers and
     #: forwards of a sharded policy (FSDP2 / ZeRO-3) are collectives every rank must join
     evaluate_on_every_rank: bool = False

@@ -1,0 +1,47 @@
+"""The GRPO family's config values: CISPO, the overlong punishment, the off-policy correction section."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import alignkit.algorithms  # noqa: F401 - registrations
+from alignkit.algorithms.grpo import GRPO
+from alignkit.algorithms.token_rollout import TokenRollout
+from alignkit.config.loader import load_config
+from alignkit.errors import ConfigError
+
+
+def cfg(tmp_path, *overrides):
+    path = tmp_path / "c.yaml"
+    path.write_text("algorithm: grpo\nmodel: {name_or_path: tiny}\ndata: {train: builtin:digits_prompts_train.jsonl}\n"
+                    "training: {per_device_batch_size: 8}\nrollout: {num_generations: 4, max_new_tokens: 8}\n")
+    return load_config(path, list(overrides))
+
+
+def test_off_policy_correction_reaches_the_token_part(tmp_path):
+    sampling = TokenRollout(cfg(tmp_path, "off_policy.correction=sequence_geo_mask", "off_policy.low=0.7")).importance_sampling()
+    assert (sampling.mode, sampling.cap, sampling.low) == ("sequence_geo_mask", 2.0, 0.7)
+    assert TokenRollout(cfg(tmp_path, "off_policy.correction=none")).importance_sampling() is None
+    with pytest.raises(ConfigError, match="off_policy.low"):
+        cfg(tmp_path, "off_policy.low=3")
+
+
+def test_cispo_and_overlong_keys(tmp_path):
+    with pytest.raises(ConfigError, match="importance_sampling_level: token"):
+        cfg(tmp_path, "grpo.objective=cispo", "grpo.importance_sampling_level=sequence")
+    with pytest.raises(ConfigError, match="overlong_buffer"):
+        cfg(tmp_path, "grpo.overlong_buffer=9")
+    c = cfg(tmp_path, "grpo.overlong_buffer=4", "grpo.overlong_penalty=0.5")
+    assert c.grpo.overlong_buffer == 4
+    assert GRPO.check_config(c) is None
+
+
+def test_grpo_reward_signal_adds_the_overlong_penalty(tmp_path):
+    from alignkit.rewards.signals import ScoreInputs
+
+    algo = GRPO(cfg(tmp_path, "grpo.overlong_buffer=4", "grpo.overlong_penalty=0.5"), SimpleNamespace(pad_token_id=0, eos_token_id=1))
+    inputs = ScoreInputs(prompts=["a"] * 3, completions=["x"] * 3, lengths=[2, 6, 8], fields=[{}] * 3, batches=[])
+    total = algo.signals()["reward"].score(None, inputs, None, placement="local")["total"]
+    assert total == [0.0, -0.25, -0.5]  # max_new_tokens 8, buffer 4: 0 to 4 tokens, -0.5 x (n - 4) / 4 after
