@@ -27,6 +27,7 @@ from typing import Any, Literal, Optional
 import torch
 
 from alignkit.algorithms.base import Batch, policy_specs, resolve_reference
+from alignkit.algorithms.dynamic_sampling import dynamic_rollout
 from alignkit.algorithms.online import Aggregation, OnlineAlgorithm
 from alignkit.algorithms.reward import RewardConfig
 from alignkit.algorithms.token_rollout import TokenRollout
@@ -40,7 +41,7 @@ from alignkit.models.roles import Models, ModelSpec
 from alignkit.rewards.signals import Signal, nan_stats
 from alignkit.rollout.advantages import GroupAdvantages, group_nanstd
 from alignkit.rollout.config import RolloutConfig
-from alignkit.rollout.context import RolloutContext
+from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample, flat, token_seq
 
 
@@ -71,6 +72,11 @@ class GRPOConfig:
         "the reward gets a penalty rising linearly from 0 to -overlong_penalty (at max_new_tokens); 0 = off.", ge=0)
     overlong_penalty: float = f(1.0, "The penalty at rollout.max_new_tokens (DAPO's factor; with overlong_buffer).",
                                 ge=0)
+    dynamic_sampling: bool = f(
+        False, "DAPO's dynamic sampling (grpo / rloo / dr_grpo): drop the groups whose rewards all agree (zero std: no "
+        "advantage) and refill the batch with groups of fresh prompts, generating up to max_sampling_rounds extra "
+        "rounds; the batch keeps its size (zero-std groups fill what the rounds did not find).")
+    max_sampling_rounds: int = f(3, "Extra generation rounds per iteration with grpo.dynamic_sampling.", ge=0)
     reference: Literal["auto", "model", "lora_base"] = f(
         "auto", "Reference for the KL term (beta > 0): a frozen model (model.ref_name_or_path or the policy start) "
         "or the LoRA base with adapters off; auto = lora_base with model.lora.")
@@ -178,6 +184,17 @@ class GroupRelative(GroupUpdated, OnlineAlgorithm):
         if buffer > max_new:
             raise ConfigError(f"grpo.overlong_buffer ({buffer}) must be at most rollout.max_new_tokens ({max_new}): "
                               "the penalty ramps over the last overlong_buffer tokens before the limit")
+
+    def rollout(self, ctx: RolloutContext) -> Experience:
+        """The default rollout, or with ``grpo.dynamic_sampling`` DAPO's rounds (algorithms/dynamic_sampling.py)."""
+        g = self.cfg.section(GRPOConfig)
+        if not g.dynamic_sampling:
+            return super().rollout(ctx)
+        ctx, samples, gens, scores, counts = dynamic_rollout(self, ctx, self.group.advantages.group_size,
+                                                             g.max_sampling_rounds)
+        experience = self.experience_of(ctx, samples, gens, ctx.batches(samples), scores)
+        experience.stats.merge(counts)
+        return experience
 
     def signals(self) -> dict[str, Signal]:
         """The ``reward`` signal with DAPO's overlong soft punishment (``grpo.overlong_*``) when it is on."""

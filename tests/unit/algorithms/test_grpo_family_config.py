@@ -45,3 +45,17 @@ def test_grpo_reward_signal_adds_the_overlong_penalty(tmp_path):
     inputs = ScoreInputs(prompts=["a"] * 3, completions=["x"] * 3, lengths=[2, 6, 8], fields=[{}] * 3, batches=[])
     total = algo.signals()["reward"].score(None, inputs, None, placement="local")["total"]
     assert total == [0.0, -0.25, -0.5]  # max_new_tokens 8, buffer 4: 0 to 4 tokens, -0.5 x (n - 4) / 4 after
+
+
+def test_dynamic_sampling_selects_groups_with_a_spread_then_fills():
+    import torch
+
+    from alignkit.algorithms.dynamic_sampling import has_spread, select_groups
+
+    nan = float("nan")
+    first = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, nan, 1.0])  # groups of 2: agree, spread, agree, one scored
+    second = torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.5, 0.5])  # spread, agree, spread, agree
+    assert has_spread(first, 2).tolist() == [False, True, False, False]
+    # 4 groups needed: round 0 group 1, round 1 groups 0 and 2 have a spread; one filler: the first agreeing group
+    assert select_groups([first, second], 2, 4) == ([(0, 0), (0, 1), (1, 0), (1, 2)], 1)
+    assert select_groups([second], 2, 2) == ([(0, 0), (0, 2)], 0)  # enough in one round: no filler
