@@ -72,6 +72,8 @@ RECIPES: dict[str, tuple[list[str], list[str]]] = {
                                                    "agent.max_total_tokens=24", "agent.max_turns=2",
                                                    "data.max_length=96"]),
     "ppo": (["sft_digits"], ["model.name_or_path={r}/sft_digits/final", *ONLINE]),
+    "distill": (["sft_digits", "grpo"], ["model.name_or_path={r}/sft_digits/final", "distill.teacher={r}/grpo/final",
+                                         *ONLINE]),
     "ppo_lag": (["sft_digits"], ["model.name_or_path={r}/sft_digits/final", *ONLINE]),
     "ppo_lag_rm": (["sft", "rm_helpful", "rm_harmless"], [
         "model.name_or_path={r}/sft/final", "data.train={w}/prompts.jsonl", "reward.model={r}/rm_helpful/final",

@@ -6,6 +6,7 @@ scripts) import it first."""
 
 from alignkit.algorithms.agent import AgentGRPO
 from alignkit.algorithms.base import OfflineAlgorithm
+from alignkit.algorithms.distill import OnPolicyDistill
 from alignkit.algorithms.dpo import DPO
 from alignkit.algorithms.flow_grpo import FlowGRPO
 from alignkit.algorithms.flow_rtpo import FlowRTPO
@@ -29,7 +30,8 @@ for _name, _cls in (("sft", SFT), ("reward_model", RewardModel), ("cost_model", 
                     ("safe_dpo", SafeDPO), ("vlm_sft", VLMSFT), ("flow_sft", FlowSFT), ("orpo", ORPO),
                     ("kto", KTO)):
     register_algorithm(_name)(_cls)
-for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam, FlowGRPO, FlowRTPO, AgentGRPO):  # the online loop's algorithms
+# the online loop's algorithms
+for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam, FlowGRPO, FlowRTPO, AgentGRPO, OnPolicyDistill):
     register_algorithm(_online.name)(_online)
 load_engines()  # the engines' sections are read from the config like the algorithms'
 

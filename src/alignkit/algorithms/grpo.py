@@ -27,6 +27,7 @@ from typing import Any, Literal, Optional
 import torch
 
 from alignkit.algorithms.base import Batch, policy_specs, resolve_reference
+from alignkit.algorithms.dynamic_sampling import dynamic_rollout
 from alignkit.algorithms.online import Aggregation, OnlineAlgorithm
 from alignkit.algorithms.reward import RewardConfig
 from alignkit.algorithms.token_rollout import TokenRollout
@@ -34,13 +35,13 @@ from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.errors import ConfigError
 from alignkit.losses.kl import kl_estimate
-from alignkit.losses.rl import aggregate, clipped_surrogate
+from alignkit.losses.rl import aggregate, cispo_loss, clipped_surrogate
 from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec
-from alignkit.rewards.signals import nan_stats
+from alignkit.rewards.signals import Signal, nan_stats
 from alignkit.rollout.advantages import GroupAdvantages, group_nanstd
 from alignkit.rollout.config import RolloutConfig
-from alignkit.rollout.context import RolloutContext
+from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample, flat, token_seq
 
 
@@ -61,9 +62,29 @@ class GRPOConfig:
         "sequence_mean / token_mean / constant; neither learned better on benchmarks/learn_grpo_vs_trl.py.")
     importance_sampling_level: Literal["token", "sequence"] = f(
         "token", "Importance ratio per token, or per sequence (GSPO: exp of the mean token log-ratio).")
+    objective: Literal["clip", "cispo"] = f(
+        "clip", "Policy loss: clip = the clipped surrogate (PPO / GRPO / DAPO); cispo = MiniMax-M1's CISPO, "
+        "-sg(min(ratio, 1 + epsilon_high)) x A x logp: the importance weight clipped and detached on a REINFORCE "
+        "term, so clipped tokens keep a gradient (no lower bound, as the paper and TRL's loss_type='cispo'; TRL's "
+        "epsilon_high is the bound itself, here 1 + epsilon_high: TRL's 5.0 is epsilon_high 4.0). Token ratios.")
+    overlong_buffer: int = f(
+        0, "DAPO's overlong soft punishment: the last overlong_buffer tokens before rollout.max_new_tokens, where "
+        "the reward gets a penalty rising linearly from 0 to -overlong_penalty (at max_new_tokens); 0 = off.", ge=0)
+    overlong_penalty: float = f(1.0, "The penalty at rollout.max_new_tokens (DAPO's factor; with overlong_buffer).",
+                                ge=0)
+    dynamic_sampling: bool = f(
+        False, "DAPO's dynamic sampling (grpo / rloo / dr_grpo): drop the groups whose rewards all agree (zero std: no "
+        "advantage) and refill the batch with groups of fresh prompts, generating up to max_sampling_rounds extra "
+        "rounds; the batch keeps its size (zero-std groups fill what the rounds did not find).")
+    max_sampling_rounds: int = f(3, "Extra generation rounds per iteration with grpo.dynamic_sampling.", ge=0)
     reference: Literal["auto", "model", "lora_base"] = f(
         "auto", "Reference for the KL term (beta > 0): a frozen model (model.ref_name_or_path or the policy start) "
         "or the LoRA base with adapters off; auto = lora_base with model.lora.")
+
+    def __post_init__(self) -> None:
+        if self.objective == "cispo" and self.importance_sampling_level == "sequence":
+            raise ConfigError("grpo.objective: cispo weights each token by its own ratio; set "
+                              "grpo.importance_sampling_level: token (sequence ratios are GSPO's clipped objective)")
 
 
 class GroupUpdate:
@@ -93,9 +114,7 @@ class GroupUpdate:
         logps, entropy = models.logps("policy", batch, temperature=self.tokens.temperature, with_entropy=True)
         old = flat(batch, "old_logps") if "old_logps" in batch else logps.detach()
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
-        per_token, clipped = clipped_surrogate(logps, old, flat(batch, "advantages"), eps_low=g.epsilon,
-                                               eps_high=g.epsilon_high or g.epsilon, seq=seq, num_seqs=S,
-                                               level=g.importance_sampling_level)
+        per_token, clipped = policy_loss(g, logps, old, flat(batch, "advantages"), seq, S)
         m = MetricSums()
         # rollout.mask_truncated_completions: cut completions carry no loss and are out of the metrics (as TRL)
         keep = flat(batch, "loss_mask") if "loss_mask" in batch else torch.ones_like(logps)
@@ -115,6 +134,16 @@ class GroupUpdate:
             return int(batch["loss_mask"].sum()) if "loss_mask" in batch else int(batch["response_lengths"].sum())
         seqs = int(batch["response_lengths"].shape[0])
         return seqs * self.cfg.section(RolloutConfig).max_new_tokens if self.aggregation == "constant" else seqs
+
+
+def policy_loss(g: GRPOConfig, logps: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, seq: torch.Tensor,
+                num_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``grpo.objective``'s per-token loss and clipped flag, ``(N,)`` each."""
+    eps_high = g.epsilon_high or g.epsilon
+    if g.objective == "cispo":  # no lower bound: eps_low 1 clamps at 0, below every ratio
+        return cispo_loss(logps, old, advantages, eps_low=1.0, eps_high=eps_high)
+    return clipped_surrogate(logps, old, advantages, eps_low=g.epsilon, eps_high=eps_high, seq=seq,
+                             num_seqs=num_seqs, level=g.importance_sampling_level)
 
 
 class GroupUpdated:
@@ -151,6 +180,27 @@ class GroupRelative(GroupUpdated, OnlineAlgorithm):
     @classmethod
     def check_config(cls, cfg: RunConfig) -> None:
         check_group_size(cfg, cls.estimator)
+        buffer, max_new = cfg.section(GRPOConfig).overlong_buffer, cfg.section(RolloutConfig).max_new_tokens
+        if buffer > max_new:
+            raise ConfigError(f"grpo.overlong_buffer ({buffer}) must be at most rollout.max_new_tokens ({max_new}): "
+                              "the penalty ramps over the last overlong_buffer tokens before the limit")
+
+    def rollout(self, ctx: RolloutContext) -> Experience:
+        """The default rollout, or with ``grpo.dynamic_sampling`` DAPO's rounds (algorithms/dynamic_sampling.py)."""
+        g = self.cfg.section(GRPOConfig)
+        if not g.dynamic_sampling:
+            return super().rollout(ctx)
+        ctx, samples, gens, scores, counts = dynamic_rollout(self, ctx, self.group.advantages.group_size,
+                                                             g.max_sampling_rounds)
+        experience = self.experience_of(ctx, samples, gens, ctx.batches(samples), scores)
+        experience.stats.merge(counts)
+        return experience
+
+    def signals(self) -> dict[str, Signal]:
+        """The ``reward`` signal with DAPO's overlong soft punishment (``grpo.overlong_*``) when it is on."""
+        signals, g = super().signals(), self.cfg.section(GRPOConfig)
+        signals["reward"].overlong = (g.overlong_buffer, g.overlong_penalty)
+        return signals
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:

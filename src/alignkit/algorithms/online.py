@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from abc import abstractmethod
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import torch
 
@@ -37,7 +37,7 @@ from alignkit.metrics import MetricSums
 from alignkit.rewards.signals import Signal
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
-from alignkit.rollout.engine import ENGINES
+from alignkit.rollout.engine import ENGINES, Generations
 from alignkit.rollout.experience import ROLLOUT_TOKEN_FIELDS, Sample, collate_samples, tokens_in
 
 
@@ -46,7 +46,7 @@ class OnlineAlgorithm(Algorithm):
     :meth:`rollout` (default: generate -> score -> :meth:`make_experience`) and its :meth:`evaluate`."""
 
     name: str = "online"
-    config_sections = ("rollout", "reward")
+    config_sections = ("rollout", "reward", "off_policy")
     #: :meth:`evaluate` runs on every rank, also one with no eval prompt (fewer prompts than ranks): the gathers and
     #: forwards of a sharded policy (FSDP2 / ZeRO-3) are collectives every rank must join
     evaluate_on_every_rank: bool = False
@@ -125,14 +125,19 @@ class OnlineAlgorithm(Algorithm):
         signal of :meth:`signals` (gathered from every rank), then :meth:`make_experience`. Override to put
         something between generation and scoring (e.g. a frozen ``target`` role answering the completions)."""
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
-        samples, texts = ctx.samples(gens.completion_ids), gens.texts
+        samples = ctx.samples(gens.completion_ids)
         self.tokens.mask_truncated(samples, gens.truncated)
         self.tokens.keep_sampler_logps(samples, gens)
-        inputs = ctx.score_inputs(samples, texts)
-        scores = ctx.score(self.signals(), inputs)
+        inputs = ctx.score_inputs(samples, gens.texts)
+        return self.experience_of(ctx, samples, gens, inputs.batches, ctx.score(self.signals(), inputs))
+
+    def experience_of(self, ctx: RolloutContext, samples: list[Sample], gens: Generations, batches: Sequence[Batch],
+                      scores: dict[str, torch.Tensor]) -> Experience:
+        """The :class:`Experience` of scored samples: :meth:`make_experience`, the prompt and completion texts on
+        each sample (for the log) and the rollout's statistics."""
         with ctx.timed("experience"):
-            stats = self.make_experience(ctx, samples, inputs.batches, scores)
-        for s, row, text in zip(samples, ctx.rows, texts):
+            stats = self.make_experience(ctx, samples, batches, scores)  # type: ignore[arg-type]  # lazy: collated on use
+        for s, row, text in zip(samples, ctx.rows, gens.texts):
             s["prompt"], s["completion"] = row["prompt"], text
         rollout_stats(stats, scores, gens, ctx.generate_s)
         return Experience(samples, scores, stats)

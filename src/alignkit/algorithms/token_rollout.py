@@ -16,6 +16,7 @@ from alignkit.losses.rl import sampler_is_weights
 from alignkit.metrics import MetricSums
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import RolloutContext
+from alignkit.rollout.correction import OffPolicyConfig
 from alignkit.rollout.engine import Generations, ImportanceSampling, RolloutEngine, engine_class, engine_settings
 from alignkit.rollout.experience import Sample, flat, per_sequence, token_seq
 
@@ -39,10 +40,15 @@ class TokenRollout:
         return self.cfg.section(RolloutConfig).steps_per_iteration
 
     def importance_sampling(self) -> ImportanceSampling | None:
-        """How the loss weights the tokens the run's engine sampled (``vllm.importance_sampling_*``); None: the
-        engine samples the trainer's distribution exactly."""
+        """How the loss weights the tokens a sample's behaviour policy drew: the run's engine's correction for its
+        own sampler (``vllm.importance_sampling_*``), else the ``off_policy:`` section's (a generator some policy
+        versions behind: rollout/correction.py); None: weight 1."""
         engine, settings = run_engine(self.cfg)
-        return engine.importance_sampling(settings)
+        own = engine.importance_sampling(settings)
+        if own is not None:
+            return own
+        o = self.cfg.section(OffPolicyConfig)
+        return None if o.correction == "none" else ImportanceSampling(o.correction, o.cap, o.low)
 
     @property
     def temperature(self) -> float:
@@ -70,21 +76,23 @@ class TokenRollout:
                 s["sampler_logps"] = logps
 
     def sampler_weights(self, batch: Batch, old_logps: torch.Tensor, keep: torch.Tensor, m: MetricSums) -> torch.Tensor:
-        """``(N,)`` the importance weights of the tokens a rollout engine sampled (``sampler_logps`` in the batch:
-        pi_old / pi_sampler, truncated or masked per ``vllm.importance_sampling_*``), their mean / max and the
-        share changed by the cap logged over the ``keep`` tokens; all ones without ``sampler_logps``."""
+        """``(N,)`` the importance weights of the tokens a behaviour policy sampled (``sampler_logps`` in the batch:
+        pi_old / pi_behav, truncated or masked per :meth:`importance_sampling`: with ``old_logps`` the trainer's
+        proximal policy this makes the update the decoupled objective, losses/rl.py ``decoupled_surrogate``), logged
+        over the ``keep`` tokens: the ratio before the cap, the weight, the share the cap changed
+        (``sampler_is_capped``) and the share zeroed (``sampler_is_masked``); all ones without ``sampler_logps``."""
         v = self.importance_sampling() if "sampler_logps" in batch else None  # no config read for a plain batch
         if v is None:
             return torch.ones_like(old_logps)
-        ratio = sampler_is_weights(old_logps, flat(batch, "sampler_logps"), cap=float("inf"),
-                                   mode=v.mode, seq=token_seq(batch),
-                                   num_seqs=int(batch["response_lengths"].shape[0]))
-        w = sampler_is_weights(old_logps, flat(batch, "sampler_logps"), cap=v.cap,
-                               mode=v.mode, seq=token_seq(batch),
-                               num_seqs=int(batch["response_lengths"].shape[0]))
+        behav, seq, S = flat(batch, "sampler_logps"), token_seq(batch), int(batch["response_lengths"].shape[0])
+        level = "sequence_truncate" if v.mode.startswith("sequence") else "token_truncate"  # the plain ratio's level
+        ratio = sampler_is_weights(old_logps, behav, cap=float("inf"), mode=level, seq=seq, num_seqs=S)
+        w = sampler_is_weights(old_logps, behav, cap=v.cap, mode=v.mode, seq=seq, num_seqs=S, low=v.low)
         m.add_masked_mean("sampler_is_ratio", ratio, keep)  # before the cap: how far the two samplers differ
         m.add_masked_mean("sampler_is_weight", w, keep)
-        m.add_masked_mean("sampler_is_capped", (w != ratio).double(), keep)
+        changed = (w == 0) if v.mode == "sequence_geo_mask" else (w != ratio)  # geo: weights are 0 / 1, not r
+        m.add_masked_mean("sampler_is_capped", changed.double(), keep)
+        m.add_masked_mean("sampler_is_masked", (w == 0).double(), keep)
         return w
 
     @torch.no_grad()

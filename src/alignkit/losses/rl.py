@@ -11,7 +11,15 @@ ranks of the step (never discovered here).
   shared by the sequence's tokens); ``eps_high > eps_low`` is DAPO's clip-higher.
 * sampler correction (vLLM rollouts): w = exp(logp_old - logp_sampler) per token (or the product over a
   sequence), truncated at ``cap`` (TIS, Yao et al. 2025; TRL's ``vllm_importance_sampling_correction``) or
-  zeroed above it (masked IS); multiplies the per-token loss, correcting for the sampler's numerics.
+  zeroed above it (masked IS); multiplies the per-token loss, correcting for the sampler's numerics or for a
+  behaviour policy some versions behind (asynchronous RL). ``icepop``: the token ratio kept where it lies in
+  ``[low, cap]`` and 0 outside (IcePop, Ring-1T 2025); ``sequence_geo_mask``: weight 1, or 0 for a whole
+  sequence whose geometric-mean ratio exp(mean_t log ratio) lies outside ``[low, cap]`` (verl / SkyRL's
+  geometric sequence mask: rejection, no reweighting).
+* decoupled objective (Hilton et al. 2022; AReaL): clip against the proximal policy (``old_logps``, recomputed
+  by the trainer), times the behaviour weight pi_prox / pi_behav above: :func:`decoupled_surrogate`.
+* CISPO (MiniMax-M1 2025): -sg(clip(rho, 1 - eps_low, 1 + eps_high)) A logp: the clipped importance weight,
+  stop-gradient, on a REINFORCE term, so a clipped token still has a gradient.
 * clipped value loss (PPO): 0.5 max((V - R)^2, (V_old + clip(V - V_old, +-eps_v) - R)^2).
 * aggregation: ``token_mean`` = sum over tokens / global tokens; ``sequence_mean`` = sum over
   sequences of the sequence's token mean / global sequences (GRPO's 1/|o_i|); ``constant`` = sum over
@@ -51,28 +59,60 @@ def clipped_surrogate(logps: Tensor, old_logps: Tensor, advantages: Tensor, *, e
     return loss, was_clipped
 
 
-SAMPLER_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+SAMPLER_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "icepop",
+                       "sequence_geo_mask")
 
 
 def sampler_is_weights(old_logps: Tensor, sampler_logps: Tensor, *, cap: float, mode: str = "token_truncate",
-                       seq: Tensor | None = None, num_seqs: int = 0) -> Tensor:
-    """``(N,)`` importance weights (no gradient) of tokens sampled by another engine: ``pi_old / pi_sampler``
-    with ``old_logps`` the trainer's log-probs of the sampled tokens and ``sampler_logps`` the sampler's
-    (vLLM's), both ``(N,)``. ``mode`` = granularity x constraint: ``token_*`` one ratio per token,
-    ``sequence_*`` exp of the sequence's summed log-ratio shared by its tokens (needs ``seq``, ``num_seqs``);
-    ``*_truncate`` min(ratio, cap), ``*_mask`` 0 where the ratio exceeds ``cap``."""
-    level, _, how = mode.partition("_")
+                       seq: Tensor | None = None, num_seqs: int = 0, low: float = 0.0) -> Tensor:
+    """``(N,)`` importance weights (no gradient) of tokens sampled by another engine or an older policy:
+    ``pi_old / pi_sampler`` with ``old_logps`` the trainer's log-probs of the sampled tokens and ``sampler_logps``
+    the sampler's (vLLM's, or the behaviour policy's), both ``(N,)``. ``mode`` = granularity x constraint:
+    ``token_*`` one ratio per token, ``sequence_*`` exp of the sequence's summed log-ratio shared by its tokens
+    (needs ``seq``, ``num_seqs``); ``*_truncate`` min(ratio, cap), ``*_mask`` 0 where the ratio exceeds ``cap``;
+    ``icepop`` the token ratio where ``low <= ratio <= cap``, else 0; ``sequence_geo_mask`` 1, or 0 on every token
+    of a sequence whose exp(mean_t log ratio) lies outside ``[low, cap]``."""
     if mode not in SAMPLER_CORRECTIONS:
         raise ValueError(f"sampler correction mode must be one of {SAMPLER_CORRECTIONS}, got {mode!r}")
     log_ratio = (old_logps - sampler_logps).detach().float()
-    if level == "sequence":
+    if mode.startswith("sequence"):
         if seq is None:
             raise ValueError("sequence-level weights need the token -> sequence map")
-        log_ratio = segment_sum(log_ratio, seq, num_seqs)[seq]
+        summed = segment_sum(log_ratio, seq, num_seqs)
+        if mode == "sequence_geo_mask":  # the per-token geometric mean of the sequence's ratio
+            summed = summed / segment_sum(torch.ones_like(log_ratio), seq, num_seqs).clamp_min(1)
+        log_ratio = summed[seq]
     ratio = torch.exp(log_ratio.clamp(max=20.0))  # exp(20) is far past any cap: no overflow
-    if how == "truncate":
+    if mode.endswith("truncate"):
         return ratio.clamp(max=cap)
-    return ratio.masked_fill(ratio > cap, 0.0)
+    outside = (ratio > cap) | (ratio < low) if mode in ("icepop", "sequence_geo_mask") else ratio > cap
+    kept = torch.ones_like(ratio) if mode == "sequence_geo_mask" else ratio
+    return kept.masked_fill(outside, 0.0)
+
+
+def decoupled_surrogate(logps: Tensor, prox_logps: Tensor, behav_logps: Tensor, advantages: Tensor, *,
+                        eps_low: float, eps_high: float, correction: str, cap: float, low: float = 0.0,
+                        seq: Tensor | None = None, num_seqs: int = 0,
+                        level: str = "token") -> tuple[Tensor, Tensor, Tensor]:
+    """The decoupled PPO objective (Hilton et al. 2022, "Batch size-invariance for policy optimization"; AReaL):
+    ``w * clipped_surrogate(logps, prox_logps)`` with the clip against the proximal policy ``prox_logps`` (the
+    trainer's recomputed old log-probs) and ``w`` = :func:`sampler_is_weights` (pi_prox / pi_behav by
+    ``correction``, ``cap``, ``low``) to the behaviour policy that sampled (``behav_logps``); all ``(N,)``.
+    Returns the per-token loss, the clipped flag and the weights ``w``."""
+    loss, clipped = clipped_surrogate(logps, prox_logps, advantages, eps_low=eps_low, eps_high=eps_high, seq=seq,
+                                      num_seqs=num_seqs, level=level)
+    w = sampler_is_weights(prox_logps, behav_logps, cap=cap, mode=correction, seq=seq, num_seqs=num_seqs, low=low)
+    return loss * w, clipped, w
+
+
+def cispo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, *, eps_low: float,
+               eps_high: float) -> tuple[Tensor, Tensor]:
+    """CISPO's per-token loss ``(N,)`` (MiniMax-M1, eq. 4): ``-sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * logp``
+    with rho = exp(logp - logp_old), and the per-token "weight was clipped" flag ``(N,)`` (float). The gradient is
+    ``-clip(rho) A grad logp`` on every token, clipped or not (PPO's clip zeroes it)."""
+    ratio = torch.exp(logps - old_logps).detach()
+    w = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return -w * advantages * logps, (w != ratio).float()
 
 
 def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, *, clip: float) -> Tensor:

@@ -121,9 +121,10 @@ class CausalLMKind(ModelKind):
         lm = load_lm(cfg, name_or_path=spec.source, dtype=dtype, trainable=spec.trainable)
         return CausalLMLogps(lm, chunk_size=spec.chunk_size)
 
-    def logps(self, module: nn.Module, batch: Batch, *, temperature: float = 1.0,
-              with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return forward_logps(module, batch, temperature=temperature, with_entropy=with_entropy)
+    def logps(self, module: nn.Module, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
+              full_vocab: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """With ``full_vocab``: ``(N, V)`` log-probs of the whole distribution at each target position."""
+        return forward_logps(module, batch, temperature=temperature, with_entropy=with_entropy, full_vocab=full_vocab)
 
     def generate(self, module: nn.Module, engine: TokenGenerator, prompts: list[Any], params: SamplingParams, *,
                  synced: bool = False) -> Generations:

@@ -49,7 +49,7 @@ class CausalLMLogps(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
                 with_entropy: bool = False, liger_nll: bool = False, target_index: torch.Tensor | None = None,
-                **inputs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                full_vocab: bool = False, **inputs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """log p(targets) at every position whose target is not IGNORE_INDEX, under ``softmax(logits / temperature)``.
 
         input_ids, targets: (B, T); ``inputs``: any other model inputs (attention_mask,
@@ -59,11 +59,15 @@ class CausalLMLogps(nn.Module):
         float32 in row-major order of those positions; with ``with_entropy`` also (N,) the exact entropy of
         the tempered next-token distribution at each of them (no gradient), from the same LM-head chunks.
         With ``liger_nll`` instead the scalar float32 sum of ``-log p(targets)`` through Liger-Kernel's fused
-        linear cross-entropy (``training.liger_kernel``; temperature 1).
+        linear cross-entropy (``training.liger_kernel``; temperature 1). With ``full_vocab`` the ``(N, V)`` float32
+        log-probs of the whole tempered distribution at those positions (on-policy distillation; builds the
+        (N, V) logits, so for vocabularies that fit).
         """
         backbone, head = split_lm(self.hf_model)
         hidden = final_hidden(backbone, self.hf_model, input_ids, inputs)  # (B, T, H)
         hidden, targets = (select_targets(x, targets, target_index) for x in (hidden, targets))
+        if full_vocab:
+            return torch.log_softmax(head(hidden).float() / temperature, dim=-1)
         if liger_nll:
             return liger_nll_sum(hidden, head.weight, targets, bias=getattr(head, "bias", None))
         return chunked_token_logps(
@@ -72,12 +76,14 @@ class CausalLMLogps(nn.Module):
         )
 
 
-def forward_logps(model: nn.Module, batch: Batch, *, temperature: float = 1.0,
-                  with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def forward_logps(model: nn.Module, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
+                  full_vocab: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``(N,)`` log-probs of the batch's targets (row-major over non-ignored positions) under ``logits /
-    temperature``; with ``with_entropy`` the pair (log-probs, ``(N,)`` entropies) (``CausalLMLogps.forward``)."""
+    temperature``; with ``with_entropy`` the pair (log-probs, ``(N,)`` entropies); with ``full_vocab`` the
+    ``(N, V)`` log-probs of every token there (``CausalLMLogps.forward``)."""
+    extra = {"full_vocab": True} if full_vocab else {}  # only where asked: wrappers of other forwards need not know it
     return model(targets=batch["targets"], temperature=temperature, with_entropy=with_entropy,
-                 target_index=batch.get("target_index"), **model_inputs(batch))
+                 target_index=batch.get("target_index"), **extra, **model_inputs(batch))
 
 
 def forward_liger_nll(model: nn.Module, batch: Batch) -> torch.Tensor:

@@ -35,6 +35,15 @@ class ScoreInputs:
     batches: Sequence[dict[str, torch.Tensor]]  # a list, or LazyBatches (collated on first use)
 
 
+def overlong_penalty(length: int, max_new_tokens: int, buffer: int, penalty: float) -> float:
+    """DAPO's overlong soft punishment (Yu et al. 2025, eq. 13), added to a completion's reward: 0 up to
+    ``max_new_tokens - buffer`` tokens, then linear down to ``-penalty`` at ``max_new_tokens`` (and beyond)."""
+    start = max_new_tokens - buffer
+    if length <= start:
+        return 0.0
+    return -penalty * min(1.0, (length - start) / buffer)
+
+
 class Signal:
     """One signal (``reward`` or ``cost``): weighted functions + an optional model role + a length penalty."""
 
@@ -47,6 +56,8 @@ class Signal:
         self.length_penalty, self.max_new_tokens, self.placement = length_penalty, max_new_tokens, placement
         #: how a scorer with a vocabulary of its own re-encodes (prompt, completion) text: as training did
         self.chat_template, self.max_length = chat_template, max_length
+        #: DAPO's overlong soft punishment (:func:`overlong_penalty`): (buffer in tokens, penalty); buffer 0 = off
+        self.overlong: tuple[int, float] = (0, 0.0)
 
     @property
     def components(self) -> list[str]:
@@ -64,6 +75,8 @@ class Signal:
         total = combine(parts, weights) if parts else [0.0] * len(inputs.completions)
         if self.length_penalty:
             total = [t - self.length_penalty * n / self.max_new_tokens for t, n in zip(total, inputs.lengths)]
+        if self.overlong[0]:
+            total = [t + overlong_penalty(n, self.max_new_tokens, *self.overlong) for t, n in zip(total, inputs.lengths)]
         parts["total"] = total
         return parts
 

@@ -77,6 +77,9 @@ class RolloutContext:
     #: seconds by phase of this rollout (``generate``, ``score_inputs``, ``score``, ``experience``), summed over
     #: calls; the loop logs them as ``time/<phase>_s`` (this rank's, a cheap clock: no synchronisation)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: this rank's rows of the next prompts of the run's order (consumed as an iteration's are), for a rollout that
+    #: draws more than its batch (DAPO's dynamic sampling, algorithms/dynamic_sampling.py); None: no more prompts
+    refill: Callable[[], list[dict[str, Any]]] | None = None
 
     @property
     def generate_s(self) -> float:

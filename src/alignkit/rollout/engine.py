@@ -60,10 +60,12 @@ class EngineRun:
 @dataclass(frozen=True)
 class ImportanceSampling:
     """The loss's correction for an engine whose sampler's numerics differ from the trainer's (losses/rl.py
-    ``sampler_is_weights``): per token or sequence, truncated or masked (``mode``) at ``cap``."""
+    ``sampler_is_weights``): per token or sequence, truncated or masked (``mode``) at ``cap``; ``low``: the lower
+    edge of the ``icepop`` / ``sequence_geo_mask`` band."""
 
     mode: str
     cap: float
+    low: float = 0.0
 
 
 class RolloutEngine(abc.ABC):

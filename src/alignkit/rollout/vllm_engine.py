@@ -71,9 +71,13 @@ class VLLMConfig:
     importance_sampling: bool = f(
         True, "Correct the loss for the mismatch between vLLM's and the trainer's sampling probabilities: each "
         "token's loss is weighted by pi_trainer / pi_vllm, truncated (TRL's vllm_importance_sampling_correction).")
-    importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = f(
-        "token_truncate", "Per token or per sequence ratio; truncated at the cap or zeroed above it.")
+    importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "icepop",
+                                      "sequence_geo_mask"] = f(
+        "token_truncate", "Per token or per sequence ratio; truncated at the cap or zeroed above it; icepop / "
+        "sequence_geo_mask: zeroed outside [importance_sampling_min, cap] (as off_policy.correction says).")
     importance_sampling_cap: float = f(3.0, "Cap C of the importance weights (TRL's clip_max).", gt=0)
+    importance_sampling_min: float = f(0.5, "Lower edge of the icepop / sequence_geo_mask band (others ignore it).",
+                                       ge=0)
     server_url: str = f("", "Server mode: the URL of an `alignkit vllm-serve` process (http://127.0.0.1:8000) that "
                         "generates on its own devices; the trainer pushes its weights there after each step. "
                         "Empty = colocated (an engine inside each training process).")
@@ -285,7 +289,8 @@ class VLLMEngine(RolloutEngine):
         """``vllm.importance_sampling_*`` (on by default): vLLM's kernels sample other numerics than the trainer's."""
         if not settings.importance_sampling:
             return None
-        return ImportanceSampling(settings.importance_sampling_mode, settings.importance_sampling_cap)
+        return ImportanceSampling(settings.importance_sampling_mode, settings.importance_sampling_cap,
+                                  settings.importance_sampling_min)
 
     def with_tokenizer(self, tokenizer: Any) -> VLLMEngine:
         return VLLMEngine(tokenizer, self.settings, self.max_model_len, self.run_dtype)

@@ -24,7 +24,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -188,9 +188,11 @@ class OnlineTrainer:
         state.consumed += self.per_iteration
         return idx
 
-    def _context(self, rows: list[dict[str, Any]], mine: slice, params: SamplingParams) -> RolloutContext:
+    def _context(self, rows: list[dict[str, Any]], mine: slice, params: SamplingParams,
+                 refill: Callable[[], list[dict[str, Any]]] | None = None) -> RolloutContext:
         return RolloutContext(self.models, self.strategy, self.engine, rows, mine, params, self.plan.batch.per_device,
-                              self.algo.collate, gather_full_params=self.cfg.section(RolloutConfig).gather_full_params)
+                              self.algo.collate, gather_full_params=self.cfg.section(RolloutConfig).gather_full_params,
+                              refill=refill)
 
     def _rollout(self, state: TrainState) -> tuple[Experience, float]:
         """The algorithm's rollout of this rank's share of the iteration's prompts and its seconds (those of
@@ -201,7 +203,11 @@ class OnlineTrainer:
         mine = slice(rank * self.n_local, (rank + 1) * self.n_local)
         r = self.cfg.section(RolloutConfig)
         params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
-        ctx = self._context([self.prompts[i] for i in completions[mine]], mine, params)
+        # issue 47.5 (dynamic sampling): a rollout may take the next prompts of the order, consumed as an iteration's
+        def refill() -> list[dict[str, Any]]:
+            return [self.prompts[i] for i in [i for i in self._next_prompts(state) for _ in range(self.G)][mine]]
+
+        ctx = self._context([self.prompts[i] for i in completions[mine]], mine, params, refill)
         self._phases_s = ctx.seconds
         experience = self.algo.rollout(ctx)
         return experience, time.perf_counter() - start
