@@ -107,3 +107,23 @@ def test_cast_loss_curve_equals_autocasts_within_bf16_round_off(sft_config: dict
     assert len(cast) == len(autocast) == 8
     assert cast == pytest.approx(autocast, rel=2e-3)
     assert cast != autocast and cast != fp32  # it computed in bf16, with its own rounding
+
+
+def test_the_compute_copy_runs_its_own_weights_fused_and_compiled(micro_model: Path) -> None:
+    """The copy's forwards use the copy's bf16 weights where a forward was patched per instance (fused layers: a
+    partial over the module) or a block was compiled in place (a compiled function bound to the module)."""
+    from transformers import AutoModelForCausalLM
+
+    from alignkit.distributed.strategy.compute_weights import split
+    from alignkit.models import fused
+    from alignkit.train.runner import compile_decoder_blocks
+
+    model = AutoModelForCausalLM.from_pretrained(str(micro_model))
+    assert sum(fused.apply_fused_layers(model).values()) > 0
+    compile_decoder_blocks(model)
+    master, compute = split(model, torch.bfloat16)
+    assert master is model and all(p.dtype == torch.float32 for p in master.parameters())
+    assert all(p.dtype == torch.bfloat16 for p in compute.parameters())
+    for a, b in zip(master.model.layers, compute.model.layers):
+        assert b._compiled_call_impl is not None and b._compiled_call_impl is not a._compiled_call_impl
+        assert b.mlp.forward.args[0] is b.mlp and b.input_layernorm.forward.args[0] is b.input_layernorm

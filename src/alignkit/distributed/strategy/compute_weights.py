@@ -43,6 +43,12 @@ def split(model: nn.Module, compute_dtype: torch.dtype) -> tuple[nn.Module, nn.M
     """(master, compute): ``model`` itself holds the fp32 masters; the compute copy is a deep copy in
     ``compute_dtype`` (the same structure, so both list their parameters in the same order, ties included)."""
     compute = copy.deepcopy(model).to(compute_dtype)
+    for source, twin in zip(model.modules(), compute.modules()):
+        # a block compiled in place (training.torch_compile: Module.compile) keeps a compiled function bound to the
+        # ORIGINAL module, which deepcopy shares: compile the copy's own, as compile_decoder_blocks does
+        if getattr(source, "_compiled_call_impl", None) is not None:
+            twin._compiled_call_impl = None
+            twin.compile(dynamic=True)
     return model, compute
 
 
