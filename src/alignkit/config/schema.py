@@ -230,7 +230,8 @@ class FSDPConfig:
     mixed_precision: bool = f(
         True,
         "When model.dtype resolves to bf16/fp16, FSDP casts the fp32 parameter shards to it for compute "
-        "(MixedPrecisionPolicy) instead of autocast; false = fp32 parameters under autocast.",
+        "(MixedPrecisionPolicy) instead of autocast; false = fp32 parameters under autocast (as "
+        "model.compute_weights=autocast makes it).",
     )
     reduce_dtype: Literal["fp32", "compute"] = f(
         "fp32", "Dtype of the gradient reduce-scatter under mixed_precision: fp32 (exact) or the compute dtype."

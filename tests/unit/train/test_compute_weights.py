@@ -127,3 +127,18 @@ def test_the_compute_copy_runs_its_own_weights_fused_and_compiled(micro_model: P
     for a, b in zip(master.model.layers, compute.model.layers):
         assert b._compiled_call_impl is not None and b._compiled_call_impl is not a._compiled_call_impl
         assert b.mlp.forward.args[0] is b.mlp and b.input_layernorm.forward.args[0] is b.input_layernorm
+
+
+@pytest.mark.parametrize("setting,param_dtype", [("cast", torch.bfloat16), ("autocast", None)])
+def test_fsdp_mixed_precision_follows_the_setting(setting: str, param_dtype: torch.dtype | None) -> None:
+    """FSDP2's own MixedPrecisionPolicy is the cast path (bf16 parameters, fp32 reduce-scatter); autocast turns it
+    off, so the forward runs under autocast as on the other engines."""
+    from alignkit.config.schema import DistributedConfig
+    from alignkit.distributed.env import DistEnv
+    from alignkit.distributed.strategy.fsdp import FSDPStrategy
+
+    strategy = FSDPStrategy(DistributedConfig(), DistEnv(0, 1, 0, 1, None, None), "bf16", compute_weights=setting)
+    policy = strategy._mp_policy()
+    assert policy.param_dtype == param_dtype
+    assert policy.reduce_dtype == (torch.float32 if param_dtype else None)
+    assert isinstance(strategy.autocast(), torch.autocast) == (param_dtype is None)
