@@ -44,10 +44,10 @@ class DDPStrategy(Strategy):
 
     def sync_masters(self, master: nn.Module) -> None:
         if self.env.world_size > 1:
-            flat = _flatten_dense_tensors([p.detach() for p in master.parameters()])
+            params = [p.detach() for p in master.parameters()]
+            flat = _flatten_dense_tensors(params)
             dist.broadcast(flat, src=0)
-            with torch.no_grad():
-                torch._foreach_copy_(list(master.parameters()), list(_unflatten_dense_tensors(flat, list(master.parameters()))))
+            torch._foreach_copy_(params, list(_unflatten_dense_tensors(flat, params)))
 
     def reduce_master_grads(self, handle: Handle) -> None:
         """One fp32 all-reduce of every master gradient (flattened), divided by the ranks: DDP's average, reduced
@@ -55,9 +55,11 @@ class DDPStrategy(Strategy):
         way DDP's buckets do."""
         if self.env.world_size == 1 or handle.master is None:
             return
-        grads = [p.grad for p in handle.master.parameters() if p.grad is not None]
-        if not grads:
-            return
+        params = list(handle.master.parameters())
+        for p in params:  # a parameter this rank did not use may have been used on another: every rank sends all
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
         flat = _flatten_dense_tensors(grads)
         dist.all_reduce(flat)
         flat.div_(self.env.world_size)
