@@ -49,9 +49,11 @@ def per_step(a: dict[str, Any], b: dict[str, Any], n: int) -> dict[str, Any]:
         keys = set(a[key]) | set(b[key])
         return {k: (b[key].get(k, 0) - a[key].get(k, 0)) / n for k in sorted(keys)}
 
-    top_a, top_b = dict(a.get("top", [])), dict(b.get("top", []))  # [(op, count)], the most common 60
-    copies = sum(top_b.get(k, 0) - top_a.get(k, 0) for k in COPIES) / n
-    return {"ops": (b["total"] - a["total"]) / n, "syncs": diff("syncs"), "reads": diff("reads"), "copies": copies}
+    row = {"ops": (b["total"] - a["total"]) / n, "syncs": diff("syncs"), "reads": diff("reads")}
+    if "top" in a and "top" in b:  # [(op, count)], the most common 60: the cast and copy ops among them
+        top_a, top_b = dict(a["top"]), dict(b["top"])
+        row["copies"] = sum(top_b.get(k, 0) - top_a.get(k, 0) for k in COPIES) / n
+    return row
 
 
 def hook_steps(result: dict[str, Any]) -> list[int]:
