@@ -18,6 +18,7 @@ Workload: ``bench_gpu.py``'s (batch 8, max_length 2048, the multi-turn chats, lr
 CPU, fp32. usage::
 
     python benchmarks/opcount.py [--only ak_sft,trl_sft_pf] [--out DIR] [--trl-python PY] [--skip-trl]
+        [--dtype bf16 --compute-weights cast|autocast]
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from bench_gpu import VARIANTS, WORKLOADS, alignkit_config, child_env, log, run_
 RUNS = ["ak_sft", "ak_dpo", "trl_sft_padded", "trl_sft_pf", "trl_dpo"]
 STEPS = (3, 6)
 #: sync kinds shown in their own column (the rest are summed under "other")
+#: the cast and copy ops (issue 49 item 4: bf16 compute weights cast once per optimizer step)
+COPIES = ("_to_copy", "copy_")
 SHOWN = ("_local_scalar_dense", "nonzero", "index[bool mask]", "index_put_[bool mask]")
 
 
@@ -46,7 +49,11 @@ def per_step(a: dict[str, Any], b: dict[str, Any], n: int) -> dict[str, Any]:
         keys = set(a[key]) | set(b[key])
         return {k: (b[key].get(k, 0) - a[key].get(k, 0)) / n for k in sorted(keys)}
 
-    return {"ops": (b["total"] - a["total"]) / n, "syncs": diff("syncs"), "reads": diff("reads")}
+    row = {"ops": (b["total"] - a["total"]) / n, "syncs": diff("syncs"), "reads": diff("reads")}
+    if "top" in a and "top" in b:  # [(op, count)], the most common 60: the cast and copy ops among them
+        top_a, top_b = dict(a["top"]), dict(b["top"])
+        row["copies"] = sum(top_b.get(k, 0) - top_a.get(k, 0) for k in COPIES) / n
+    return row
 
 
 def hook_steps(result: dict[str, Any]) -> list[int]:
@@ -55,7 +62,8 @@ def hook_steps(result: dict[str, Any]) -> list[int]:
     return [b - a for a, b in zip(s, s[1:])]
 
 
-def measure(name: str, work: Path, trl_python: str, resume: bool = False) -> dict[str, Any]:
+def measure(name: str, work: Path, trl_python: str, resume: bool = False,
+            model: dict[str, str] | None = None) -> dict[str, Any]:
     v = next(x for x in VARIANTS if x["name"] == name)
     wl, paths = WORKLOADS["deep"], {"model": work / "model", "data": work / "data", "prompts": work / "prompts.jsonl"}
     counts = {}
@@ -63,7 +71,9 @@ def measure(name: str, work: Path, trl_python: str, resume: bool = False) -> dic
         tag = f"{name}_{n}"
         if v["side"] == "alignkit":
             cfg = work / f"{tag}.yaml"
-            cfg.write_text(json.dumps(alignkit_config(v, wl, paths, work / "runs" / tag, log_steps=1000, steps=n)))
+            spec = alignkit_config(v, wl, paths, work / "runs" / tag, log_steps=1000, steps=n)
+            spec["model"].update(model or {})  # --dtype / --compute-weights
+            cfg.write_text(json.dumps(spec))
             py, target = sys.executable, ["-m", "alignkit", "train", str(cfg)]
         else:
             py, target = trl_python, [str(HERE / "gpu_trl.py"), json.dumps(trl_spec(v, wl, paths, work / f"{tag}.json", steps=n))]
@@ -84,7 +94,7 @@ def measure(name: str, work: Path, trl_python: str, resume: bool = False) -> dic
 
 
 def table(rows: dict[str, Any]) -> str:
-    head = ("| run | ops / step | host syncs / step | `_local_scalar_dense` | `nonzero` | bool-mask `index` | "
+    head = ("| run | ops / step | `_to_copy` + `copy_` / step | host syncs / step | `_local_scalar_dense` | `nonzero` | bool-mask `index` | "
             "bool-mask `index_put_` | other syncs | Python reads / step | ops per step 2..6 (hook) |")
     out = [head, "|---|" + "---|" * (head.count("|") - 2)]
     for name, r in rows.items():
@@ -93,7 +103,7 @@ def table(rows: dict[str, Any]) -> str:
             continue
         syncs = r["syncs"]
         other = {k: v for k, v in syncs.items() if k not in SHOWN and v}
-        out.append(f"| {name} | {r['ops']:,.0f} | {sum(syncs.values()):g} | "
+        out.append(f"| {name} | {r['ops']:,.0f} | {r.get('copies', float('nan')):,.0f} | {sum(syncs.values()):g} | "
                    + " | ".join(f"{syncs.get(k, 0):g}" for k in SHOWN)
                    + f" | {', '.join(f'{k} {v:g}' for k, v in other.items()) or '0'} | {sum(r['reads'].values()):g} "
                    f"({', '.join(f'{k} {v:g}' for k, v in r['reads'].items() if v)}) | "
@@ -110,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="reuse the counts of runs OUT/work already holds")
     p.add_argument("--keep", default="", help="an earlier opcount.json: its rows not measured now go into the table "
                    "(TRL's rows do not change when alignkit does)")
+    p.add_argument("--dtype", default="", help="alignkit's model.dtype (default: the workload's auto = fp32 on CPU)")
+    p.add_argument("--compute-weights", default="", help="alignkit's model.compute_weights (cast or autocast)")
     a = p.parse_args(argv)
+    model = {k: v for k, v in (("dtype", a.dtype), ("compute_weights", a.compute_weights)) if v}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds run_child, which stops its child
     names = [n for n in a.only.split(",") if n and not (a.skip_trl and n.startswith("trl"))]
     out = Path(a.out).resolve()
@@ -127,12 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         if r["rc"]:
             log(f"setup {cmd[0]} failed: {r['tail']}")
             return 1
-    rows = {n: measure(n, work, trl_python, a.resume) for n in names}
+    rows = {n: measure(n, work, trl_python, a.resume, model) for n in names}
     kept = json.loads(Path(a.keep).read_text()) if a.keep else {"rows": {}}
     rows = {n: rows.get(n) or kept["rows"][n] for n in RUNS if n in rows or n in kept["rows"]}
     commit = __import__("subprocess").run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],
                                           capture_output=True, text=True).stdout.strip()
-    text = (f"ops dispatched per optimizer step, deep model (24 layers, width 64), CPU, batch 8, max_length 2048; "
+    text = (f"ops dispatched per optimizer step, deep model (24 layers, width 64), CPU, batch 8, max_length 2048"
+            f"{''.join(f', {k} {v}' for k, v in model.items())}; "
             f"alignkit {commit} + working tree, {time.strftime('%Y-%m-%d %H:%M %Z')}"
             + (f"; rows not measured now from {a.keep} (alignkit {kept.get('commit')})" if a.keep else "")
             + "\n\n" + table(rows))

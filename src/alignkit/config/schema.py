@@ -51,6 +51,15 @@ class ModelConfig:
         "auto", "Compute dtype: auto = bf16 if the GPU supports it, else fp16; fp32 on CPU."
     )
     gradient_checkpointing: bool = f(False, "Recompute activations in backward to save memory.")
+    compute_weights: Literal["cast", "autocast"] = f(
+        "cast", "How a bf16 run computes with the trained model (full fine-tuning, single / ddp / fsdp): cast = the "
+        "optimizer steps fp32 master weights and the forward and backward run a bf16 copy of them, refreshed once per "
+        "optimizer step (FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32); gradients accumulated "
+        "and all-reduced in fp32; losses in fp32 under autocast); autocast = the forward runs the fp32 weights under "
+        "autocast, which casts every weight again in every micro-batch (a bf16 SFT step of the 24-layer op-count "
+        "model dispatches 1,743 cast and copy ops under autocast, 258 under cast: benchmarks/README.md). fsdp: autocast turns distributed.fsdp.mixed_precision off. "
+        "LoRA, fp16 and fp32 runs, and DeepSpeed (its own bf16 engine), are unaffected."
+    )
     attn_implementation: Optional[str] = f(
         "auto", "Attention kernel. auto (or sdpa): PyTorch SDPA for padded batches; a packed row (data.packing, "
         "DPO/reward pairs) attends within each example through flash-attention's varlen kernel when flash_attn is "
@@ -222,7 +231,8 @@ class FSDPConfig:
     mixed_precision: bool = f(
         True,
         "When model.dtype resolves to bf16/fp16, FSDP casts the fp32 parameter shards to it for compute "
-        "(MixedPrecisionPolicy) instead of autocast; false = fp32 parameters under autocast.",
+        "(MixedPrecisionPolicy) instead of autocast; false = fp32 parameters under autocast (as "
+        "model.compute_weights=autocast makes it).",
     )
     reduce_dtype: Literal["fp32", "compute"] = f(
         "fp32", "Dtype of the gradient reduce-scatter under mixed_precision: fp32 (exact) or the compute dtype."

@@ -36,7 +36,10 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
 import torch
 from torch import nn
 
+from alignkit.config.schema import f
+from alignkit.config.sections import register_section
 from alignkit.distributed.env import read_env
+from alignkit.errors import ConfigError
 from alignkit.models.generation import Generations, Prompt, SamplingParams  # the kinds' floor; re-exported here
 from alignkit.progress import track
 from alignkit.registry import Registry
@@ -265,17 +268,59 @@ def stitch_inputs(chunk: Sequence[Prompt]) -> dict[str, torch.Tensor]:
     return {k: torch.cat([p.inputs[k] for p in chunk if p.inputs and k in p.inputs]) for k in keys}
 
 
+@register_section("hf_generate")
+@dataclass
+class HFGenerateConfig:
+    """The ``hf`` engine's settings (``hf_generate:``): the KV cache's kind and a compiled decode step."""
+
+    static_cache: bool = f(
+        False, "Generate with transformers' static KV cache (cache_implementation=static): the cache is allocated "
+        "once at prompt + max_new_tokens and reused, so every decode step has the same shapes (the condition for "
+        "compile_decode). Greedy decoding gives the dynamic cache's tokens; sampling with the same seed gives the same "
+        "draws except where float round-off of attention over the longer cache flips a draw at a probability "
+        "boundary (1 of 64 tiny-model rows at 48 tokens); log-probs are the training forward's either way. "
+        "benchmarks/bench_generate.py measures it.")
+    compile_decode: bool = f(
+        False, "With static_cache: torch.compile the decode step (transformers' CompileConfig; CUDA graphs on "
+        "CUDA, inductor's default mode elsewhere). Compiles once per batch shape (seconds to minutes), so it pays "
+        "only over many rollouts; off on CPU, where it loses (benchmarks/README.md).")
+
+    def __post_init__(self) -> None:
+        if self.compile_decode and not self.static_cache:
+            raise ConfigError("hf_generate.compile_decode=true needs hf_generate.static_cache=true: a dynamic cache "
+                              "grows every step, so the compiled decode step would recompile every token")
+
+
+def cache_kwargs(settings: HFGenerateConfig, device: torch.device) -> dict[str, Any]:
+    """``generate`` arguments of ``settings``: the static cache, and either a compiled decode step or none
+    (transformers compiles a static-cache decode on CUDA by itself unless told not to)."""
+    if not settings.static_cache:
+        return {}
+    if not settings.compile_decode:
+        return {"cache_implementation": "static", "disable_compile": True}
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=False, dynamic=False,
+                           mode="reduce-overhead" if device.type == "cuda" else "default")
+    config._compile_all_devices = True  # transformers compiles only on accelerators unless asked
+    return {"cache_implementation": "static", "compile_config": config}
+
+
 @register_engine("hf")
 class HFEngine(RolloutEngine):
     """Hugging Face ``generate`` with the KV cache on left-padded batches (:func:`left_pad`, image inputs
     by :func:`stitch_inputs`); sampling by :class:`InverseCDFSampler`, greedy at temperature 0. It generates with
-    the caller's module itself: no settings, no weights to push, no memory of its own to release."""
+    the caller's module itself: no weights to push, no memory of its own to release. Its settings
+    (:class:`HFGenerateConfig`) pick the static KV cache and a compiled decode step; either way the one host
+    read per token is transformers' stop check (whether every row has finished)."""
 
     runs_in_caller = True
     generates_sharded = True
+    settings_type = HFGenerateConfig
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, settings: HFGenerateConfig | None = None) -> None:
         self.tokenizer = tokenizer
+        self.settings = settings or HFGenerateConfig()
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
         # any id pads (the attention mask hides it); a tokenizer without a pad token pads with EOS
@@ -284,10 +329,10 @@ class HFEngine(RolloutEngine):
 
     @classmethod
     def from_settings(cls, tokenizer: Any, settings: Any = None, run: EngineRun | None = None) -> HFEngine:
-        return cls(tokenizer)
+        return cls(tokenizer, settings)
 
     def with_tokenizer(self, tokenizer: Any) -> HFEngine:
-        return HFEngine(tokenizer)
+        return HFEngine(tokenizer, self.settings)
 
     def generate(self, model: nn.Module, prompts: Sequence[Prompt] | Sequence[list[int]], params: SamplingParams,
                  *, synced: bool = False, progress: str | None = None) -> Generations:
@@ -310,7 +355,8 @@ class HFEngine(RolloutEngine):
         """``(B, new)`` generated ids of one batch (EOS-finished rows padded after their EOS)."""
         ids, mask = left_pad([p.ids for p in chunk], self.pad)
         kwargs: dict[str, Any] = dict(max_new_tokens=params.max_new_tokens, pad_token_id=self.pad,
-                                      eos_token_id=sorted(self.eos) or None, use_cache=True, **sampling_kwargs(params))
+                                      eos_token_id=sorted(self.eos) or None, use_cache=True, **sampling_kwargs(params),
+                                      **cache_kwargs(self.settings, device))
         if synced:
             kwargs["synced_gpus"] = True
         extra = {k: v.to(device) for k, v in stitch_inputs(chunk).items()}

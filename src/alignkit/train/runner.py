@@ -228,7 +228,8 @@ def strategy_for(cfg: RunConfig, env: DistEnv, memory: DeviceMemory | None = Non
 
 def configured_strategy(cfg: RunConfig, env: DistEnv, plan: RunPlan) -> Strategy:
     """The planned engine with its resolved settings, configured with the batch plan and clipping."""
-    strategy = build_strategy(plan.strategy, plan.distributed, env, cfg.model.dtype, auto_picked=plan.auto_picked)
+    strategy = build_strategy(plan.strategy, plan.distributed, env, cfg.model.dtype, auto_picked=plan.auto_picked,
+                              compute_weights=cfg.model.compute_weights)
     strategy.configure(plan.batch, cfg.training.max_grad_norm)
     return strategy
 

@@ -49,3 +49,14 @@ def test_lora_on_a_bf16_base_learns(sft_config: dict[str, Any], tmp_path: Path) 
                         data={"max_train_examples": 32})
     assert len(losses) == 32 and all(x == x for x in losses), losses  # finite
     assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.2, losses
+
+
+def test_bf16_compute_weights_match_autocast_on_cuda(sft_config: dict[str, Any], tmp_path: Path) -> None:
+    """``model.compute_weights: cast`` (a bf16 copy of fp32 master weights) against ``autocast`` on CUDA: the same
+    losses to bf16 round-off (on CPU: tests/unit/train/test_compute_weights.py, within 2.4e-4 over 8 steps)."""
+    steps = {"max_steps": 3}
+    autocast = sft_losses(sft_config, tmp_path / "autocast", "bf16", model={"compute_weights": "autocast"},
+                          training=steps)
+    cast = sft_losses(sft_config, tmp_path / "cast", "bf16", model={"compute_weights": "cast"}, training=steps)
+    assert len(cast) == len(autocast) == 3
+    assert cast == pytest.approx(autocast, rel=1e-2)

@@ -43,9 +43,10 @@ def resolve_strategy(cfg: RunConfig, env: DistEnv, workload: Workload, memory: D
 
 
 def build_strategy(name: str, dist: DistributedConfig, env: DistEnv, dtype: str = "auto", *,
-                   auto_picked: bool = False) -> Strategy:
-    """The registered engine ``name`` with its resolved ``distributed`` settings (from :func:`resolve_strategy`)."""
-    return STRATEGIES.get(name)(dist, env, dtype, auto_picked=auto_picked)
+                   auto_picked: bool = False, compute_weights: str = "cast") -> Strategy:
+    """The registered engine ``name`` with its resolved ``distributed`` settings (from :func:`resolve_strategy`)
+    and ``model.dtype`` / ``model.compute_weights``."""
+    return STRATEGIES.get(name)(dist, env, dtype, auto_picked=auto_picked, compute_weights=compute_weights)
 
 
 __all__ = ["STRATEGIES", "Handle", "Strategy", "build_strategy", "resolve_strategy"]

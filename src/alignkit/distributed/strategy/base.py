@@ -26,6 +26,7 @@ from torch import nn
 from alignkit.config.schema import DistributedConfig
 from alignkit.distributed import comm
 from alignkit.distributed.env import DistEnv
+from alignkit.distributed.strategy import compute_weights as cw
 from alignkit.errors import ConfigError
 from alignkit.models.handle import Handle  # the record prepare returns; re-exported here, its users' old name
 from alignkit.models.loading import hf_model
@@ -75,9 +76,12 @@ class Strategy(ABC):
 
     name: str = "base"
 
-    def __init__(self, cfg: DistributedConfig, env: DistEnv, dtype: str = "auto", *, auto_picked: bool = False) -> None:
+    def __init__(self, cfg: DistributedConfig, env: DistEnv, dtype: str = "auto", *, auto_picked: bool = False,
+                 compute_weights: str = "cast") -> None:
         """``cfg``: the resolved ``distributed`` settings; ``auto_picked``: ``strategy: auto`` chose
-        this engine (then ``shard_frozen: true`` on an engine that cannot shard is a note, not an error)."""
+        this engine (then ``shard_frozen: true`` on an engine that cannot shard is a note, not an error);
+        ``compute_weights``: ``model.compute_weights`` (cast: bf16 compute weights; autocast)."""
+        self.compute_weights = compute_weights
         self.cfg = cfg
         self.env = env
         self.auto_picked = auto_picked
@@ -162,6 +166,25 @@ class Strategy(ABC):
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str = "policy") -> Handle:
         """Place/wrap a trainable model and build its optimizer (and its loss scaler: :meth:`new_scaler`)."""
 
+    def place(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str,
+              wrap: Callable[[nn.Module], nn.Module] = lambda m: m) -> Handle:
+        """A whole-model handle (single, DDP): ``model`` on the device, wrapped by ``wrap`` (DDP), its optimizer
+        and scaler; or, with bf16 compute weights (:mod:`~alignkit.distributed.strategy.compute_weights`), the fp32
+        model as the masters the optimizer steps and a bf16 copy that computes (not wrapped: the engine reduces
+        the fp32 master gradients itself, :meth:`reduce_master_grads`)."""
+        model = model.to(self.device)
+        if not cw.eligible(model, self.compute_dtype, self.compute_weights):
+            return Handle(role, wrap(model), make_optimizer(model), scaler=self.new_scaler())
+        self.sync_masters(model)
+        master, compute = cw.split(model, self.compute_dtype)
+        return Handle(role, compute, make_optimizer(master), master=master)
+
+    def sync_masters(self, master: nn.Module) -> None:
+        """Make every rank's master weights rank 0's before training (what DDP's constructor does)."""
+
+    def reduce_master_grads(self, handle: Handle) -> None:
+        """Average the fp32 master gradients of ``handle`` over the ranks (after the last micro-batch)."""
+
     def new_scaler(self) -> torch.amp.GradScaler | None:
         """A fresh loss scaler for one trainable model: fp16 needs loss scaling, bf16 and fp32 do not."""
         return torch.amp.GradScaler(self.device.type) if self.compute_dtype == torch.float16 else None
@@ -228,6 +251,8 @@ class Strategy(ABC):
             handle.scaler.scale(loss).backward()
         else:
             loss.backward()
+        if handle.master is not None:
+            cw.accumulate_grads(handle)  # fp32 accumulation over micro-batches
 
     def scales_loss(self, handle: Handle) -> bool:
         """Whether ``handle``'s fp16 loss scaler skips its overflowing steps itself (then a non-finite
@@ -240,7 +265,9 @@ class Strategy(ABC):
         None when the engine clips inside its own step (DeepSpeed) or nothing has a gradient."""
         if handle.scaler is not None:
             handle.scaler.unscale_(handle.optimizer)
-        params = [p for p in handle.module.parameters() if p.grad is not None]
+        if handle.master is not None:
+            self.reduce_master_grads(handle)
+        params = [p for p in handle.weights.parameters() if p.grad is not None]
         return self.clip_grads(params, max_grad_norm) if params else None
 
     def finish_step(self, handle: Handle, norm: float, *, skip: bool = False) -> float:
@@ -256,6 +283,8 @@ class Strategy(ABC):
             scaler.update()
         elif not skip and math.isfinite(norm):
             optimizer.step()
+            if handle.master is not None:
+                cw.refresh_compute(handle)  # the one cast of the weights per optimizer step
         optimizer.zero_grad(set_to_none=True)
         return norm
 
@@ -270,7 +299,7 @@ class Strategy(ABC):
     def save_model(self, handle: Handle, out_dir: Path, tokenizer: Any = None) -> None:
         """Hugging Face format (safetensors), written by rank 0 only; every rank calls."""
         if self.is_main:
-            inner = hf_model(self.unwrap(handle.module))
+            inner = hf_model(self.unwrap(handle.weights))
             inner.save_pretrained(str(out_dir), safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(out_dir))
@@ -288,7 +317,9 @@ class Strategy(ABC):
 
     def load_training_state(self, handle: Handle, ckpt_dir: Path) -> None:
         """Model weights and optimizer state from a checkpoint directory (every rank reads)."""
-        load_weights_into(hf_model(self.unwrap(handle.module)), ckpt_dir)
+        load_weights_into(hf_model(self.unwrap(handle.weights)), ckpt_dir)
+        if handle.master is not None:
+            cw.refresh_compute(handle)
         state = torch.load(ckpt_dir / "optimizer.pt", map_location=self.device, weights_only=True)
         handle.optimizer.load_state_dict(state["optimizer"])
         # checkpoints from before per-handle scalers hold the shared scaler's state in every role's

@@ -6,7 +6,10 @@ import contextlib
 import inspect
 from typing import Iterator
 
+import torch
+import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
@@ -25,19 +28,42 @@ class DDPStrategy(Strategy):
     name = "ddp"
 
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str = "policy") -> Handle:
-        model = model.to(self.device)
+        return self.place(model, make_optimizer, role, self._wrap if self.env.world_size > 1 else lambda m: m)
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        o = self.cfg.ddp
+        return DistributedDataParallel(
+            model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            find_unused_parameters=o.find_unused_parameters,
+            bucket_cap_mb=o.bucket_cap_mb,
+            gradient_as_bucket_view=o.gradient_as_bucket_view,
+            static_graph=o.static_graph,
+            **buffer_sync(o.broadcast_buffers),
+        )
+
+    def sync_masters(self, master: nn.Module) -> None:
         if self.env.world_size > 1:
-            o = self.cfg.ddp
-            model = DistributedDataParallel(
-                model,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                find_unused_parameters=o.find_unused_parameters,
-                bucket_cap_mb=o.bucket_cap_mb,
-                gradient_as_bucket_view=o.gradient_as_bucket_view,
-                static_graph=o.static_graph,
-                **buffer_sync(o.broadcast_buffers),
-            )
-        return Handle(role, model, make_optimizer(model), scaler=self.new_scaler())
+            params = [p.detach() for p in master.parameters()]
+            flat = _flatten_dense_tensors(params)
+            dist.broadcast(flat, src=0)
+            torch._foreach_copy_(params, list(_unflatten_dense_tensors(flat, params)))
+
+    def reduce_master_grads(self, handle: Handle) -> None:
+        """One fp32 all-reduce of every master gradient (flattened), divided by the ranks: DDP's average, reduced
+        in fp32 (``reduce_dtype=fp32``). After the last micro-batch only, so it does not overlap the backward the
+        way DDP's buckets do."""
+        if self.env.world_size == 1 or handle.master is None:
+            return
+        params = list(handle.master.parameters())
+        for p in params:  # a parameter this rank did not use may have been used on another: every rank sends all
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat)
+        flat.div_(self.env.world_size)
+        torch._foreach_copy_(grads, list(_unflatten_dense_tensors(flat, grads)))
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model

@@ -51,7 +51,7 @@ class FSDPStrategy(Strategy):
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         o = self.cfg.fsdp
-        if not o.mixed_precision or self.compute_dtype == torch.float32:
+        if not o.mixed_precision or self.compute_weights == "autocast" or self.compute_dtype == torch.float32:
             return MixedPrecisionPolicy()
         reduce = torch.float32 if o.reduce_dtype == "fp32" else self.compute_dtype
         return MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=reduce)

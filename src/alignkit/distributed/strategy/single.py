@@ -19,5 +19,4 @@ class SingleStrategy(Strategy):
             )
 
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str = "policy") -> Handle:
-        model = model.to(self.device)
-        return Handle(role, model, make_optimizer(model), scaler=self.new_scaler())
+        return self.place(model, make_optimizer, role)
