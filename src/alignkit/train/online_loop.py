@@ -14,8 +14,10 @@ One iteration (module docstring of ``algorithms/online.py`` for the batch semant
    over any number of ranks), in ``per_device`` micro-batches through the shared step code (global
    normaliser, ``no_sync``, one reduction of the step's metrics).
 
-Checkpoints fall on iteration ends and carry every trainable role, the schedules, every rank's RNG
-(so a resumed run samples the same completions), the prompt position and the algorithm's state.
+Checkpoints fall on iteration ends and carry every trainable role, the schedules, every rank's RNG, the prompt
+position and the algorithm's state. Each completion is sampled from its own seed (``rollout/seeds.py``: the run's
+seed, the iteration, the prompt, its index in the group), so a resumed run, and a run on any number of
+processes, samples the same completions.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.engine import SamplingParams, build_engine
 from alignkit.rollout.experience import Sample, micro_batches
+from alignkit.rollout.seeds import completion_seeds
 from alignkit.train.evaluate import evaluate_at_start
 from alignkit.train.interrupt import InterruptWatch, stop_if_requested
 from alignkit.train.offline_loop import TrainResult
@@ -86,8 +89,8 @@ class OnlineTrainer:
         self._startup_lines()
         # the one start hook of both loops (here: rollout.disable_dropout), before a resume like offline
         self.algo.before_training(Context(self.models, self.strategy), self.prompts, self.eval_prompts)
-        # every rank samples its own completions: a prompt whose group spans ranks must not get the
-        # same completions twice (rank 0 keeps the run's seed, so one process samples as before)
+        # completions draw from their own seeds (rollout/seeds.py); the global generator, distinct per rank,
+        # serves what else draws at random (an algorithm's own sampling)
         torch.manual_seed(cfg.training.seed + 1_000_003 * self.strategy.dp_rank)
         state = self._resume()
         window, losses, metrics, eval_metrics = Window(), [], {}, {}
@@ -186,20 +189,24 @@ class OnlineTrainer:
         state.consumed += self.per_iteration
         return idx
 
-    def _context(self, rows: list[dict[str, Any]], mine: slice, params: SamplingParams) -> RolloutContext:
+    def _context(self, rows: list[dict[str, Any]], mine: slice, params: SamplingParams,
+                 seeds: list[int] | None = None) -> RolloutContext:
         return RolloutContext(self.models, self.strategy, self.engine, rows, mine, params, self.plan.batch.per_device,
-                              self.algo.collate, gather_full_params=self.cfg.section(RolloutConfig).gather_full_params)
+                              self.algo.collate, gather_full_params=self.cfg.section(RolloutConfig).gather_full_params,
+                              seeds=seeds)
 
     def _rollout(self, state: TrainState) -> tuple[Experience, float]:
         """The algorithm's rollout of this rank's share of the iteration's prompts and its seconds (those of
         its phases, :attr:`RolloutContext.seconds`, are kept in ``_phases_s``)."""
         start = time.perf_counter()
+        r = self.cfg.section(RolloutConfig)
+        iteration = state.step // r.steps_per_iteration
         completions = [i for i in self._next_prompts(state) for _ in range(self.G)]
+        seeds = completion_seeds(self.cfg.training.seed, iteration, completions, self.G)
         rank = self.strategy.dp_rank
         mine = slice(rank * self.n_local, (rank + 1) * self.n_local)
-        r = self.cfg.section(RolloutConfig)
         params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
-        ctx = self._context([self.prompts[i] for i in completions[mine]], mine, params)
+        ctx = self._context([self.prompts[i] for i in completions[mine]], mine, params, seeds[mine])
         self._phases_s = ctx.seconds
         experience = self.algo.rollout(ctx)
         return experience, time.perf_counter() - start
