@@ -9,6 +9,7 @@ from typing import Iterator
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 
 
@@ -36,6 +37,7 @@ class DDPStrategy(Strategy):
                 gradient_as_bucket_view=o.gradient_as_bucket_view,
                 static_graph=o.static_graph,
                 **buffer_sync(o.broadcast_buffers),
+                process_group=comm.group(),  # the trainers' group under rollout.placement: separate
             )
         return Handle(role, model, make_optimizer(model), scaler=self.new_scaler())
 
