@@ -48,6 +48,7 @@ class Received:
     idle and generation seconds (max over generators), this trainer's seconds waiting and pushing weights."""
 
     versions: list[int] = field(default_factory=list)
+    logps: list[list[float]] | None = None
     generator_idle_s: float = 0.0
     generator_generate_s: float = 0.0
     wait_s: float = 0.0
@@ -93,7 +94,7 @@ class RemoteEngine(RolloutEngine):
                                f"{parts[0].iteration if parts else '?'}): the trainers and generators disagree on "
                                "the prompt order or the seeds")
         logps = [lp for d in parts for lp in (d.logps or [])] if all(d.logps is not None for d in parts) else None
-        self.received = Received([d.version for d in parts for _ in d.seeds],
+        self.received = Received([d.version for d in parts for _ in d.seeds], logps,
                                  max((d.idle_s for d in parts), default=0.0),
                                  max((d.generate_s for d in parts), default=0.0), wait, self.received.sync_s)
         return Generations([c for d in parts for c in d.completion_ids], [r for d in parts for r in d.finish_reasons],
@@ -119,6 +120,14 @@ def trainer_sources(placement: Placement, n_completions: int, trainer: int) -> l
     return [rank for rank, part in zip(placement.generators, parts) if part[trainer][0] < part[trainer][1]]
 
 
+def keep_behaviour_logps(samples: list[Sample], logps: list[list[float]] | None) -> None:
+    """Each sample's ``sampler_logps``: the generator's log-probs of its tokens (the behaviour policy, which
+    an off-policy correction of the loss weighs against the trainer's recomputed ``old_logps``), unless the
+    rollout kept the engine's own already."""
+    for s, lp in zip(samples, logps or [], strict=bool(logps)):
+        s.setdefault("sampler_logps", lp)
+
+
 def tag_staleness(samples: list[Sample], versions: list[int], version: int, max_staleness: int,
                   stats: MetricSums) -> list[Sample]:
     """Each sample's ``policy_version`` (of ``versions``) and ``staleness`` (trainer ``version`` minus it); the
@@ -126,7 +135,7 @@ def tag_staleness(samples: list[Sample], versions: list[int], version: int, max_
     same on each: a host reduction): ``staleness/mean``, ``staleness/max``, ``staleness/<s>`` (samples of each
     staleness s <= max_staleness + 1; older ones count in the last) and ``staleness/dropped``."""
     kept, counts = [], [0.0] * (max_staleness + 2)
-    for s, v in zip(samples, versions):
+    for s, v in zip(samples, versions, strict=True):
         s["policy_version"], s["staleness"] = v, version - v
         counts[min(version - v, max_staleness + 1)] += 1
         if version - v <= max_staleness:

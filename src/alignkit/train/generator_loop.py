@@ -35,6 +35,7 @@ from alignkit.models.kinds import KINDS
 from alignkit.models.roles import Workload, build_model
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.engine import Prompt, SamplingParams, build_engine, generation_phase
+from alignkit.rollout.experience import collate_samples, micro_batches, per_sequence
 from alignkit.rollout.remote import Delivery, generator_parts
 from alignkit.train.offline_loop import TrainResult
 from alignkit.train.online_loop import iteration_requests, online_steps
@@ -85,6 +86,7 @@ class Generator:
         self.policy = build_model(spec, cfg.model, torch.float32, algo.tokenizer).to(self.device).eval()
         self.policy.requires_grad_(False)
         self.kind = KINDS.get(spec.kind)  # generates as the trainers' rollout does: through the policy's kind
+        self.pad = algo.tokenizer.pad_token_id
         self.engine = build_engine(r.engine, algo.tokenizer, cfg, max_new_tokens=r.max_new_tokens)
         self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
         self.per_iteration = plan.batch.global_batch // r.num_generations
@@ -106,6 +108,20 @@ class Generator:
         self._take_weights(last - 1)  # every version the trainers push is taken (their broadcasts complete)
         for work in pending:
             work.wait()
+
+    @torch.no_grad()
+    def _behaviour_logps(self, requests: list[Prompt], completions: list[list[int]],
+                         autocast: Any) -> list[list[float]]:
+        """The sampling policy's log-prob of each completion token (the behaviour policy of the off-policy
+        correction, ``sampler_logps``), by the training forward's numerics in ``per_device`` micro-batches, where
+        the engine does not report its own (hf)."""
+        samples = [{"prompt_ids": p.ids, "completion_ids": c} for p, c in zip(requests, completions)]
+        out: list[list[float]] = []
+        for part in micro_batches(samples, self.plan.batch.per_device):
+            batch = collate_samples(part, self.pad, (), ()).to(self.device)
+            with autocast:
+                out += per_sequence(self.kind.logps(self.policy, batch, temperature=behaviour_temperature(self.r)), batch)
+        return out
 
     def _take_weights(self, version: int) -> float:
         """Receive the pushed versions up to ``version``; the seconds it waited."""
@@ -129,6 +145,7 @@ class Generator:
                     if self.compute_dtype != torch.float32 and self.engine.runs_in_caller else contextlib.nullcontext())
         with autocast, generation_phase(self.engine, self.policy):
             gens = self.kind.generate(self.policy, self.engine, requests, params)
+        logps = gens.logps if gens.logps is not None else self._behaviour_logps(requests, gens.completion_ids, autocast)
         seconds = time.perf_counter() - start
         works = []
         for t, (a, b) in enumerate(self.parts[g]):
@@ -136,9 +153,15 @@ class Generator:
                 continue
             cut = slice(a - lo, b - lo)
             delivery = Delivery(iteration, self.version, seeds[a:b], gens.completion_ids[cut], gens.finish_reasons[cut],
-                                gens.texts[cut], gens.logps[cut] if gens.logps is not None else None, idle, seconds)
+                                gens.texts[cut], logps[cut], idle, seconds)
             works.append(send_object(delivery, t, self.placement))
         return works
+
+
+def behaviour_temperature(r: RolloutConfig) -> float:
+    """The temperature the behaviour log-probs are taken at: the sampler's (greedy: 1), as the trainer's
+    (``TokenRollout.temperature``)."""
+    return r.temperature if r.temperature > 0 else 1.0
 
 
 def split_placement(cfg: RunConfig) -> Placement | None:

@@ -45,7 +45,7 @@ from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.engine import RolloutEngine, SamplingParams, build_engine
 from alignkit.rollout.experience import Sample, micro_batches
-from alignkit.rollout.remote import RemoteEngine, tag_staleness, trainer_sources
+from alignkit.rollout.remote import RemoteEngine, keep_behaviour_logps, tag_staleness, trainer_sources
 from alignkit.rollout.seeds import completion_seeds
 from alignkit.train.evaluate import evaluate_at_start
 from alignkit.train.interrupt import InterruptWatch, stop_if_requested
@@ -210,6 +210,7 @@ class OnlineTrainer:
         experience = self.algo.rollout(ctx)
         if self.remote is not None:
             got = self.remote.received
+            keep_behaviour_logps(experience.samples, got.logps)
             experience.samples = tag_staleness(experience.samples, got.versions, version, r.max_staleness,
                                                experience.stats)
             for name, seconds in (("trainer_wait_s", got.wait_s), ("weight_sync_s", got.sync_s),
