@@ -66,6 +66,15 @@ def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy:
         raise ConfigError(f"rollout.placement: separate: {why}; use placement: colocated")
 
 
+def trainer_processes(cfg: RunConfig, processes: int) -> int:
+    """How many of the launched ``processes`` train (``alignkit validate`` / ``launch`` count the batch over them):
+    all of them, or with ``rollout.placement: separate`` all but ``rollout.generator_processes`` (at least 1)."""
+    if not issubclass(ALGORITHMS.get(cfg.algorithm), OnlineAlgorithm):
+        return processes
+    r = cfg.section(RolloutConfig)
+    return max(1, processes - r.generator_processes) if r.placement == "separate" else processes
+
+
 def trainer_view(placement: Placement) -> DistEnv:
     """The trainers' world as a trainer sees it (the batch plan counts trainers)."""
     env = placement.env
