@@ -79,3 +79,13 @@ def test_what_separate_refuses(overrides: list[str], why: str) -> None:
     check_separate(ok, ALGORITHMS.get("grpo"), workload_of(ok), "ddp", 2, 8)
     with pytest.raises(ConfigError, match="split evenly"):
         check_separate(ok, ALGORITHMS.get("grpo"), workload_of(ok), "ddp", 3, 8)
+
+
+def test_validate_and_launch_count_the_trainers_only() -> None:
+    from alignkit.train.generator_loop import trainer_processes
+
+    base = ["model.name_or_path=x", "data.train=x.jsonl", "training.per_device_batch_size=8"]
+    separate = load_config(None, ["algorithm=grpo", *base, "rollout.placement=separate", "rollout.generator_processes=2"])
+    assert trainer_processes(separate, 5) == 3
+    assert trainer_processes(load_config(None, ["algorithm=grpo", *base]), 5) == 5
+    assert trainer_processes(load_config(None, ["algorithm=sft", *base]), 5) == 5
