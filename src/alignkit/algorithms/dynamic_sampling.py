@@ -70,7 +70,8 @@ def dynamic_rollout(algo: Any, ctx: RolloutContext, group_size: int, max_rounds:
         spread = [int(has_spread(r.scores["reward"], group_size).sum()) for r in rounds]  # host-side, same on all ranks
         if sum(spread) >= needed or len(rounds) > max_rounds or ctx.refill is None:
             break
-        rounds.append(draw_round(algo, dataclasses.replace(ctx, rows=ctx.refill())))
+        rows, seeds = ctx.refill()
+        rounds.append(draw_round(algo, dataclasses.replace(ctx, rows=rows, seeds=seeds)))
     chosen, fillers = select_groups([r.scores["reward"] for r in rounds], group_size, needed)
     index = [(r, g * group_size + j) for r, g in chosen for j in range(group_size)]
     mine = [rounds[r].items[i] for r, i in index][ctx.mine]

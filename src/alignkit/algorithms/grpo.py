@@ -185,6 +185,10 @@ class GroupRelative(GroupUpdated, OnlineAlgorithm):
             raise ConfigError(f"grpo.overlong_buffer ({buffer}) must be at most rollout.max_new_tokens ({max_new}): "
                               "the penalty ramps over the last overlong_buffer tokens before the limit")
 
+    @classmethod
+    def default_rollout(cls, cfg: RunConfig) -> bool:
+        return not cfg.section(GRPOConfig).dynamic_sampling  # DAPO's rounds draw more rows as they go
+
     def rollout(self, ctx: RolloutContext) -> Experience:
         """The default rollout, or with ``grpo.dynamic_sampling`` DAPO's rounds (algorithms/dynamic_sampling.py)."""
         g = self.cfg.section(GRPOConfig)

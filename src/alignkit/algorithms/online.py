@@ -120,6 +120,12 @@ class OnlineAlgorithm(Algorithm):
         return {"chat_template": self.cfg.data.chat_template, "max_length": self.cfg.data.max_length}
 
     # ------------------------------------------------------------------ rollout
+    @classmethod
+    def default_rollout(cls, cfg: RunConfig) -> bool:
+        """Whether ``cfg``'s run samples by the default :meth:`rollout` (the policy's completions of the
+        iteration's rows, then scoring), which may then be drawn anywhere; an override says when it does too."""
+        return cls.rollout is OnlineAlgorithm.rollout
+
     def rollout(self, ctx: RolloutContext) -> Experience:
         """This rank's samples of one iteration: the policy's completions of ``ctx.rows``, scored by every
         signal of :meth:`signals` (gathered from every rank), then :meth:`make_experience`. Override to put

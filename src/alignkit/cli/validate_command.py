@@ -18,6 +18,7 @@ from alignkit.distributed.strategy.base import pick_backend, pick_compute_dtype,
 from alignkit.distributed.strategy.deepspeed_config import build_deepspeed_config
 from alignkit.errors import UserError
 from alignkit.models.loading import load_tokenizer
+from alignkit.train.generator_loop import trainer_processes
 from alignkit.train.online_loop import check_groups, online_step_plan
 from alignkit.train.run_plan import StepPlan, plan_run, plan_steps
 
@@ -47,6 +48,8 @@ def print_plan(config: str, overrides: list[str], *, world_size: int | None = No
     env = read_env()
     if world_size is not None:
         env = dataclasses.replace(env, world_size=world_size, rank=0)
+    # rollout.placement: separate: the batch is the trainers' (the generator processes train nothing)
+    env = dataclasses.replace(env, world_size=trainer_processes(cfg, env.world_size))
     run = plan_run(cfg, env, workload_of(cfg))
     plan = run.batch
     device = pick_device(env)
@@ -95,6 +98,7 @@ def batch_growth_note(cfg: RunConfig, processes: int) -> str | None:
     effective batch is per_device x accumulation x processes, so N processes take N times fewer optimizer steps
     per epoch than one (with the learning rate of the one, unless ``training.lr_scaling``). None when the batch is
     global or one process runs."""
+    processes = trainer_processes(cfg, processes)  # rollout.placement: separate: the trainers alone
     if cfg.training.global_batch_size is not None or processes == 1:
         return None
     one, many = resolve_batch(cfg, 1), resolve_batch(cfg, processes)

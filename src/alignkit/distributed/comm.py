@@ -16,17 +16,37 @@ def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+#: the process group these helpers reduce over: None = the whole world; the trainers' group when
+#: ``rollout.placement: separate`` splits the world (``distributed/placement.py``), so a trainer's statistics
+#: never wait for a generator
+_GROUP: list[Any] = [None]
+
+
+def use_group(group: Any, host_group: Any = None) -> None:
+    """Make every helper here work over ``group`` (and host-side numbers over ``host_group``, a gloo group of
+    the same ranks, when ``group`` is NCCL); None: the whole world."""
+    _GROUP[0] = group
+    _HOST_GROUP.clear()
+    if host_group is not None:
+        _HOST_GROUP.append(host_group)
+
+
+def group() -> Any:
+    """The process group of this process's data-parallel peers (None: the default, whole world)."""
+    return _GROUP[0]
+
+
 def world_size() -> int:
-    return dist.get_world_size() if is_initialized() else 1
+    return dist.get_world_size(group()) if is_initialized() else 1
 
 
 def rank() -> int:
-    return dist.get_rank() if is_initialized() else 0
+    return dist.get_rank(group()) if is_initialized() else 0
 
 
 def _comm_device() -> torch.device:
     """NCCL reduces CUDA tensors only; gloo reduces CPU tensors."""
-    if dist.get_backend() == "nccl":
+    if dist.get_backend(group()) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -35,7 +55,7 @@ def _reduce(t: torch.Tensor, op: "dist.ReduceOp") -> torch.Tensor:
     if not is_initialized():
         return t.detach().clone()
     out = t.detach().to(_comm_device(), copy=True)
-    dist.all_reduce(out, op=op)
+    dist.all_reduce(out, op=op, group=group())
     return out.to(t.device)
 
 
@@ -54,8 +74,8 @@ _HOST_GROUP: list[Any] = []  # a gloo group for host-side numbers when the defau
 def _host_group() -> Any:
     """The process group that reduces CPU tensors: the default one under gloo, else a gloo group made
     once (collectively: every rank reaches its first host reduction at the same point of the step)."""
-    if dist.get_backend() != "nccl":
-        return None
+    if dist.get_backend(group()) != "nccl":
+        return group()
     if not _HOST_GROUP:
         _HOST_GROUP.append(dist.new_group(backend="gloo"))
     return _HOST_GROUP[0]
@@ -77,7 +97,7 @@ def all_gather_tensor(t: torch.Tensor) -> torch.Tensor:
         return t.detach().clone()
     src = t.detach().to(_comm_device()).contiguous()
     parts = [torch.empty_like(src) for _ in range(world_size())]
-    dist.all_gather(parts, src)
+    dist.all_gather(parts, src, group=group())
     return torch.cat(parts, dim=0).to(t.device)
 
 
@@ -86,31 +106,31 @@ def all_gather_object(obj: Any) -> list[Any]:
     if not is_initialized():
         return [obj]
     out: list[Any] = [None] * world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=group())
     return out
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank ``src``'s ``obj`` on every rank."""
+    """Rank ``src``'s ``obj`` on every rank (``src``: a rank of :func:`group`)."""
     if not is_initialized():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, group=group(), group_src=src)
     return box[0]
 
 
 def broadcast_tensor(t: torch.Tensor, src: int = 0) -> torch.Tensor:
-    """Rank ``src``'s values of ``t`` on every rank (a new tensor)."""
+    """Rank ``src``'s values of ``t`` on every rank (a new tensor; ``src``: a rank of :func:`group`)."""
     if not is_initialized():
         return t.detach().clone()
     out = t.detach().to(_comm_device(), copy=True)
-    dist.broadcast(out, src=src)
+    dist.broadcast(out, group=group(), group_src=src)
     return out.to(t.device)
 
 
 def barrier() -> None:
     if is_initialized():
-        dist.barrier()
+        dist.barrier(group=group())
 
 
 def stack_on_one_device(values: list[torch.Tensor]) -> torch.Tensor:

@@ -41,7 +41,23 @@ def _int(name: str, default: int) -> int:
         raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
+#: this process's view of the world when ``rollout.placement: separate`` splits it (distributed/placement.py):
+#: a trainer sees the trainers alone (its rank among them, their count), so the Strategy, the batch plan and the
+#: data shards count trainers; None: the launched world as it is
+_VIEW: list[DistEnv | None] = [None]
+
+
+def set_view(view: DistEnv | None) -> None:
+    """What :func:`read_env` returns from now on (None: the launcher's environment again)."""
+    _VIEW[0] = view
+
+
 def read_env() -> DistEnv:
+    """This process's data-parallel world: the view :func:`set_view` set, else the launcher's environment."""
+    return _VIEW[0] if _VIEW[0] is not None else read_launch_env()
+
+
+def read_launch_env() -> DistEnv:
     """Read the launcher's environment; a plain ``python`` run is rank 0 of 1."""
     world = _int("WORLD_SIZE", 1)
     rank = _int("RANK", 0)

@@ -29,10 +29,14 @@ class SamplingParams:
 class Prompt:
     """One generation request. ``ids``: the prompt's token ids as the model reads them (a VLM's image
     tokens already expanded, no padding); ``inputs``: its extra model inputs, each tensor's first dim
-    indexing this prompt's images (``pixel_values`` ``(n_images, C, H, W)``); None for a text prompt."""
+    indexing this prompt's images (``pixel_values`` ``(n_images, C, H, W)``); None for a text prompt.
+    ``seed``: the request's own sampling stream (``rollout/seeds.py``): an engine draws this completion's random
+    numbers from a generator seeded with it, so the same seed samples the same completion in any batch and on
+    any process (vLLM: the request's ``seed``); None: the process's global generator."""
 
     ids: list[int]
     inputs: dict[str, torch.Tensor] | None = None
+    seed: int | None = None
 
 
 @dataclass

@@ -6,9 +6,11 @@ and ``alignkit generate``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from alignkit.config.schema import f
 from alignkit.config.sections import register_section
+from alignkit.errors import ConfigError
 from alignkit.rollout.engine import engine_class
 
 
@@ -42,6 +44,20 @@ class RolloutConfig:
         "disable_dropout: the old log-probs are taken in train mode, and with dropout (LoRA's 0.05) the first "
         "update's ratio would be noise instead of exactly 1.")
 
+    placement: Literal["colocated", "separate"] = f(
+        "colocated", "Who generates: colocated = the trainer processes themselves, between updates; separate = the "
+        "last rollout.generator_processes processes of the launched world generate (and only they), the others train; "
+        "the weights go from trainer rank 0 to the generators after every update (bucketed broadcasts), the "
+        "completions come back by torch.distributed point-to-point (docs/workflows/async-rl.md).")
+    generator_processes: int = f(
+        1, "placement: separate: how many of the launched processes generate (the last ones); the launched world "
+        "must be larger. An iteration's completions split evenly over them.", gt=0)
+    max_staleness: int = f(
+        0, "placement: separate: how many policy versions the generators may run ahead of the update (k): iteration "
+        "i's completions are sampled with the weights after update max(i - k, first) and trained on at version i "
+        "(their staleness); 0 = synchronous, the same numbers as colocated. A sample older than k versions is dropped "
+        "and counted.", ge=0)
+
     @property
     def steps_per_iteration(self) -> int:
         """Optimizer steps per iteration: ``update_epochs`` passes x ``mini_batches`` slices."""
@@ -49,3 +65,6 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         engine_class(self.engine)  # an unknown name: one line with the closest name
+        if self.placement == "colocated" and self.max_staleness:
+            raise ConfigError(f"rollout.max_staleness={self.max_staleness} needs rollout.placement: separate (colocated "
+                              "generation is synchronous: every iteration samples from the weights it trains)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
@@ -18,8 +18,9 @@ from alignkit.data.batch import Batch
 from alignkit.distributed import comm
 from alignkit.metrics import MetricSums
 from alignkit.rewards.signals import ScoreInputs, Signal, gather_scores, nan_stats
-from alignkit.rollout.engine import Generations, RolloutEngine, SamplingParams, generation_phase
+from alignkit.rollout.engine import Generations, Prompt, RolloutEngine, SamplingParams, generation_phase
 from alignkit.rollout.experience import Sample, micro_batches
+from alignkit.rollout.seeds import with_stream
 
 if TYPE_CHECKING:
     from alignkit.distributed.strategy.base import Strategy
@@ -74,12 +75,18 @@ class RolloutContext:
     per_device: int
     collate: Callable[[list[Sample]], Batch]
     gather_full_params: bool = True
+    #: each row's sampling seed (``rollout/seeds.py``: from the run's seed, the iteration, the prompt and the
+    #: completion's place in its group), or None: the process's generator. :meth:`generate` hands a role's
+    #: token prompts these seeds (another role's derived from them), so completions do not depend on where
+    #: they are generated
+    seeds: list[int] | None = None
     #: seconds by phase of this rollout (``generate``, ``score_inputs``, ``score``, ``experience``), summed over
     #: calls; the loop logs them as ``time/<phase>_s`` (this rank's, a cheap clock: no synchronisation)
     seconds: dict[str, float] = field(default_factory=dict)
-    #: this rank's rows of the next prompts of the run's order (consumed as an iteration's are), for a rollout that
-    #: draws more than its batch (DAPO's dynamic sampling, algorithms/dynamic_sampling.py); None: no more prompts
-    refill: Callable[[], list[dict[str, Any]]] | None = None
+    #: this rank's rows of the next prompts of the run's order (consumed as an iteration's are) and their seeds, for a
+    #: rollout that draws more than its batch (DAPO's dynamic sampling, algorithms/dynamic_sampling.py); None: no more
+    #: prompts (also under separate placement, where the generators draw the iteration's rows)
+    refill: Callable[[], tuple[list[dict[str, Any]], list[int] | None]] | None = None
 
     @property
     def generate_s(self) -> float:
@@ -105,6 +112,7 @@ class RolloutContext:
         log-prob forward does. Its seconds count in ``seconds[phase]`` (``generate``: the token phase whose seconds
         give gen_tokens_per_s; an image policy's sampling is its own ``sample`` phase)."""
         kind, module, params = self.models.kind(role), self.models[role], params or self.params
+        prompts = self.seeded(role, prompts)
         with self.timed(phase), ExitStack() as stack:
             engine = self.engine_for(role)
             if engine.runs_in_caller:  # fp32 master weights decode in bf16, not in fp32 GEMMs
@@ -119,6 +127,17 @@ class RolloutContext:
             sharded = self.strategy.unwrap(module)
             stack.enter_context(generation_phase(engine, sharded))
             return kind.generate(sharded, engine, prompts, params, synced=True)
+
+    def seeded(self, role: str, prompts: list[Any]) -> list[Any]:
+        """Token ``prompts`` (id lists or :class:`Prompt` s, one per row) as :class:`Prompt` s carrying the
+        rows' seeds of ``role``'s stream; other prompts (an image policy's, seeded per image already), a count
+        other than the rows', or a context without seeds: unchanged."""
+        if self.seeds is None or len(prompts) != len(self.seeds):
+            return prompts
+        if not all(isinstance(p, (list, Prompt)) for p in prompts):
+            return prompts
+        return [replace(p, seed=s) if isinstance(p, Prompt) else Prompt(list(p), seed=s)
+                for p, s in zip(prompts, with_stream(self.seeds, role))]
 
     def engine_for(self, role: str) -> RolloutEngine:
         """The run's engine, or for a role with a tokenizer of its own (a red-team target of another family)

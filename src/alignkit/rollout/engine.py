@@ -212,8 +212,13 @@ class InverseCDFSampler:
     variate for every vocabulary entry of every row instead: on CPU that was a quarter of a rollout
     (6 ms a step at 32 x 8192, measured)."""
 
-    def __init__(self, temperature: float, top_k: int = 0, top_p: float = 1.0) -> None:
+    def __init__(self, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                 seeds: Sequence[int] | None = None) -> None:
         from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        #: one generator per row, seeded with its request's seed (``rollout/seeds.py``): row i's t-th token
+        #: uses the t-th number of its own stream whatever rows share its batch; None: the global generator
+        self.generators = None if seeds is None else [torch.Generator().manual_seed(s) for s in seeds]
 
         self.warpers: list[Any] = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
         if top_k:
@@ -226,21 +231,46 @@ class InverseCDFSampler:
             scores = warp(input_ids, scores)
         cdf = torch.softmax(scores.float(), dim=-1).cumsum(dim=-1)
         # u in (0, 1] times the total: the first index whose cumulative mass reaches it has mass > 0
-        u = (1.0 - torch.rand(cdf.shape[0], 1, device=cdf.device, dtype=cdf.dtype)) * cdf[:, -1:]
+        u = (1.0 - self._uniform(cdf)) * cdf[:, -1:]
         token = torch.searchsorted(cdf, u).clamp_(max=cdf.shape[1] - 1)
         return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
 
 
-def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+    def _uniform(self, cdf: torch.Tensor) -> torch.Tensor:
+        """``(B, 1)`` uniforms in [0, 1) for the rows of ``cdf``: from each row's generator (drawn on the CPU,
+        where a seeded stream is the same on every machine, then copied to ``cdf``'s device), else from the
+        global one."""
+        rows = cdf.shape[0]
+        if self.generators is None:
+            return torch.rand(rows, 1, device=cdf.device, dtype=cdf.dtype)
+        if len(self.generators) != rows:
+            raise ValueError(f"{len(self.generators)} seeds for {rows} rows")
+        u = torch.cat([torch.rand(1, 1, generator=g, dtype=cdf.dtype) for g in self.generators])
+        return u.to(cdf.device, non_blocking=True)
+
+
+def sampling_kwargs(params: SamplingParams, seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """``generate`` arguments of ``params``: greedy decoding, or sampling through :class:`InverseCDFSampler`
-    (greedy over its one-hot scores), with the generation config's own sampling settings switched off."""
+    (greedy over its one-hot scores; ``seeds``: one per row, its own stream), with the generation config's own
+    sampling settings switched off."""
     from transformers import LogitsProcessorList
 
     off: dict[str, Any] = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
     if params.temperature <= 0:
         return off
     return {**off, "logits_processor": LogitsProcessorList(
-        [InverseCDFSampler(params.temperature, params.top_k, params.top_p)])}
+        [InverseCDFSampler(params.temperature, params.top_k, params.top_p, seeds)])}
+
+
+def row_seeds(chunk: Sequence[Prompt]) -> list[int] | None:
+    """The batch's per-row seeds when every request has one; None when none has; a mix is refused (one
+    batch cannot draw partly from the global generator and stay independent of its composition)."""
+    seeds = [p.seed for p in chunk]
+    if all(s is None for s in seeds):
+        return None
+    if any(s is None for s in seeds):
+        raise ValueError("either every prompt of a generation carries a seed or none does")
+    return [int(s) for s in seeds]  # type: ignore[arg-type]
 
 
 def as_prompts(prompts: Sequence[Prompt] | Sequence[list[int]]) -> list[Prompt]:
@@ -355,8 +385,8 @@ class HFEngine(RolloutEngine):
         """``(B, new)`` generated ids of one batch (EOS-finished rows padded after their EOS)."""
         ids, mask = left_pad([p.ids for p in chunk], self.pad)
         kwargs: dict[str, Any] = dict(max_new_tokens=params.max_new_tokens, pad_token_id=self.pad,
-                                      eos_token_id=sorted(self.eos) or None, use_cache=True, **sampling_kwargs(params),
-                                      **cache_kwargs(self.settings, device))
+                                      eos_token_id=sorted(self.eos) or None, use_cache=True,
+                                      **sampling_kwargs(params, row_seeds(chunk)), **cache_kwargs(self.settings, device))
         if synced:
             kwargs["synced_gpus"] = True
         extra = {k: v.to(device) for k, v in stitch_inputs(chunk).items()}

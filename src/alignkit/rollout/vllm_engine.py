@@ -47,6 +47,7 @@ from alignkit.rollout.engine import (
     SamplingParams,
     as_prompts,
     register_engine,
+    row_seeds,
 )
 
 INSTALL_HINT = ("rollout.engine: vllm needs vLLM, which is not installed: in a virtualenv of its own, after torch, "
@@ -206,10 +207,14 @@ class Request:
     seed: int
 
 
-def requests_of(rows: list[list[int]], *, group: bool = True) -> list[Request]:
+def requests_of(rows: list[list[int]], *, group: bool = True, seeds: list[int] | None = None) -> list[Request]:
     """Runs of identical consecutive prompts (a GRPO group) as one request with ``n`` samples each (with
     ``group``; vLLM refuses n > 1 for greedy decoding); seeds drawn from torch's generator (seeded per rank by
-    the online loop), one per request."""
+    the online loop), one per request. With ``seeds`` (one per row: each completion's own stream,
+    ``rollout/seeds.py``) every row is a request of its own with its seed, so a completion does not depend on
+    which rows share its batch."""
+    if seeds is not None:
+        return [Request(list(ids), 1, s) for ids, s in zip(rows, seeds)]
     groups: list[tuple[list[int], int]] = []
     for r in rows:
         if group and groups and groups[-1][0] == r:
@@ -340,7 +345,7 @@ class VLLMEngine(RolloutEngine):
         if (self.llm is None and self.server is None) or _PUSHED.get(self._target()) != _mark(model):
             raise RuntimeError("rollout.engine: vllm does not hold this model's weights: call sync_weights(model) "
                                "first (rollout/engine.py generation_phase)")
-        todo = requests_of([p.ids for p in requests], group=params.temperature > 0)
+        todo = requests_of([p.ids for p in requests], group=params.temperature > 0, seeds=row_seeds(requests))
         sampling = dict(max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
                         top_k=params.top_k, stop_token_ids=self.eos)
         if self.server is not None:

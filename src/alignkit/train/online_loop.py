@@ -14,8 +14,10 @@ One iteration (module docstring of ``algorithms/online.py`` for the batch semant
    over any number of ranks), in ``per_device`` micro-batches through the shared step code (global
    normaliser, ``no_sync``, one reduction of the step's metrics).
 
-Checkpoints fall on iteration ends and carry every trainable role, the schedules, every rank's RNG
-(so a resumed run samples the same completions), the prompt position and the algorithm's state.
+Checkpoints fall on iteration ends and carry every trainable role, the schedules, every rank's RNG, the prompt
+position and the algorithm's state. Each completion is sampled from its own seed (``rollout/seeds.py``: the run's
+seed, the iteration, the prompt, its index in the group), so a resumed run, and a run on any number of
+processes, samples the same completions.
 """
 
 from __future__ import annotations
@@ -34,14 +36,17 @@ from alignkit.config import RunConfig, dump_yaml
 from alignkit.config.loader import BatchPlan
 from alignkit.data.sampler import GlobalOrder
 from alignkit.distributed import comm
+from alignkit.distributed.placement import Placement, broadcast_start
 from alignkit.distributed.strategy.base import Strategy
 from alignkit.errors import ConfigError, DataError
 from alignkit.logging import RunLogger
 from alignkit.models.roles import Models
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
-from alignkit.rollout.engine import SamplingParams, build_engine
+from alignkit.rollout.engine import RolloutEngine, SamplingParams, build_engine
 from alignkit.rollout.experience import Sample, micro_batches
+from alignkit.rollout.remote import RemoteEngine, keep_behaviour_logps, tag_staleness, trainer_sources
+from alignkit.rollout.seeds import completion_seeds
 from alignkit.train.evaluate import evaluate_at_start
 from alignkit.train.interrupt import InterruptWatch, note_late_signal, stop_if_requested
 from alignkit.train.offline_loop import TrainResult
@@ -60,7 +65,8 @@ from alignkit.train.step_metrics import StepResult, Window, step_result
 
 class OnlineTrainer:
     def __init__(self, cfg: RunConfig, algo: OnlineAlgorithm, strategy: Strategy, models: Models, plan: RunPlan,
-                 prompts: list[dict[str, Any]], eval_prompts: list[dict[str, Any]], logger: RunLogger) -> None:
+                 prompts: list[dict[str, Any]], eval_prompts: list[dict[str, Any]], logger: RunLogger,
+                 placement: Placement | None = None) -> None:
         assert plan.steps is not None, "the run plan needs its step counts (online_steps)"
         self.cfg, self.algo, self.strategy, self.models, self.plan = cfg, algo, strategy, models, plan
         self.prompts, self.eval_prompts, self.log = prompts, eval_prompts, logger
@@ -71,6 +77,11 @@ class OnlineTrainer:
         self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
         r = cfg.section(RolloutConfig)
         self.engine = build_engine(r.engine, algo.tokenizer, cfg, max_new_tokens=r.max_new_tokens)
+        #: rollouts: the engine (colocated), or the generator processes' completions (placement: separate;
+        #: evaluation still generates here, greedily)
+        self.placement = placement
+        self.remote = None if placement is None else RemoteEngine(
+            algo.tokenizer, placement, trainer_sources(placement, b.global_batch, self.strategy.dp_rank))
         self.out = Path(cfg.output_dir)
         #: seconds of the last iteration's logging and evaluation + checkpointing (logged with the next one)
         self._tail_s: dict[str, float] = {}
@@ -86,10 +97,12 @@ class OnlineTrainer:
         self._startup_lines()
         # the one start hook of both loops (here: rollout.disable_dropout), before a resume like offline
         self.algo.before_training(Context(self.models, self.strategy), self.prompts, self.eval_prompts)
-        # every rank samples its own completions: a prompt whose group spans ranks must not get the
-        # same completions twice (rank 0 keeps the run's seed, so one process samples as before)
+        # completions draw from their own seeds (rollout/seeds.py); the global generator, distinct per rank,
+        # serves what else draws at random (an algorithm's own sampling)
         torch.manual_seed(cfg.training.seed + 1_000_003 * self.strategy.dp_rank)
         state = self._resume()
+        if self.placement is not None:  # the generators start where this run starts (a resume's position)
+            broadcast_start({"step": state.step, "epoch": state.epoch, "consumed": state.consumed}, self.placement)
         window, losses, metrics, eval_metrics = Window(), [], {}, {}
         guard = NonfiniteGuard(cfg.training.nonfinite, cfg.training.max_nonfinite_steps, log)
         if self.eval_prompts:  # where the policy starts: the eval curves' first point
@@ -178,38 +191,43 @@ class OnlineTrainer:
         return step_result(strategy, models, role_sums, sums, tokens, norms, dropped)
 
     # ------------------------------------------------------------------ rollout
-    def _next_prompts(self, state: TrainState) -> list[int]:
-        """The iteration's prompt indices (global), advancing the position in the epoch's order."""
-        order = self.order.order(state.epoch)
-        if state.consumed + self.per_iteration > len(order):
-            state.epoch, state.consumed = state.epoch + 1, 0
-            order = self.order.order(state.epoch)
-        idx = order[state.consumed : state.consumed + self.per_iteration].tolist()  # order() is a numpy array
-        state.consumed += self.per_iteration
-        return idx
-
     def _context(self, rows: list[dict[str, Any]], mine: slice, params: SamplingParams,
-                 refill: Callable[[], list[dict[str, Any]]] | None = None) -> RolloutContext:
-        return RolloutContext(self.models, self.strategy, self.engine, rows, mine, params, self.plan.batch.per_device,
-                              self.algo.collate, gather_full_params=self.cfg.section(RolloutConfig).gather_full_params,
+                 seeds: list[int] | None = None, engine: RolloutEngine | None = None,
+                 refill: Callable[[], tuple[list[dict[str, Any]], list[int]]] | None = None) -> RolloutContext:
+        return RolloutContext(self.models, self.strategy, engine or self.engine, rows, mine, params,
+                              self.plan.batch.per_device, self.algo.collate,
+                              gather_full_params=self.cfg.section(RolloutConfig).gather_full_params, seeds=seeds,
                               refill=refill)
 
     def _rollout(self, state: TrainState) -> tuple[Experience, float]:
         """The algorithm's rollout of this rank's share of the iteration's prompts and its seconds (those of
         its phases, :attr:`RolloutContext.seconds`, are kept in ``_phases_s``)."""
         start = time.perf_counter()
-        completions = [i for i in self._next_prompts(state) for _ in range(self.G)]
+        r = self.cfg.section(RolloutConfig)
+        version = state.step // r.steps_per_iteration  # the weights of this iteration: after `version` updates
+        completions, seeds = iteration_requests(self.order, state, self.per_iteration, self.cfg)
         rank = self.strategy.dp_rank
         mine = slice(rank * self.n_local, (rank + 1) * self.n_local)
-        r = self.cfg.section(RolloutConfig)
         params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
-        # issue 47.5 (dynamic sampling): a rollout may take the next prompts of the order, consumed as an iteration's
-        def refill() -> list[dict[str, Any]]:
-            return [self.prompts[i] for i in [i for i in self._next_prompts(state) for _ in range(self.G)][mine]]
+        # DAPO's dynamic sampling: a rollout may take the next prompts of the order (consumed as an iteration's),
+        # each completion with its own seed as the iteration's
+        def refill() -> tuple[list[dict[str, Any]], list[int]]:
+            more, more_seeds = iteration_requests(self.order, state, self.per_iteration, self.cfg)
+            return [self.prompts[i] for i in more[mine]], more_seeds[mine]
 
-        ctx = self._context([self.prompts[i] for i in completions[mine]], mine, params, refill)
+        ctx = self._context([self.prompts[i] for i in completions[mine]], mine, params, seeds[mine], self.remote,
+                            refill if self.remote is None else None)
         self._phases_s = ctx.seconds
         experience = self.algo.rollout(ctx)
+        if self.remote is not None:
+            got = self.remote.received
+            keep_behaviour_logps(experience.samples, got.logps)
+            experience.samples = tag_staleness(experience.samples, got.versions, version, r.max_staleness,
+                                               experience.stats)
+            for name, seconds in (("trainer_wait_s", got.wait_s), ("weight_sync_s", got.sync_s),
+                                  ("generator_idle_s", got.generator_idle_s),
+                                  ("generator_generate_s", got.generator_generate_s)):
+                experience.stats.add(f"async/{name}", seconds, 1)
         return experience, time.perf_counter() - start
 
     def _add_times(self, stats: Any, rollout_s: float, phases: dict[str, float], update_s: float) -> None:
@@ -273,6 +291,28 @@ class OnlineTrainer:
         return self.checkpointer.save(state, lambda folder: self.algo.save_files(folder, Context(self.models, self.strategy, state.step)))
 
 
+def next_prompts(order: GlobalOrder, state: TrainState, per_iteration: int) -> list[int]:
+    """The iteration's prompt indices (global), advancing ``state``'s position in the epoch's order."""
+    epoch_order = order.order(state.epoch)
+    if state.consumed + per_iteration > len(epoch_order):
+        state.epoch, state.consumed = state.epoch + 1, 0
+        epoch_order = order.order(state.epoch)
+    idx = epoch_order[state.consumed : state.consumed + per_iteration].tolist()  # order() is a numpy array
+    state.consumed += per_iteration
+    return idx
+
+
+def iteration_requests(order: GlobalOrder, state: TrainState, per_iteration: int,
+                       cfg: RunConfig) -> tuple[list[int], list[int]]:
+    """The iteration starting at ``state`` (its position advanced): the prompt index of each completion in
+    global order (a prompt's ``num_generations`` consecutive) and each completion's seed (``rollout/seeds.py``).
+    Trainers and generator processes compute the same from the same state."""
+    r = cfg.section(RolloutConfig)
+    iteration = state.step // r.steps_per_iteration
+    completions = [i for i in next_prompts(order, state, per_iteration) for _ in range(r.num_generations)]
+    return completions, completion_seeds(cfg.training.seed, iteration, completions, r.num_generations)
+
+
 def check_groups(plan: RunPlan, cfg: RunConfig) -> None:
     """The global batch (completions) must hold whole groups of ``num_generations``, and each rank's
     completions split evenly into ``rollout.mini_batches``."""
@@ -309,4 +349,4 @@ def online_step_plan(n_prompts: int, b: BatchPlan, cfg: RunConfig) -> StepPlan:
     return StepPlan(iterations * b.accumulation, per_epoch, total)
 
 
-__all__ = ["OnlineTrainer", "check_groups", "online_step_plan", "online_steps"]
+__all__ = ["OnlineTrainer", "check_groups", "iteration_requests", "next_prompts", "online_step_plan", "online_steps"]

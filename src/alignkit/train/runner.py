@@ -27,7 +27,7 @@ from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config import RunConfig, to_dict
 from alignkit.config.schema import ModelConfig
 from alignkit.data.streaming import RowStream
-from alignkit.distributed.env import DistEnv, read_env
+from alignkit.distributed.env import DistEnv, read_env, read_launch_env
 from alignkit.distributed.strategy import build_strategy
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.distributed.strategy.sharded import decoder_blocks
@@ -44,6 +44,7 @@ from alignkit.planner.plan_report import format_table
 from alignkit.planner.preflight import preflight
 from alignkit.plot import plot_after_run
 from alignkit.train.checkpoint import resolve_resume, role_dir
+from alignkit.train.generator_loop import check_separate, run_generator, split_placement
 from alignkit.train.hub_push import check_at_start, publish
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
@@ -94,7 +95,11 @@ class Session:
         # flash_attention_2 without flash_attn or off CUDA: one line, before any model loads
         attention.check_installed(cfg.model.attn_implementation, strategy.device)
         checked = {}
-        if env.is_distributed:  # every rank reachable, same versions and decision, before any model is built
+        separate = read_launch_env().world_size != env.world_size  # rollout.placement: separate split the world
+        if separate:
+            check_separate(cfg, algo_cls, workload, plan.strategy, read_launch_env().world_size - env.world_size,
+                           plan.batch.global_batch)
+        elif env.is_distributed:  # every rank reachable, same versions and decision, before any model is built
             checked = preflight(strategy.backend, plan.strategy, cfg.distributed.preflight_timeout_s)
         strategy.decide_frozen_sharding(frozen_roles(workload), functools.partial(frozen_sharding, cfg, workload))
         set_seed(cfg.training.seed)
@@ -299,7 +304,11 @@ def claim_output_dir(cfg: RunConfig) -> str | None:
 
 
 def run_train(cfg: RunConfig) -> TrainResult:
-    """A whole run; rank 0 holds ``output_dir``'s run lock from the start to the end (:func:`claim_output_dir`)."""
+    """A whole run; rank 0 holds ``output_dir``'s run lock from the start to the end (:func:`claim_output_dir`).
+    Under ``rollout.placement: separate`` the world is split first and a generator process runs its own loop."""
+    placement = split_placement(cfg)
+    if placement is not None and placement.role == "generator":
+        return run_generator(cfg, placement)
     main = read_env().is_main
     moved = claim_output_dir(cfg) if main else None
     try:
@@ -339,7 +348,7 @@ def _run(cfg: RunConfig, moved: str | None) -> TrainResult:
         plan = online_steps(len(train_set), session.plan, cfg)
         models = session.build_models(logger=logger)
         logger.info(memory_line(strategy.device))
-        result = OnlineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger).fit()
+        result = OnlineTrainer(cfg, algo, strategy, models, plan, train_set, eval_set, logger, placement).fit()
     else:
         # a stream's length is unknown: its plan is training.max_steps steps (load_config requires it)
         n_train = session.plan.batch.global_batch * (cfg.training.max_steps or 0) if cfg.data.streaming else len(train_set)

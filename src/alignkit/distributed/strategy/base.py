@@ -158,8 +158,7 @@ class Strategy(ABC):
         return comm.broadcast_object(decision)
 
     def barrier(self) -> None:
-        if dist.is_initialized():
-            dist.barrier()
+        comm.barrier()  # the data-parallel group: generator ranks of a separate placement are not in it
 
     # ------------------------------------------------------------------ models
     @abstractmethod

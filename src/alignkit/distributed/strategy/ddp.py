@@ -12,6 +12,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
+from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 
 
@@ -40,13 +41,14 @@ class DDPStrategy(Strategy):
             gradient_as_bucket_view=o.gradient_as_bucket_view,
             static_graph=o.static_graph,
             **buffer_sync(o.broadcast_buffers),
+            process_group=comm.group(),  # the trainers' group under rollout.placement: separate
         )
 
     def sync_masters(self, master: nn.Module) -> None:
         if self.env.world_size > 1:
             params = [p.detach() for p in master.parameters()]
             flat = _flatten_dense_tensors(params)
-            dist.broadcast(flat, src=0)
+            dist.broadcast(flat, src=0, group=comm.group())  # global rank 0 is trainer 0 under any placement
             torch._foreach_copy_(params, list(_unflatten_dense_tensors(flat, params)))
 
     def reduce_master_grads(self, handle: Handle) -> None:
@@ -61,7 +63,7 @@ class DDPStrategy(Strategy):
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in params]
         flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat)
+        dist.all_reduce(flat, group=comm.group())
         flat.div_(self.env.world_size)
         torch._foreach_copy_(grads, list(_unflatten_dense_tensors(flat, grads)))
 

@@ -1,0 +1,140 @@
+"""Asynchronous GRPO on CPU: ``rollout.placement: separate`` (1 generator + 1 trainer process) at
+``rollout.max_staleness`` k = 1, 2, 4 against the synchronous colocated loop (1 process), on the same cores.
+
+The workload: GRPO on the BASELINES ``tiny`` Llama (random init, fp32), single-digit sum prompts, G 8,
+``--batch`` completions per iteration (one optimizer step each), ``--max-new`` tokens, a digit-fraction reward
+(``bench_rewards.digit_fraction``), lr 1e-6 constant; the two defaults are chosen so that generation and the
+update take comparable time on CPU (the colocated run's ``time/generate_s`` and ``time/update_s`` are printed).
+Cores: the colocated process gets ``--threads`` threads (2); each process of a separate run gets
+``--threads / 2`` (1), so both sides use the same cores; a colocated run of 1 thread is reported beside (on a
+loaded machine 2 threads can be slower than 1).
+
+Measured per run, over the timed iterations (after ``--warmup``): seconds per iteration (between consecutive
+lines of metrics.jsonl, one per iteration), and for the separate runs the trainer's idle fraction (waiting for
+completions + the weight broadcast, ``async/trainer_wait_s`` + ``async/weight_sync_s``, per iteration second) and
+the generator's (waiting for weights, ``async/generator_idle_s``), the mean staleness. Usage::
+
+    python benchmarks/bench_async.py [--warmup 2 --timed 10] [--ks 1,2,4] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_prompts(path: Path, n: int = 400) -> Path:
+    rows = [{"prompt": f"What is {i % 10}+{(i * 7) % 10}?", "answer": str(i % 10 + (i * 7) % 10)} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def overrides(args: argparse.Namespace, model: Path, prompts: Path, out: Path) -> list[str]:
+    return [
+        "algorithm=grpo", f"model.name_or_path={model}", f"output_dir={out}", f"data.train={prompts}",
+        "data.max_length=64", "rollout.num_generations=8", f"rollout.max_new_tokens={args.max_new}",
+        "rollout.log_samples=0", "reward.functions=[{name: 'bench_rewards:digit_fraction', weight: 1.0}]",
+        f"training.per_device_batch_size={args.batch}", "training.learning_rate=1e-6", "training.lr_scheduler=constant",
+        f"training.max_steps={args.warmup + args.timed}", "training.seed=0", "logging.report_to=[jsonl]",
+        "logging.logging_steps=1", "logging.plot=false", "checkpoint.save_final=false", "distributed.strategy=single",
+    ]
+
+
+def run(args: argparse.Namespace, model: Path, prompts: Path, out: Path, k: int | None,
+        threads: int | None = None) -> dict[str, Any]:
+    """One run (k None: colocated, 1 process of ``threads`` threads; else separate, 1 trainer + 1 generator of
+    ``--threads / 2`` each) and its numbers."""
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    threads = threads or (args.threads if k is None else max(1, args.threads // 2))
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    cfg = overrides(args, model, prompts, out)
+    cmd = [sys.executable, "-m", "alignkit", "train"]
+    if k is not None:
+        cfg += ["rollout.placement=separate", f"rollout.max_staleness={k}"]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               "-m", "alignkit", "train"]
+    yaml = out.parent / f"{out.name}.yaml"
+    yaml.write_text("algorithm: grpo\n")
+    start = time.perf_counter()
+    proc = subprocess.run([*cmd, str(yaml), *cfg], env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"run {out.name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    timed = rows[args.warmup:]
+    stamps = [r["time"] for r in rows]
+    per_it = [b - a for a, b in zip(stamps[args.warmup - 1 :], stamps[args.warmup:])] if args.warmup else []
+    seconds = sum(per_it) / max(1, len(per_it))
+
+    def mean(key: str) -> float:
+        vals = [r[key] for r in timed if key in r]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    res = {"k": k, "threads_per_process": threads, "s_per_iteration": seconds, "wall_s": time.perf_counter() - start,
+           "generate_s": mean("time/generate_s"), "update_s": mean("time/update_s"), "reward_mean": mean("reward_mean")}
+    if k is not None:
+        res.update(trainer_idle=(mean("async/trainer_wait_s") + mean("async/weight_sync_s")) / seconds,
+                   generator_idle=mean("async/generator_idle_s") / seconds,
+                   generator_generate_s=mean("async/generator_generate_s"), staleness_mean=mean("staleness/mean"))
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--timed", type=int, default=10)
+    p.add_argument("--ks", default="1,2,4")
+    p.add_argument("--batch", type=int, default=32, help="completions per iteration")
+    p.add_argument("--max-new", type=int, default=16)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=HERE / "results")
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    from alignkit.models.tiny import build_tiny_model
+
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        root = Path(tmp)
+        model = build_tiny_model(root / "tiny", size="tiny", seed=0)
+        prompts = write_prompts(root / "prompts.jsonl")
+        results = [run(args, model, prompts, root / "colocated", None),
+                   run(args, model, prompts, root / "colocated-1thread", None, threads=1)]
+        for k in [int(x) for x in args.ks.split(",") if x]:
+            results.append(run(args, model, prompts, root / f"separate-k{k}", k))
+    base = results[0]["s_per_iteration"]
+    lines = ["| run | s / iteration | speed-up | generate s | update s | trainer idle | generator idle | staleness |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        name = f"colocated (sync), {r['threads_per_process']} threads" if r["k"] is None else f"separate k={r['k']}"
+        gen = r.get("generator_generate_s", r["generate_s"])
+        lines.append(f"| {name} | {r['s_per_iteration']:.3f} | {base / r['s_per_iteration']:.2f}x | {gen:.3f} | "
+                     f"{r['update_s']:.3f} | {r.get('trainer_idle', float('nan')):.2f} | "
+                     f"{r.get('generator_idle', float('nan')):.2f} | {r.get('staleness_mean', 0.0):.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    meta = {"cpu_count": os.cpu_count(), "load_avg": os.getloadavg(), "args": {k: str(v) for k, v in vars(args).items()}}
+    (args.out / f"async-{stamp}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    (args.out / f"async-{stamp}.md").write_text(f"# bench_async {stamp}\n\nload average at the end: "
+                                                f"{meta['load_avg']}\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()

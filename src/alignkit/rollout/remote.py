@@ -1,0 +1,151 @@
+"""The trainer's side of ``rollout.placement: separate``: completions the generator processes sampled, behind the
+one engine interface, and the staleness bookkeeping of the samples made from them.
+
+A trainer's rollout runs the algorithm's own ``rollout`` unchanged (ARCHITECTURE 7c): its ``ctx.generate`` reaches
+:class:`RemoteEngine`, whose ``sync_weights`` sends the trainer's weights to the generators (trainer rank 0; the
+others have nothing to send) and whose ``generate`` receives this rank's completions from every generator
+(``train/generator_loop.py`` sends them), checking that they answer exactly the requests asked (the same rows and
+per-completion seeds, ``rollout/seeds.py``). What the generators report beside them (the policy version that
+sampled, their idle and sync seconds) is kept on the engine for the loop to log.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from alignkit.distributed import comm
+from alignkit.distributed.placement import Placement, push_weights, recv_object
+from alignkit.metrics import MetricSums
+from alignkit.rollout.engine import Generations, Prompt, RolloutEngine, SamplingParams, as_prompts
+from alignkit.rollout.experience import Sample
+
+
+@dataclass
+class Delivery:
+    """What one generator sends one trainer for one iteration: the completions of the trainer's rows that the
+    generator sampled (``seeds`` name them), the policy ``version`` that sampled them and the generator's
+    seconds (``idle_s``: waiting for weights; ``generate_s``)."""
+
+    iteration: int
+    version: int
+    seeds: list[int]
+    completion_ids: list[list[int]]
+    finish_reasons: list[str]
+    texts: list[str]
+    logps: list[list[float]] | None
+    idle_s: float = 0.0
+    generate_s: float = 0.0
+
+
+@dataclass
+class Received:
+    """The last iteration's deliveries in words the loop logs: the version of each completion, the generators'
+    idle and generation seconds (max over generators), this trainer's seconds waiting and pushing weights."""
+
+    versions: list[int] = field(default_factory=list)
+    logps: list[list[float]] | None = None
+    generator_idle_s: float = 0.0
+    generator_generate_s: float = 0.0
+    wait_s: float = 0.0
+    sync_s: float = 0.0
+
+
+class RemoteEngine(RolloutEngine):
+    """A trainer's engine under ``placement: separate`` (module docstring). ``parts``: for each generator (global
+    rank), whether it holds some of this trainer's completions each iteration (it sends them in generator order)."""
+
+    name = "remote"
+
+    def __init__(self, tokenizer: Any, placement: Placement, parts: list[int]) -> None:
+        self.tokenizer, self.placement, self.parts = tokenizer, placement, parts
+        self.received = Received()
+
+    @classmethod
+    def from_settings(cls, tokenizer: Any, settings: Any, run: Any) -> RemoteEngine:
+        raise TypeError("the remote engine is built by the online loop of a separate placement, not by name")
+
+    def with_tokenizer(self, tokenizer: Any) -> RemoteEngine:
+        raise ValueError("rollout.placement: separate generates the policy's completions only (a role of its own "
+                         "tokenizer generates in an algorithm with its own rollout: use placement: colocated)")
+
+    def sync_weights(self, model: nn.Module) -> bool:
+        """Trainer rank 0 broadcasts ``model``'s weights to the generators (they take every version in order)."""
+        if self.placement.env.rank != 0:
+            return False
+        start = time.perf_counter()
+        push_weights(model, self.placement)
+        self.received.sync_s = time.perf_counter() - start
+        return True
+
+    def generate(self, model: nn.Module, prompts: Sequence[Prompt] | Sequence[list[int]], params: SamplingParams,
+                 *, synced: bool = False, progress: str | None = None) -> Generations:
+        requests = as_prompts(prompts)
+        start = time.perf_counter()
+        parts: list[Delivery] = [recv_object(src, self.placement) for src in self.parts]
+        wait = time.perf_counter() - start
+        seeds = [s for d in parts for s in d.seeds]
+        if seeds != [p.seed for p in requests]:
+            raise RuntimeError(f"the generators answered other requests than this trainer asked for (iteration "
+                               f"{parts[0].iteration if parts else '?'}): the trainers and generators disagree on "
+                               "the prompt order or the seeds")
+        logps = [lp for d in parts for lp in (d.logps or [])] if all(d.logps is not None for d in parts) else None
+        self.received = Received([d.version for d in parts for _ in d.seeds], logps,
+                                 max((d.idle_s for d in parts), default=0.0),
+                                 max((d.generate_s for d in parts), default=0.0), wait, self.received.sync_s)
+        return Generations([c for d in parts for c in d.completion_ids], [r for d in parts for r in d.finish_reasons],
+                           [t for d in parts for t in d.texts], logps)
+
+
+def generator_parts(n_completions: int, generators: int, trainers: int) -> list[list[tuple[int, int]]]:
+    """For each generator, the global completion range it samples each iteration (its contiguous 1/M share of
+    ``n_completions``) cut into per-trainer pieces: ``parts[g][t] = (start, stop)`` of trainer ``t``'s share
+    (``stop == start``: none)."""
+    per_gen, per_trainer = n_completions // generators, n_completions // trainers
+    out = []
+    for g in range(generators):
+        lo, hi = g * per_gen, (g + 1) * per_gen
+        out.append([(max(lo, t * per_trainer), max(max(lo, t * per_trainer), min(hi, (t + 1) * per_trainer)))
+                    for t in range(trainers)])
+    return out
+
+
+def trainer_sources(placement: Placement, n_completions: int, trainer: int) -> list[int]:
+    """The global ranks of the generators that sample some of trainer ``trainer``'s completions, in order."""
+    parts = generator_parts(n_completions, len(placement.generators), placement.trainers)
+    return [rank for rank, part in zip(placement.generators, parts) if part[trainer][0] < part[trainer][1]]
+
+
+def keep_behaviour_logps(samples: list[Sample], logps: list[list[float]] | None) -> None:
+    """Each sample's ``sampler_logps``: the generator's log-probs of its tokens (the behaviour policy, which
+    an off-policy correction of the loss weighs against the trainer's recomputed ``old_logps``), unless the
+    rollout kept the engine's own already."""
+    for s, lp in zip(samples, logps or [], strict=bool(logps)):
+        s.setdefault("sampler_logps", lp)
+
+
+def tag_staleness(samples: list[Sample], versions: list[int], version: int, max_staleness: int,
+                  stats: MetricSums) -> list[Sample]:
+    """Each sample's ``policy_version`` (of ``versions``) and ``staleness`` (trainer ``version`` minus it); the
+    samples within ``max_staleness`` are kept, the others dropped and counted. Statistics over every trainer (the
+    same on each: a host reduction): ``staleness/mean``, ``staleness/max``, ``staleness/<s>`` (samples of each
+    staleness s <= max_staleness + 1; older ones count in the last) and ``staleness/dropped``."""
+    kept, counts = [], [0.0] * (max_staleness + 2)
+    for s, v in zip(samples, versions, strict=True):
+        s["policy_version"], s["staleness"] = v, version - v
+        counts[min(version - v, max_staleness + 1)] += 1
+        if version - v <= max_staleness:
+            kept.append(s)
+    ages = [float(version - v) for v in versions]
+    total = comm.all_reduce_host_sum([*counts, sum(ages), float(len(ages))])
+    oldest = comm.all_reduce_max(torch.tensor(max(ages, default=0.0), dtype=torch.float64))
+    stats.add("staleness/mean", total[-2] / max(1.0, total[-1]), 1)
+    stats.add("staleness/max", float(oldest), 1)
+    for age, n in enumerate(total[: max_staleness + 2]):
+        stats.add(f"staleness/{age}", n, 1)
+    stats.add("staleness/dropped", total[max_staleness + 1], 1)
+    return kept

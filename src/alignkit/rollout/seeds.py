@@ -1,0 +1,38 @@
+"""Per-completion sampling streams: a completion's random numbers come from a seed derived from (the run's
+seed, the iteration, the prompt's index in the data set, the completion's index in its group), never from a
+process's global generator. The same run therefore draws the same completions whichever process generates them
+and however they are batched: one process or several, trainer ranks (``rollout.placement: colocated``) or
+generator ranks (``separate``), a resumed run or an uninterrupted one. Engines read the seed off each
+:class:`~alignkit.models.generation.Prompt` (``hf``: a ``torch.Generator`` per row, ``vllm``: the request's
+``seed``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+#: seeds fit a signed 63-bit integer (torch's ``manual_seed`` and vLLM's request seed take it)
+SEED_MASK = (1 << 63) - 1
+
+
+def sample_seed(seed: int, iteration: int, prompt: int, generation: int, stream: str = "") -> int:
+    """The seed of completion ``generation`` of data-set prompt ``prompt`` in ``iteration`` of a run seeded
+    ``seed``; ``stream`` separates the draws of different roles of one rollout (red-team RL's target). A hash
+    (BLAKE2b), so nearby tuples give unrelated streams."""
+    key = struct.pack("<4q", seed, iteration, prompt, generation) + stream.encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & SEED_MASK
+
+
+def completion_seeds(seed: int, iteration: int, prompts: list[int], num_generations: int) -> list[int]:
+    """The seeds of an iteration's completions in order: each prompt index of ``prompts`` (a data-set index per
+    completion, a group's ``num_generations`` consecutive) with its generation index within the group."""
+    return [sample_seed(seed, iteration, p, i % num_generations) for i, p in enumerate(prompts)]
+
+
+def with_stream(seeds: list[int], stream: str) -> list[int]:
+    """``seeds`` re-derived for another ``stream`` of the same completions (a role's own draws); the policy's
+    stream (``"policy"``) keeps the seeds as they are."""
+    if stream == "policy":
+        return list(seeds)
+    return [sample_seed(s, 0, 0, 0, stream) for s in seeds]

@@ -1,0 +1,202 @@
+"""A generator process of ``rollout.placement: separate`` (distributed/placement.py splits the world).
+
+It holds the policy's architecture (weights from trainer rank 0, never trained here) and the run's engine, and per
+iteration j of the run: takes the weights of version ``max(start, j - k)`` (``rollout.max_staleness`` k; it takes
+every version trainer rank 0 pushes, in order, so it runs at most k versions ahead of the update), samples its
+share of iteration j's completions (the same prompt order and per-completion seeds as the trainers compute,
+``online_loop.iteration_requests``), and sends each trainer its part (``rollout/remote.py`` ``Delivery``), without
+waiting for the trainer to be ready. A resumed run starts where trainer rank 0's checkpoint says (the start
+position is broadcast), with the checkpoint's weights: the first k iterations after a resume are sampled by the
+checkpoint's version (their staleness is lower than in the uninterrupted run; with k = 0 nothing differs).
+
+The generators never score, compute log-probs or update: the trainers run the algorithm's rollout on the received
+completions (scoring, old / reference log-probs, advantages), so an algorithm sees the same experience as colocated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any
+
+import torch
+
+from alignkit.algorithms import ALGORITHMS, workload_of
+from alignkit.algorithms.online import OnlineAlgorithm
+from alignkit.config import RunConfig
+from alignkit.data.sampler import GlobalOrder
+from alignkit.distributed.env import DistEnv, read_launch_env
+from alignkit.distributed.placement import Placement, broadcast_start, pull_weights, send_object, split_world
+from alignkit.distributed.strategy.base import pick_backend, pick_compute_dtype, pick_device
+from alignkit.errors import ConfigError
+from alignkit.logging import setup_console
+from alignkit.models.kinds import KINDS
+from alignkit.models.roles import Workload, build_model
+from alignkit.rollout.config import RolloutConfig
+from alignkit.rollout.engine import Prompt, SamplingParams, build_engine, generation_phase
+from alignkit.rollout.experience import collate_samples, micro_batches, per_sequence
+from alignkit.rollout.remote import Delivery, generator_parts
+from alignkit.train.offline_loop import TrainResult
+from alignkit.train.online_loop import iteration_requests, online_steps
+from alignkit.train.run_plan import RunPlan, plan_run
+from alignkit.train.step import TrainState
+
+#: strategies whose trainers keep the whole policy on every rank (what a bucketed broadcast sends as it is)
+SEPARATE_STRATEGIES = ("single", "ddp")
+
+
+def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy: str, generators: int,
+                   global_batch: int) -> None:
+    """What ``placement: separate`` supports so far, each refusal one line: an algorithm with the default rollout
+    (policy completions, then scoring), a full-weight token policy (no LoRA, kind lm) under single / ddp, and an
+    iteration's completions that split evenly over the generators."""
+    why = None
+    policy = next(s for s in workload.specs if s.trainable)
+    if not issubclass(algo_cls, OnlineAlgorithm) or not algo_cls.default_rollout(cfg):
+        why = (f"the {cfg.algorithm} algorithm (as configured: e.g. grpo.dynamic_sampling) has a rollout of its own "
+               "(only the default rollout is split so far)")
+    elif policy.kind != "lm" or policy.lora:
+        why = "the policy must be a full-weight language model (kind lm, no LoRA) for now"
+    elif strategy not in SEPARATE_STRATEGIES:
+        why = f"the trainers' strategy must be one of {', '.join(SEPARATE_STRATEGIES)} for now, not {strategy}"
+    elif global_batch % generators:
+        why = (f"an iteration's {global_batch} completions must split evenly over rollout.generator_processes "
+               f"({generators})")
+    if why:
+        raise ConfigError(f"rollout.placement: separate: {why}; use placement: colocated")
+
+
+def trainer_processes(cfg: RunConfig, processes: int) -> int:
+    """How many of the launched ``processes`` train (``alignkit validate`` / ``launch`` count the batch over them):
+    all of them, or with ``rollout.placement: separate`` all but ``rollout.generator_processes`` (at least 1)."""
+    if not issubclass(ALGORITHMS.get(cfg.algorithm), OnlineAlgorithm):
+        return processes
+    r = cfg.section(RolloutConfig)
+    return max(1, processes - r.generator_processes) if r.placement == "separate" else processes
+
+
+def trainer_view(placement: Placement) -> DistEnv:
+    """The trainers' world as a trainer sees it (the batch plan counts trainers)."""
+    env = placement.env
+    return DistEnv(0, placement.trainers, env.local_rank, env.local_world_size, env.master_addr, env.master_port)
+
+
+class Generator:
+    """One generator process's loop (module docstring)."""
+
+    def __init__(self, cfg: RunConfig, placement: Placement, algo: OnlineAlgorithm, workload: Workload,
+                 plan: RunPlan, prompts: list[dict[str, Any]]) -> None:
+        self.cfg, self.placement, self.prompts, self.plan = cfg, placement, prompts, plan
+        r = cfg.section(RolloutConfig)
+        self.r, self.device = r, pick_device(placement.env)
+        self.compute_dtype = pick_compute_dtype(cfg.model.dtype, self.device)
+        spec = next(s for s in workload.specs if s.trainable)
+        # fp32 like the trainer's master weights: the broadcast copies them as they are
+        self.policy = build_model(spec, cfg.model, torch.float32, algo.tokenizer).to(self.device).eval()
+        self.policy.requires_grad_(False)
+        self.kind = KINDS.get(spec.kind)  # generates as the trainers' rollout does: through the policy's kind
+        self.pad = algo.tokenizer.pad_token_id
+        self.engine = build_engine(r.engine, algo.tokenizer, cfg, max_new_tokens=r.max_new_tokens)
+        self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
+        self.per_iteration = plan.batch.global_batch // r.num_generations
+        self.parts = generator_parts(plan.batch.global_batch, len(placement.generators), placement.trainers)
+        self.version = -1  # the last version received
+
+    def run(self) -> None:
+        start = broadcast_start(None, self.placement)
+        state = TrainState(start["step"], start["epoch"], start["consumed"])
+        spi = self.r.steps_per_iteration
+        first, last = state.step // spi, math.ceil(self.plan.steps.total / spi)
+        self.version = first - 1
+        pending: list[Any] = []
+        for j in range(first, last):
+            idle = self._take_weights(max(first, j - self.r.max_staleness))
+            completions, seeds = iteration_requests(self.order, state, self.per_iteration, self.cfg)
+            pending += self._generate_and_send(j, completions, seeds, idle)
+            state.step += spi
+        self._take_weights(last - 1)  # every version the trainers push is taken (their broadcasts complete)
+        for work in pending:
+            work.wait()
+
+    @torch.no_grad()
+    def _behaviour_logps(self, requests: list[Prompt], completions: list[list[int]],
+                         autocast: Any) -> list[list[float]]:
+        """The sampling policy's log-prob of each completion token (the behaviour policy of the off-policy
+        correction, ``sampler_logps``), by the training forward's numerics in ``per_device`` micro-batches, where
+        the engine does not report its own (hf)."""
+        samples = [{"prompt_ids": p.ids, "completion_ids": c} for p, c in zip(requests, completions)]
+        out: list[list[float]] = []
+        for part in micro_batches(samples, self.plan.batch.per_device):
+            batch = collate_samples(part, self.pad, (), ()).to(self.device)
+            with autocast:
+                out += per_sequence(self.kind.logps(self.policy, batch, temperature=behaviour_temperature(self.r)), batch)
+        return out
+
+    def _take_weights(self, version: int) -> float:
+        """Receive the pushed versions up to ``version``; the seconds it waited."""
+        start = time.perf_counter()
+        while self.version < version:
+            pull_weights(self.policy, self.placement)
+            self.version += 1
+        return time.perf_counter() - start
+
+    def _generate_and_send(self, iteration: int, completions: list[int], seeds: list[int], idle: float) -> list[Any]:
+        """Sample this generator's share of the iteration and start sending each trainer its part."""
+        g = self.placement.generator_index
+        per_gen = len(completions) // len(self.placement.generators)
+        lo = g * per_gen
+        requests = [Prompt(list(self.prompts[c]["prompt_ids"]), seed=s)
+                    for c, s in zip(completions[lo : lo + per_gen], seeds[lo : lo + per_gen])]
+        r = self.r
+        params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
+        start = time.perf_counter()
+        autocast = (torch.autocast(self.device.type, dtype=self.compute_dtype)
+                    if self.compute_dtype != torch.float32 and self.engine.runs_in_caller else contextlib.nullcontext())
+        with autocast, generation_phase(self.engine, self.policy):
+            gens = self.kind.generate(self.policy, self.engine, requests, params)
+        logps = gens.logps if gens.logps is not None else self._behaviour_logps(requests, gens.completion_ids, autocast)
+        seconds = time.perf_counter() - start
+        works = []
+        for t, (a, b) in enumerate(self.parts[g]):
+            if a == b:
+                continue
+            cut = slice(a - lo, b - lo)
+            delivery = Delivery(iteration, self.version, seeds[a:b], gens.completion_ids[cut], gens.finish_reasons[cut],
+                                gens.texts[cut], logps[cut], idle, seconds)
+            works.append(send_object(delivery, t, self.placement))
+        return works
+
+
+def behaviour_temperature(r: RolloutConfig) -> float:
+    """The temperature the behaviour log-probs are taken at: the sampler's (greedy: 1), as the trainer's
+    (``TokenRollout.temperature``)."""
+    return r.temperature if r.temperature > 0 else 1.0
+
+
+def split_placement(cfg: RunConfig) -> Placement | None:
+    """The split world of an online run with ``rollout.placement: separate`` (every process calls it first), else
+    None: nothing changes."""
+    algo_cls = ALGORITHMS.get(cfg.algorithm)
+    if not issubclass(algo_cls, OnlineAlgorithm) or cfg.section(RolloutConfig).placement != "separate":
+        return None
+    env = read_launch_env()
+    device = pick_device(env)
+    return split_world(cfg.section(RolloutConfig).generator_processes,
+                       pick_backend(cfg.distributed.backend, device), device, cfg.distributed.timeout_minutes)
+
+
+def run_generator(cfg: RunConfig, placement: Placement) -> TrainResult:
+    """A generator process's whole run: the trainers' plan and prompt set, then :class:`Generator`'s loop."""
+    setup_console(False)
+    algo_cls = ALGORITHMS.get(cfg.algorithm)
+    workload = workload_of(cfg)
+    plan = plan_run(cfg, trainer_view(placement), workload)
+    check_separate(cfg, algo_cls, workload, plan.strategy, len(placement.generators), plan.batch.global_batch)
+    torch.manual_seed(cfg.training.seed)
+    first = workload.trainable[0]
+    algo = algo_cls(cfg, KINDS.get(first.kind).tokenizer(cfg.model))
+    prompts = algo.data.build_dataset(cfg.data.train, "train")
+    plan = online_steps(len(prompts), plan, cfg)
+    Generator(cfg, placement, algo, workload, plan, prompts).run()
+    return TrainResult(None, {}, {}, [])

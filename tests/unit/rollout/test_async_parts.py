@@ -1,0 +1,91 @@
+"""The pure parts of ``rollout.placement: separate``: how an iteration's completions split between generators and
+trainers, the staleness tags and the drop rule, the weight buckets, the config's cross-field checks and what the
+placement refuses (one line each)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alignkit.config import load_config
+from alignkit.distributed.placement import _buckets
+from alignkit.errors import ConfigError
+from alignkit.metrics import MetricSums
+from alignkit.rollout.remote import generator_parts, keep_behaviour_logps, tag_staleness
+
+
+def test_each_trainer_gets_its_slice_from_the_generators_that_sampled_it() -> None:
+    # 12 completions, 2 generators (0..5, 6..11), 3 trainers (0..3, 4..7, 8..11)
+    parts = generator_parts(12, 2, 3)
+    assert parts == [[(0, 4), (4, 6), (8, 8)], [(6, 6), (6, 8), (8, 12)]]  # (a, a): no share
+    for t, want in enumerate([(0, 4), (4, 8), (8, 12)]):  # the pieces of trainer t, in generator order, tile it
+        got = [i for g in parts for i in range(*g[t])]
+        assert got == list(range(*want))
+    assert generator_parts(8, 1, 1) == [[(0, 8)]]
+
+
+def test_staleness_tags_drops_and_counts() -> None:
+    samples = [{"id": i} for i in range(5)]
+    stats = MetricSums()
+    kept = tag_staleness(samples, [5, 5, 4, 3, 1], version=5, max_staleness=2, stats=stats)
+    assert [s["id"] for s in kept] == [0, 1, 2, 3]  # 5 - 1 = 4 > 2: dropped
+    assert [s["staleness"] for s in samples] == [0, 0, 1, 2, 4] and samples[4]["policy_version"] == 1
+    m = stats.means()
+    assert m["staleness/mean"] == pytest.approx(7 / 5) and m["staleness/max"] == 4.0
+    assert (m["staleness/0"], m["staleness/1"], m["staleness/2"], m["staleness/3"]) == (2.0, 1.0, 1.0, 1.0)
+    assert m["staleness/dropped"] == 1.0  # staleness/3: the samples older than the bound, all dropped
+
+
+def test_behaviour_logps_fill_only_what_the_rollout_left_empty() -> None:
+    samples = [{"sampler_logps": [-0.5]}, {}]
+    keep_behaviour_logps(samples, [[-1.0], [-2.0, -3.0]])
+    assert samples == [{"sampler_logps": [-0.5]}, {"sampler_logps": [-2.0, -3.0]}]
+    keep_behaviour_logps(samples, None)  # the generators sent none: nothing changes
+
+
+def test_weight_buckets_keep_one_dtype_and_a_size_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    import alignkit.distributed.placement as placement
+
+    monkeypatch.setattr(placement, "BUCKET_BYTES", 100)
+    ts = [torch.zeros(10), torch.zeros(10), torch.zeros(40), torch.zeros(3, dtype=torch.float64), torch.zeros(2)]
+    # 40 + 40 bytes fit; 160 alone (larger than a bucket); a dtype change starts a bucket
+    assert list(_buckets(ts)) == [[0, 1], [2], [3], [4]]
+
+
+def test_config_cross_checks() -> None:
+    base = ["algorithm=grpo", "model.name_or_path=x", "data.train=x.jsonl", "training.per_device_batch_size=8"]
+    assert load_config(None, [*base, "rollout.placement=separate", "rollout.max_staleness=2"]).rollout.max_staleness == 2
+    with pytest.raises(ConfigError, match="needs rollout.placement: separate"):
+        load_config(None, [*base, "rollout.max_staleness=1"])
+    with pytest.raises(ConfigError, match="rollout.placement"):
+        load_config(None, [*base, "rollout.placement=elsewhere"])
+    with pytest.raises(ConfigError, match="max_staleness"):
+        load_config(None, [*base, "rollout.placement=separate", "rollout.max_staleness=-1"])
+
+
+@pytest.mark.parametrize(("overrides", "why"), [
+    (["algorithm=redteam", "redteam.target.model=x"], "rollout of its own"),
+    (["model.lora={r: 4}"], "no LoRA"),
+    (["distributed.strategy=fsdp"], "strategy must be one of single, ddp"),
+])
+def test_what_separate_refuses(overrides: list[str], why: str) -> None:
+    from alignkit.algorithms import ALGORITHMS, workload_of
+    from alignkit.train.generator_loop import check_separate
+
+    cfg = load_config(None, ["algorithm=grpo", "model.name_or_path=x", "data.train=x.jsonl", "training.per_device_batch_size=8", "rollout.placement=separate", *overrides])
+    with pytest.raises(ConfigError, match=why):
+        check_separate(cfg, ALGORITHMS.get(cfg.algorithm), workload_of(cfg), cfg.distributed.strategy, 1, 8)
+    ok = load_config(None, ["algorithm=grpo", "model.name_or_path=x", "data.train=x.jsonl", "training.per_device_batch_size=8", "rollout.placement=separate"])
+    check_separate(ok, ALGORITHMS.get("grpo"), workload_of(ok), "ddp", 2, 8)
+    with pytest.raises(ConfigError, match="split evenly"):
+        check_separate(ok, ALGORITHMS.get("grpo"), workload_of(ok), "ddp", 3, 8)
+
+
+def test_validate_and_launch_count_the_trainers_only() -> None:
+    from alignkit.train.generator_loop import trainer_processes
+
+    base = ["model.name_or_path=x", "data.train=x.jsonl", "training.per_device_batch_size=8"]
+    separate = load_config(None, ["algorithm=grpo", *base, "rollout.placement=separate", "rollout.generator_processes=2"])
+    assert trainer_processes(separate, 5) == 3
+    assert trainer_processes(load_config(None, ["algorithm=grpo", *base]), 5) == 5
+    assert trainer_processes(load_config(None, ["algorithm=sft", *base]), 5) == 5

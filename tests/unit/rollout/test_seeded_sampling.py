@@ -1,0 +1,64 @@
+"""Per-completion sampling streams (rollout/seeds.py): a completion's draws come from its own seed, so the same
+seed samples the same completion in any batch, beside any other rows, on any process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from alignkit.rollout.engine import HFEngine, InverseCDFSampler, Prompt, SamplingParams, row_seeds
+from alignkit.rollout.seeds import completion_seeds, sample_seed, with_stream
+
+
+def test_seeds_are_a_function_of_the_tuple() -> None:
+    a = sample_seed(42, 3, 17, 1)
+    assert a == sample_seed(42, 3, 17, 1) and 0 <= a < 2**63
+    others = {sample_seed(42, 4, 17, 1), sample_seed(42, 3, 18, 1), sample_seed(42, 3, 17, 2),
+              sample_seed(43, 3, 17, 1), sample_seed(42, 3, 17, 1, "target")}
+    assert a not in others and len(others) == 5
+    # a group's completions: the prompt's index with each generation index 0..G-1
+    assert completion_seeds(42, 3, [17, 17, 5, 5], 2) == [sample_seed(42, 3, 17, 0), sample_seed(42, 3, 17, 1),
+                                                          sample_seed(42, 3, 5, 0), sample_seed(42, 3, 5, 1)]
+    assert with_stream([a], "policy") == [a] and with_stream([a], "target") != [a]
+
+
+def test_a_row_draws_from_its_own_generator_whatever_shares_its_batch() -> None:
+    logits = torch.randn(3, 50)
+    seeds = [11, 22, 33]
+    together = InverseCDFSampler(1.0, seeds=seeds)
+    alone = InverseCDFSampler(1.0, seeds=[22])
+    torch.manual_seed(0)  # the global generator plays no part
+    for _ in range(5):
+        out = together(torch.zeros(3, 1, dtype=torch.long), logits.clone()).argmax(-1)
+        torch.manual_seed(1)
+        one = alone(torch.zeros(1, 1, dtype=torch.long), logits[1:2].clone()).argmax(-1)
+        assert out[1] == one[0]
+    with pytest.raises(ValueError, match="2 seeds for 3 rows"):
+        InverseCDFSampler(1.0, seeds=[1, 2])(torch.zeros(3, 1, dtype=torch.long), logits.clone())
+
+
+def test_a_batch_is_all_seeded_or_not() -> None:
+    assert row_seeds([Prompt([1]), Prompt([2])]) is None
+    assert row_seeds([Prompt([1], seed=5), Prompt([2], seed=6)]) == [5, 6]
+    with pytest.raises(ValueError, match="every prompt"):
+        row_seeds([Prompt([1], seed=5), Prompt([2])])
+
+
+def test_hf_engine_samples_the_same_completions_in_any_batching(micro_model: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(micro_model)).eval()
+    engine = HFEngine(AutoTokenizer.from_pretrained(str(micro_model)))
+    rows = [[5, 6, 7, 8], [5, 6, 7, 8], [9, 10], [9, 10]]  # padded to 4 in a batch with the others, not alone
+    prompts = [Prompt(r, seed=s) for r, s in zip(rows, completion_seeds(0, 0, [0, 0, 1, 1], 2))]
+    torch.manual_seed(0)
+    whole = engine.generate(model, prompts, SamplingParams(8, 1.0, batch_size=4)).completion_ids
+    torch.manual_seed(1)
+    single = engine.generate(model, prompts, SamplingParams(8, 1.0, batch_size=1)).completion_ids
+    backwards = engine.generate(model, prompts[::-1], SamplingParams(8, 1.0, batch_size=2)).completion_ids
+    assert whole == single == backwards[::-1]
+    assert whole[0] != whole[1]  # a group's completions: different streams
+    unseeded = [engine.generate(model, rows, SamplingParams(8, 1.0, batch_size=4)).completion_ids for _ in range(2)]
+    assert unseeded[0] != unseeded[1]  # without seeds: the global generator, as before
