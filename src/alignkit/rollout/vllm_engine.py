@@ -294,8 +294,10 @@ class VLLMEngine(RolloutEngine):
         """``vllm.importance_sampling_*`` (on by default): vLLM's kernels sample other numerics than the trainer's."""
         if not settings.importance_sampling:
             return None
-        return ImportanceSampling(settings.importance_sampling_mode, settings.importance_sampling_cap,
-                                  settings.importance_sampling_min)
+        mode = settings.importance_sampling_mode
+        banded = mode in ("icepop", "sequence_geo_mask")  # the only modes with a lower edge
+        return ImportanceSampling(mode, settings.importance_sampling_cap,
+                                  settings.importance_sampling_min if banded else 0.0)
 
     def with_tokenizer(self, tokenizer: Any) -> VLLMEngine:
         return VLLMEngine(tokenizer, self.settings, self.max_model_len, self.run_dtype)

@@ -28,6 +28,7 @@ from alignkit.config import RunConfig, to_dict
 from alignkit.config.schema import ModelConfig
 from alignkit.data.streaming import RowStream
 from alignkit.distributed.env import DistEnv, read_env, read_launch_env
+from alignkit.distributed.placement import Placement
 from alignkit.distributed.strategy import build_strategy
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.distributed.strategy.sharded import decoder_blocks
@@ -312,13 +313,13 @@ def run_train(cfg: RunConfig) -> TrainResult:
     main = read_env().is_main
     moved = claim_output_dir(cfg) if main else None
     try:
-        return _run(cfg, moved)
+        return _run(cfg, moved, placement)
     finally:
         if main:
             release(Path(cfg.output_dir))
 
 
-def _run(cfg: RunConfig, moved: str | None) -> TrainResult:
+def _run(cfg: RunConfig, moved: str | None, placement: Placement | None) -> TrainResult:
     session = Session.start(cfg)
     strategy, algo = session.strategy, session.algo
     out = Path(cfg.output_dir)
