@@ -104,12 +104,14 @@ def test_flow_grpo_takes_two_optimizer_steps_per_rollout_the_second_off_policy(m
 
 
 def _hits(target: Path, prompts: Path, out: Path, *extra: str) -> float:
-    """The mean shapes_hit of ``alignkit generate``'s images of ``prompts`` (4 a prompt, ODE, fixed noise), drawn
+    """The mean shapes_hit of ``alignkit generate``'s images of ``prompts`` (4 a prompt, ODE, fixed noise, the same
+    settings for every target: the warm start's default T5 length is 77, the run's config says 32), drawn
     in a CLI child (one thread, a fresh process). Drawn in the test worker's own process, they can depend on what
     the tests run before in that worker left behind (thread count, global state): a full-suite run of the same
     code got 0.50 -> 0.55 where this file run alone passed."""
     assert_ok(run_cli(["generate", str(target), str(prompts), "--out", str(out), "--num-generations", "4",
                        "--num-inference-steps", "12", "--resolution", "32", "--guidance-scale", "1",
+                       "--max-sequence-length", "32",  # the recipe's T5 length, for a pipeline and a run alike
                        "--reward", "shapes_hit", *extra]))
     scores = [s for x in (out / "images.jsonl").read_text().splitlines() for s in json.loads(x)["scores"]]
     return sum(scores) / len(scores)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
-from alignkit.cli.generate_images import generate_images, is_diffusion_target
+from alignkit.cli.generate_images import generate_images, is_diffusion_target, say_no_final
 from alignkit.config import load_config
 from alignkit.config.schema import ModelConfig
 from alignkit.data.io import read_rows, require_field
@@ -39,6 +39,8 @@ def _model_and_defaults(target: str) -> tuple[str, int, float, str]:
         final = Path(cfg.output_dir) / "final"
         model = str(final) if (final / "config.json").is_file() or (final / "adapter_config.json").is_file() \
             else cfg.model.name_or_path
+        if model != str(final):
+            say_no_final(final, model)
         r = cfg.section(RolloutConfig)
         return model, r.max_new_tokens, r.temperature, r.engine
     return target, 32, 0.0, "hf"
