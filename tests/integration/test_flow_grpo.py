@@ -103,6 +103,25 @@ def test_flow_grpo_takes_two_optimizer_steps_per_rollout_the_second_off_policy(m
         assert two[step]["ratio"] != 1.0 and two[step]["clip_fraction"] > 0, two[step]
 
 
+def test_a_module_function_reward_is_handed_the_images_and_trains_the_run(micro_sd3: Path, tmp_path: Path) -> None:
+    """A user's ``module:function`` as the one main reward (tests/plugins/image_reward.py: each image's mean
+    brightness; it refuses a call without images). Before, it was handed the prompts and empty strings alone; now
+    it gets the images, and its values are the run's reward (reward_mean = its per-scorer mean, within [0, 1])."""
+    from alignkit.data.synth_vlm import generate_vlm
+
+    train = generate_vlm(8, 0, tmp_path / "captions.json", stage="pretrain", split="train")
+    fn = "tests.plugins.image_reward:brightness"
+    out = tmp_path / "run"
+    assert_ok(run_cli(["train", CONFIG, f"model.name_or_path={micro_sd3}", f"data.train={train}", f"output_dir={out}",
+                       "training.max_steps=2", "training.global_batch_size=4", "training.per_device_batch_size=4",
+                       "rollout.num_generations=2", "flow_grpo.num_inference_steps=2", f"flow_grpo.scorers=[{{name: '{fn}'}}]",
+                       "checkpoint.save_steps=null", "checkpoint.save_final=false", "logging.report_to=[jsonl]",
+                       "logging.plot=false"]))
+    row = _by_step(out)[2]
+    assert 0.0 < row[f"reward/main/{fn}"] < 1.0 and row["reward_mean"] == row[f"reward/main/{fn}"], row
+    assert row["reward_std"] > 0, row  # the images differ in brightness: the advantages are not all zero
+
+
 def _hits(target: Path, prompts: Path, out: Path, *extra: str) -> float:
     """The mean shapes_hit of ``alignkit generate``'s images of ``prompts`` (4 a prompt, ODE, fixed noise, the same
     settings for every target: the warm start's default T5 length is 77, the run's config says 32), drawn

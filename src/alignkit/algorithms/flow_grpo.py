@@ -108,7 +108,8 @@ class FlowGRPOConfig(CVaRConfig):
     max_sequence_length: int = f(128, "T5 prompt tokens (flow_grpo: 128; diffusers' SD3 pipeline default: 256).",
                                  gt=0)
     ema: bool = f(False, "Keep an EMA of the trained (LoRA) weights, updated after optimizer steps (flow_grpo's "
-                  "EMAModuleWrapper); evaluation and the final model use it; checkpoints carry it per rank.")
+                  "EMAModuleWrapper); evaluation and the final model use it once it has updated (before: the "
+                  "trained weights); checkpoints carry it per rank.")
     ema_decay: float = f(0.9, "EMA decay d (warm-up min((1 + s) / (10 + s), d) after s optimizer steps; flow_grpo: "
                          "0.9).", gt=0, lt=1)
     ema_interval: int = f(8, "Update the EMA after optimizer step s when (s + 1) % this == 0 (flow_grpo's "

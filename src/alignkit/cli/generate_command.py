@@ -1,7 +1,7 @@
 """``alignkit generate CONFIG_OR_MODEL FILE``: completions of a prompt file, for inspection.
 
 CONFIG_OR_MODEL is a run config (the model is its ``OUTPUT_DIR/final`` when that exists, else
-``model.name_or_path``; ``rollout.max_new_tokens`` / ``temperature`` are the defaults) or a model
+``model.name_or_path``, said in one line; ``rollout.max_new_tokens`` / ``temperature`` are the defaults) or a model
 directory (or hub id). FILE holds rows with ``prompt`` (a string or a message list) -- for a vision-language model, image-text
 rows (LLaVA ``conversations`` or ``messages`` with image parts, answered after their last user turn,
 greedily); each output row
