@@ -10,7 +10,8 @@ older than its last log line) keeps its last value. Panels come in this order: l
 tokens_per_s; then ``eval/*``; then the algorithm's own metrics (rewards, kl, nll, ...) as they
 first appear; peak_mem_mb last. A panel repeating an earlier one (one quantity under two related names,
 equal in every run: :func:`drop_repeats`) is left out and named in the earlier one's title. The legend
-names the runs (several) and the smoothing of a long series (faint as logged, bold a moving average).
+names the runs (several) and the smoothing of a long series (faint as logged, bold a moving average); under a
+one-run figure's title it goes below the panels. A y-axis spans at least 5% of its values' magnitude.
 
 Only matplotlib's object API is used (``Figure`` on the Agg canvas, never ``pyplot``): nothing
 needs a display, and a caller's own pyplot figures and backend are left alone. No torch here.
@@ -52,6 +53,10 @@ MAX_COLUMNS = 4
 PANEL_INCHES = (4.2, 2.9)
 #: series with at least this many points also get a moving average (the raw line stays, faint)
 SMOOTH_FROM = 80
+#: a panel's y-axis spans at least this fraction of its values' magnitude (:func:`honest_ylim`)
+MIN_SPAN = 0.05
+#: a panel title longer than this many characters goes one name a line (:func:`panel_title`)
+TITLE_CHARS = 40
 
 
 class Plotted(NamedTuple):
@@ -309,9 +314,9 @@ def draw_figure(runs: list[RunMetrics], panels: list[str], repeats: dict[str, li
         k = f"{max(windows)}" if len(windows) == 1 else f"up to {max(windows)}"
         handles += [Line2D([], [], color="0.3", lw=0.8, alpha=0.4, label="faint: as logged"),
                     Line2D([], [], color="0.3", lw=1.6, label=f"bold: centred moving average of {k} logged points")]
-    if handles:
-        fig.legend(handles=handles, loc="outside upper center", ncols=min(len(handles), 4), frameon=False,
-                   fontsize=10)
+    if handles:  # under a one-run figure's title the legend would cover it: below the panels then
+        fig.legend(handles=handles, loc=f"outside {'lower' if len(runs) == 1 else 'upper'} center",
+                   ncols=min(len(handles), 4), frameon=False, fontsize=10)
     return fig
 
 
@@ -342,7 +347,7 @@ def _panel(ax: Any, name: str, runs: list[RunMetrics], styles: list[tuple[str, s
                     transform=ax.get_xaxis_transform(), clip_on=False)
         gaps += len(nan_steps)
         finite += [v for v in values if math.isfinite(v)]
-    ax.set_title(" = ".join([name, *repeats]), fontsize=11 if not repeats else 9)
+    ax.set_title(panel_title([name, *repeats]), fontsize=11 if not repeats else 9)
     if gaps:
         ax.set_title(f"{gaps} non-finite", loc="right", fontsize=8, color="0.35")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 2.5, 5, 10]))
@@ -354,7 +359,24 @@ def _panel(ax: Any, name: str, runs: list[RunMetrics], styles: list[tuple[str, s
         ax.set_yscale("log")
     else:
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4), useOffset=False)
+        ax.set_ylim(*honest_ylim(min(finite), max(finite), *ax.get_ylim()))
     return smoothed
+
+
+def panel_title(names: Sequence[str]) -> str:
+    """The names of a panel's series joined by " = ", a line each once they would pass the panel's width."""
+    one = " = ".join(names)
+    return one if len(one) <= TITLE_CHARS else "\n= ".join(names)
+
+
+def honest_ylim(lo: float, hi: float, ax_lo: float, ax_hi: float) -> tuple[float, float]:
+    """The y-range of values in [``lo``, ``hi``] (autoscaled to [``ax_lo``, ``ax_hi``]), widened about its middle
+    to at least :data:`MIN_SPAN` of their magnitude: a dip from 1.0 to 0.994 is a dip of 0.6%, not a cliff."""
+    span = MIN_SPAN * max(abs(lo), abs(hi))
+    if ax_hi - ax_lo >= span:
+        return ax_lo, ax_hi
+    mid = (lo + hi) / 2
+    return mid - span / 2, mid + span / 2
 
 
 def _window(n: int) -> int:
