@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from alignkit.errors import ConfigError, DataError, UnknownNameError
+from alignkit.plot_axes import honest_ylim, moving_average, panel_title, window
 
 log = logging.getLogger("alignkit")
 
@@ -53,10 +54,6 @@ MAX_COLUMNS = 4
 PANEL_INCHES = (4.2, 2.9)
 #: series with at least this many points also get a moving average (the raw line stays, faint)
 SMOOTH_FROM = 80
-#: a panel's y-axis spans at least this fraction of its values' magnitude (:func:`honest_ylim`)
-MIN_SPAN = 0.05
-#: a panel title longer than this many characters goes one name a line (:func:`panel_title`)
-TITLE_CHARS = 40
 
 
 class Plotted(NamedTuple):
@@ -337,7 +334,7 @@ def _panel(ax: Any, name: str, runs: list[RunMetrics], styles: list[tuple[str, s
         elif len(steps) < SMOOTH_FROM or name == "lr":
             ax.plot(steps, values, color=color, ls=ls, lw=1.4)
         else:  # noisy logged values: faint as logged, bold a moving average
-            k = _window(len(steps))
+            k = window(len(steps))
             smoothed.add(k)
             ax.plot(steps, values, color=color, ls=ls, lw=0.8, alpha=0.3)
             ax.plot(steps, moving_average(values, k), color=color, ls=ls, lw=1.6)
@@ -361,44 +358,6 @@ def _panel(ax: Any, name: str, runs: list[RunMetrics], styles: list[tuple[str, s
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4), useOffset=False)
         ax.set_ylim(*honest_ylim(min(finite), max(finite), *ax.get_ylim()))
     return smoothed
-
-
-def panel_title(names: Sequence[str]) -> str:
-    """The names of a panel's series joined by " = ", a line each once they would pass the panel's width."""
-    one = " = ".join(names)
-    return one if len(one) <= TITLE_CHARS else "\n= ".join(names)
-
-
-def honest_ylim(lo: float, hi: float, ax_lo: float, ax_hi: float) -> tuple[float, float]:
-    """The y-range of values in [``lo``, ``hi``] (autoscaled to [``ax_lo``, ``ax_hi``]), widened about its middle
-    to at least :data:`MIN_SPAN` of their magnitude: a dip from 1.0 to 0.994 is a dip of 0.6%, not a cliff."""
-    span = MIN_SPAN * max(abs(lo), abs(hi))
-    if ax_hi - ax_lo >= span:
-        return ax_lo, ax_hi
-    mid = (lo + hi) / 2
-    return mid - span / 2, mid + span / 2
-
-
-def _window(n: int) -> int:
-    return max(3, n // 40) | 1  # odd: centred
-
-
-def moving_average(values: Sequence[float], k: int) -> list[float]:
-    """Centred mean over ``k`` points (fewer, still centred, near the ends) of the finite values only;
-    NaN where the value itself is NaN, so gaps stay visible."""
-    import numpy as np
-
-    v = np.asarray(values, dtype=float)
-    ok = np.isfinite(v)
-    sums = np.concatenate([[0.0], np.cumsum(np.where(ok, v, 0.0))])
-    counts = np.concatenate([[0], np.cumsum(ok)])
-    idx = np.arange(len(v))
-    half = np.minimum(k // 2, np.minimum(idx, len(v) - 1 - idx))  # symmetric near the ends too: no lag, no bias
-    lo, hi = idx - half, idx + half + 1
-    n = counts[hi] - counts[lo]
-    out = np.where(n > 0, (sums[hi] - sums[lo]) / np.maximum(n, 1), np.nan)
-    out[~ok] = np.nan
-    return out.tolist()
 
 
 def _label(run: RunMetrics) -> str:

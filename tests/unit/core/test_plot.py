@@ -239,7 +239,8 @@ def test_one_runs_title_legend_and_long_panel_titles_do_not_collide_or_leave_the
 def test_a_tiny_range_is_drawn_on_an_axis_of_at_least_five_percent_of_its_magnitude(tmp_path: Path) -> None:
     """distinct_fraction 0.994-1.0: autoscaled, the 0.6% dip filled the panel's height like a cliff; the axis now
     spans at least 5% of 1.0 (the dip is an eighth of it at most). A wide range keeps matplotlib's autoscale."""
-    from alignkit.plot import MIN_SPAN, draw_figure, honest_ylim
+    from alignkit.plot import draw_figure
+    from alignkit.plot_axes import MIN_SPAN, honest_ylim
 
     run = _flow_like_run(tmp_path)
     fig = draw_figure([run], ["loss", "distinct_fraction"])
