@@ -2,7 +2,8 @@
 
 The target is a run config of a diffusion policy (its ``OUTPUT_DIR/final``: a LoRA adapter on
 ``model.name_or_path``, or a whole pipeline; without one the start, said in one line; the ``flow_grpo`` section's
-resolution, evaluation steps, guidance and T5 length are the defaults, ``--max-sequence-length`` sets the last), a diffusers pipeline directory or hub id, or a LoRA directory with ``--base``.
+resolution, evaluation steps, guidance and T5 length are the defaults, ``--max-sequence-length`` sets the last), a
+diffusers pipeline directory or hub id, or a LoRA directory with ``--base``.
 Each prompt gets ``--num-generations`` images from the diffusion kind's deterministic ODE sampler (its ``generate``:
 ``models/diffusion_sample.py``, the same path as Flow-GRPO's evaluation), image g of prompt i seeded by (``--seed``, i, g): the same command draws the
 same images, so grids before and after training compare. ``--out`` is a folder: ``prompt-0000.png`` ... (the

@@ -54,7 +54,8 @@ def quiet_diffusers() -> Iterator[None]:
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
-    diffusers_logging.get_verbosity(), transformers_logging.get_verbosity()  # their handlers exist from here on
+    diffusers_logging.get_verbosity()  # each library adds its handler on first use: they exist from here on
+    transformers_logging.get_verbosity()
     handlers = [h for name in ("diffusers", "transformers") for h in logging.getLogger(name).handlers]
     bars, drop = diffusers_logging.is_progress_bar_enabled(), _DropHarmless()
     diffusers_logging.disable_progress_bar()
