@@ -10,7 +10,8 @@ older than its last log line) keeps its last value. Panels come in this order: l
 tokens_per_s; then ``eval/*``; then the algorithm's own metrics (rewards, kl, nll, ...) as they
 first appear; peak_mem_mb last. A panel repeating an earlier one (one quantity under two related names,
 equal in every run: :func:`drop_repeats`) is left out and named in the earlier one's title. The legend
-names the runs (several) and the smoothing of a long series (faint as logged, bold a moving average).
+names the runs (several) and the smoothing of a long series (faint as logged, bold a moving average); under a
+one-run figure's title it goes below the panels. A y-axis spans at least 5% of its values' magnitude.
 
 Only matplotlib's object API is used (``Figure`` on the Agg canvas, never ``pyplot``): nothing
 needs a display, and a caller's own pyplot figures and backend are left alone. No torch here.
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from alignkit.errors import ConfigError, DataError, UnknownNameError
+from alignkit.plot_axes import honest_ylim, moving_average, panel_title, window
 
 log = logging.getLogger("alignkit")
 
@@ -309,9 +311,9 @@ def draw_figure(runs: list[RunMetrics], panels: list[str], repeats: dict[str, li
         k = f"{max(windows)}" if len(windows) == 1 else f"up to {max(windows)}"
         handles += [Line2D([], [], color="0.3", lw=0.8, alpha=0.4, label="faint: as logged"),
                     Line2D([], [], color="0.3", lw=1.6, label=f"bold: centred moving average of {k} logged points")]
-    if handles:
-        fig.legend(handles=handles, loc="outside upper center", ncols=min(len(handles), 4), frameon=False,
-                   fontsize=10)
+    if handles:  # under a one-run figure's title the legend would cover it: below the panels then
+        fig.legend(handles=handles, loc=f"outside {'lower' if len(runs) == 1 else 'upper'} center",
+                   ncols=min(len(handles), 4), frameon=False, fontsize=10)
     return fig
 
 
@@ -332,7 +334,7 @@ def _panel(ax: Any, name: str, runs: list[RunMetrics], styles: list[tuple[str, s
         elif len(steps) < SMOOTH_FROM or name == "lr":
             ax.plot(steps, values, color=color, ls=ls, lw=1.4)
         else:  # noisy logged values: faint as logged, bold a moving average
-            k = _window(len(steps))
+            k = window(len(steps))
             smoothed.add(k)
             ax.plot(steps, values, color=color, ls=ls, lw=0.8, alpha=0.3)
             ax.plot(steps, moving_average(values, k), color=color, ls=ls, lw=1.6)
@@ -342,7 +344,7 @@ def _panel(ax: Any, name: str, runs: list[RunMetrics], styles: list[tuple[str, s
                     transform=ax.get_xaxis_transform(), clip_on=False)
         gaps += len(nan_steps)
         finite += [v for v in values if math.isfinite(v)]
-    ax.set_title(" = ".join([name, *repeats]), fontsize=11 if not repeats else 9)
+    ax.set_title(panel_title([name, *repeats]), fontsize=11 if not repeats else 9)
     if gaps:
         ax.set_title(f"{gaps} non-finite", loc="right", fontsize=8, color="0.35")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 2.5, 5, 10]))
@@ -354,29 +356,8 @@ def _panel(ax: Any, name: str, runs: list[RunMetrics], styles: list[tuple[str, s
         ax.set_yscale("log")
     else:
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4), useOffset=False)
+        ax.set_ylim(*honest_ylim(min(finite), max(finite), *ax.get_ylim()))
     return smoothed
-
-
-def _window(n: int) -> int:
-    return max(3, n // 40) | 1  # odd: centred
-
-
-def moving_average(values: Sequence[float], k: int) -> list[float]:
-    """Centred mean over ``k`` points (fewer, still centred, near the ends) of the finite values only;
-    NaN where the value itself is NaN, so gaps stay visible."""
-    import numpy as np
-
-    v = np.asarray(values, dtype=float)
-    ok = np.isfinite(v)
-    sums = np.concatenate([[0.0], np.cumsum(np.where(ok, v, 0.0))])
-    counts = np.concatenate([[0], np.cumsum(ok)])
-    idx = np.arange(len(v))
-    half = np.minimum(k // 2, np.minimum(idx, len(v) - 1 - idx))  # symmetric near the ends too: no lag, no bias
-    lo, hi = idx - half, idx + half + 1
-    n = counts[hi] - counts[lo]
-    out = np.where(n > 0, (sums[hi] - sums[lo]) / np.maximum(n, 1), np.nan)
-    out[~ok] = np.nan
-    return out.tolist()
 
 
 def _label(run: RunMetrics) -> str:

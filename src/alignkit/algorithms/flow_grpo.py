@@ -30,6 +30,7 @@ reports the mean of the ``main`` reward (eval/reward_mean).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,8 @@ from alignkit.rewards.signals import gather_scores
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample
+
+log = logging.getLogger("alignkit")
 
 
 @dataclass
@@ -105,7 +108,8 @@ class FlowGRPOConfig(CVaRConfig):
     max_sequence_length: int = f(128, "T5 prompt tokens (flow_grpo: 128; diffusers' SD3 pipeline default: 256).",
                                  gt=0)
     ema: bool = f(False, "Keep an EMA of the trained (LoRA) weights, updated after optimizer steps (flow_grpo's "
-                  "EMAModuleWrapper); evaluation and the final model use it; checkpoints carry it per rank.")
+                  "EMAModuleWrapper); evaluation and the final model use it once it has updated (before: the "
+                  "trained weights); checkpoints carry it per rank.")
     ema_decay: float = f(0.9, "EMA decay d (warm-up min((1 + s) / (10 + s), d) after s optimizer steps; flow_grpo: "
                          "0.9).", gt=0, lt=1)
     ema_interval: int = f(8, "Update the EMA after optimizer step s when (s + 1) % this == 0 (flow_grpo's "
@@ -163,6 +167,11 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
         flow_policy(ctx.models["policy"])  # a one-line error for a policy of another kind
         if self.opts.ema:
             self.ema = ParamEMA(self.ema_params(ctx), decay=self.opts.ema_decay, interval=self.opts.ema_interval)
+            steps = self.cfg.training.max_steps
+            if steps is not None and not self.ema.updated_by(steps) and ctx.strategy.is_main:
+                log.warning(f"flow_grpo.ema: {steps} optimizer steps make no EMA update (the first comes after step "
+                            f"{self.ema.first_update}, ema_interval {self.opts.ema_interval}): evaluation and final/ "
+                            "use the trained weights")
 
     # ------------------------------------------------------------------ EMA of the trained weights (models/ema.py)
     def ema_params(self, ctx: Context) -> dict[str, torch.Tensor]:
@@ -173,7 +182,8 @@ class FlowGRPO(StepSeeded, OnlineAlgorithm):
             self.ema.after_step(self.ema_params(ctx), ctx.step, times=self.opts.ema_updates_per_step)
 
     def output_weights(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
-        if self.ema is None:
+        """The EMA in place of the trained weights once it has averaged any (before, it holds the warm start)."""
+        if self.ema is None or not self.ema.updated_by(ctx.step):
             return contextlib.nullcontext()
         module = ctx.models["policy"]
         return self.ema.swapped(self.ema_params(ctx), lambda: ctx.strategy.refresh_params(module))

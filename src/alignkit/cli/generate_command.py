@@ -1,7 +1,7 @@
 """``alignkit generate CONFIG_OR_MODEL FILE``: completions of a prompt file, for inspection.
 
 CONFIG_OR_MODEL is a run config (the model is its ``OUTPUT_DIR/final`` when that exists, else
-``model.name_or_path``; ``rollout.max_new_tokens`` / ``temperature`` are the defaults) or a model
+``model.name_or_path``, said in one line; ``rollout.max_new_tokens`` / ``temperature`` are the defaults) or a model
 directory (or hub id). FILE holds rows with ``prompt`` (a string or a message list) -- for a vision-language model, image-text
 rows (LLaVA ``conversations`` or ``messages`` with image parts, answered after their last user turn,
 greedily); each output row
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
-from alignkit.cli.generate_images import generate_images, is_diffusion_target
+from alignkit.cli.generate_images import generate_images, is_diffusion_target, say_no_final
 from alignkit.config import load_config
 from alignkit.config.schema import ModelConfig
 from alignkit.data.io import read_rows, require_field
@@ -39,6 +39,8 @@ def _model_and_defaults(target: str) -> tuple[str, int, float, str]:
         final = Path(cfg.output_dir) / "final"
         model = str(final) if (final / "config.json").is_file() or (final / "adapter_config.json").is_file() \
             else cfg.model.name_or_path
+        if model != str(final):
+            say_no_final(final, model)
         r = cfg.section(RolloutConfig)
         return model, r.max_new_tokens, r.temperature, r.engine
     return target, 32, 0.0, "hf"

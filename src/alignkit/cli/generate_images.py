@@ -1,8 +1,9 @@
 """``alignkit generate`` for a text-to-image (diffusion) policy: images of a prompt file, one grid PNG per prompt.
 
 The target is a run config of a diffusion policy (its ``OUTPUT_DIR/final``: a LoRA adapter on
-``model.name_or_path``, or a whole pipeline; the ``flow_grpo`` section's resolution, evaluation steps, guidance
-and T5 length are the defaults), a diffusers pipeline directory or hub id, or a LoRA directory with ``--base``.
+``model.name_or_path``, or a whole pipeline; without one the start, said in one line; the ``flow_grpo`` section's
+resolution, evaluation steps, guidance and T5 length are the defaults, ``--max-sequence-length`` sets the last), a
+diffusers pipeline directory or hub id, or a LoRA directory with ``--base``.
 Each prompt gets ``--num-generations`` images from the diffusion kind's deterministic ODE sampler (its ``generate``:
 ``models/diffusion_sample.py``, the same path as Flow-GRPO's evaluation), image g of prompt i seeded by (``--seed``, i, g): the same command draws the
 same images, so grids before and after training compare. ``--out`` is a folder: ``prompt-0000.png`` ... (the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from alignkit.config.sections import ALGORITHMS
 from alignkit.data.captions import caption_of
 from alignkit.data.io import read_rows
 from alignkit.errors import ConfigError
-from alignkit.models.diffusion import LORA_WEIGHTS, FlowPolicy, load_pipeline
+from alignkit.models.diffusion import LORA_WEIGHTS, FlowPolicy, load_pipeline, quiet_diffusers
 from alignkit.models.diffusion_sample import FlowSampling, ImagePrompt
 from alignkit.models.kinds import KINDS
 from alignkit.rewards.scorers import Judged, build_scorer
@@ -66,12 +68,20 @@ def resolve_target(target: str, base: str | None) -> ImageTarget:
             out.lora = str(final)
         elif (final / "model_index.json").is_file():
             out.base = str(final)
+        else:
+            say_no_final(final, base)
         return out
     if (Path(target) / LORA_WEIGHTS).is_file() and not (Path(target) / "model_index.json").is_file():
         if base is None:
             raise ConfigError(f"{target}: a LoRA adapter alone; name its pipeline with --base")
         return ImageTarget(base, lora=target)
     return ImageTarget(target)
+
+
+def say_no_final(final: Path, start: str) -> None:
+    """The one line of a run config whose trained model is not there: what ``generate`` draws instead."""
+    print(f"alignkit generate: {final} holds no trained model (the run has not finished, or saved none): drawing "
+          f"the run's start, {start}", file=sys.stderr)
 
 
 def image_policy_of(cfg: Any) -> tuple[str, Path]:
@@ -93,9 +103,10 @@ def generate_images(args: argparse.Namespace) -> int:
     resolution = args.resolution or t.resolution
     pipe = load_pipeline(t.base, torch.float32)
     if t.lora:
-        pipe.load_lora_weights(t.lora)
+        with quiet_diffusers():
+            pipe.load_lora_weights(t.lora)
     flow = FlowPolicy(pipe, lora=False).eval()
-    params = FlowSampling(steps, 0.0, guidance, resolution, t.max_sequence_length)
+    params = FlowSampling(steps, 0.0, guidance, resolution, args.max_sequence_length or t.max_sequence_length)
     rows = read_rows(args.file)
     prompts = [caption_of(r) for r in rows]
     scorer = _scorer(args.reward)
@@ -114,7 +125,8 @@ def generate_images(args: argparse.Namespace) -> int:
         records.append(rec)
     lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     (out / "images.jsonl").write_text(lines, encoding="utf-8")
-    print(f"wrote {len(records)} grids of {n} images ({resolution} px, {steps} steps, guidance {guidance}) to {out}")
+    print(f"wrote {len(records)} grids of {n} images ({resolution} px, {steps} steps, guidance {guidance}, "
+          f"{params.max_sequence_length} T5 tokens) to {out}")
     if scorer is not None:
         print(f"{args.reward}: mean {sum(scored) / max(1, len(scored)):.4f} over {len(scored)} images")
     return 0

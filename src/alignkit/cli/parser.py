@@ -238,6 +238,9 @@ def register_generate(sub: Any) -> None:
     sp.add_argument("--guidance-scale", type=float, default=None,
                     help="text-to-image: classifier-free guidance (default: the config's, else 4.5; <= 1 = off)")
     sp.add_argument("--resolution", type=int, default=None, help="text-to-image: image side in px (default: the config's, else 512)")
+    sp.add_argument("--max-sequence-length", type=int, default=None,
+                    help="text-to-image: T5 prompt tokens (default: the config's flow_grpo.max_sequence_length, else 77); "
+                    "render a start and its trained run with the same")
     sp.add_argument("--seed", type=int, default=0, help="text-to-image: seeds every image's noise (with its prompt and index)")
     runs(sp, "alignkit.cli.generate_command:cmd_generate")
 

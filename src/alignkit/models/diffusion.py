@@ -16,6 +16,8 @@ for a resume.
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -32,13 +34,51 @@ SD3_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_pro
 LM_LORA_DEFAULT = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
+#: what diffusers and transformers print on every load of a pipeline here and is known to be harmless: the image
+#: processors the SD3 pipeline module names fall back to their PIL twins without torchvision (an alignkit pipeline
+#: has none), and a LoRA trained on the transformer alone has no keys for the text encoders
+HARMLESS = re.compile(r"`\w+` requires torchvision \(not installed\); falling back to `\w+Pil`"
+                      r"|No LoRA keys associated to \w+ found with the prefix")
+
+
+class _DropHarmless(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not HARMLESS.search(record.getMessage())
+
+
+@contextlib.contextmanager
+def quiet_diffusers() -> Iterator[None]:
+    """For the block (importing a pipeline class, loading a pipeline or a LoRA): diffusers' progress bars off
+    ("Loading pipeline components...", into every log; alignkit says what it loaded) and the :data:`HARMLESS`
+    warnings dropped from the two libraries' handlers; every other warning passes, and both are restored after."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.get_verbosity()  # each library adds its handler on first use: they exist from here on
+    transformers_logging.get_verbosity()
+    handlers = [h for name in ("diffusers", "transformers") for h in logging.getLogger(name).handlers]
+    bars, drop = diffusers_logging.is_progress_bar_enabled(), _DropHarmless()
+    diffusers_logging.disable_progress_bar()
+    for h in handlers:
+        h.addFilter(drop)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(drop)
+        if bars:
+            diffusers_logging.enable_progress_bar()
+
+
 def load_pipeline(source: str, dtype: torch.dtype) -> Any:
-    """The pipeline at ``source`` (hub id or directory; needs diffusers), its progress bars off."""
+    """The pipeline at ``source`` (hub id or directory; needs diffusers), quietly (:func:`quiet_diffusers`), its
+    progress bars off."""
     try:
         import diffusers
     except ImportError:
         raise ModelError("model.kind: diffusion needs diffusers (pip install 'alignkit[image]')") from None
-    pipe = diffusers.DiffusionPipeline.from_pretrained(source, dtype=dtype)
+    with quiet_diffusers():
+        pipe = diffusers.DiffusionPipeline.from_pretrained(source, dtype=dtype)
     if getattr(pipe, "transformer", None) is None:
         raise ModelError(f"{source}: a {type(pipe).__name__} has no transformer; the diffusion kind trains "
                          "flow-matching transformer pipelines (SD3 class)")

@@ -24,6 +24,7 @@ import torch
 
 from alignkit.data.synth_vlm import COLOURS, POSITIONS, SHAPES, draw, make_scene
 from alignkit.errors import ModelError
+from alignkit.models.diffusion import quiet_diffusers
 from alignkit.models.sources import model_errors
 
 BUILTIN_SHAPES = "builtin:shapes"
@@ -76,7 +77,7 @@ class DiffusersRenderer:
         except ImportError:
             raise ModelError(f"redteam.target.renderer {self.cfg.renderer!r} needs diffusers (pip install "
                              f"'alignkit[image]'), or use renderer: {BUILTIN_SHAPES}") from None
-        with model_errors(self.cfg.renderer):
+        with model_errors(self.cfg.renderer), quiet_diffusers():
             try:
                 pipe = diffusers.AutoPipelineForText2Image.from_pretrained(self.cfg.renderer)
             except ValueError:  # a pipeline class AutoPipeline does not map

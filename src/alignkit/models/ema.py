@@ -52,6 +52,16 @@ class ParamEMA:
             s.add_(params[n].detach().float() - s, alpha=w)
         return True
 
+    @property
+    def first_update(self) -> int:
+        """The optimizer-step count of the first update (``after_step``'s ``step``): ``interval - 1``."""
+        return self.interval - 1
+
+    def updated_by(self, step: int) -> bool:
+        """Whether the averages have moved from the weights they started from after ``step`` optimizer steps (before
+        the first update they are those weights: with a fresh LoRA, an adapter of zeros)."""
+        return step >= self.first_update
+
     def after_step(self, params: dict[str, Tensor], step: int, *, times: int = 1) -> bool:
         """After ``step`` optimizer steps: ``times`` EMA steps with these weights (flow_grpo's stepping once per
         micro-batch: ``times`` = its gradient accumulation); whether they updated the averages."""

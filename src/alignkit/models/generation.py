@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -55,6 +55,30 @@ reports it (vLLM; for the importance-sampling correction), else None."""
     def truncated(self) -> list[bool]:
         """Whether each completion was cut by max_new_tokens."""
         return [r == "length" for r in self.finish_reasons]
+
+
+REPLACEMENT = "\ufffd"
+
+
+def completion_texts(tokenizer: Any, completion_ids: list[list[int]]) -> list[str]:
+    """Each completion decoded as one whole sequence (special tokens skipped), never token by token: a byte-level
+    tokenizer spells a multi-byte character over several tokens, and a token alone decodes to U+FFFD. A character
+    cut at the end (max_new_tokens reached in its middle) would still decode to U+FFFD: its 1-3 tokens are left
+    out of the text (the ids keep them). A U+FFFD inside the text stays: the model wrote bytes that are no UTF-8."""
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True) if completion_ids else []
+    return [_without_cut_character(tokenizer, ids, text) for ids, text in zip(completion_ids, texts)]
+
+
+def _without_cut_character(tokenizer: Any, ids: list[int], text: str) -> str:
+    """``text`` less a trailing partial character: the decode of ``ids`` less its last 1-3 tokens whose text the
+    whole one continues with U+FFFD alone, or ``text`` unchanged."""
+    if not text.endswith(REPLACEMENT):
+        return text
+    for cut in range(1, min(3, len(ids)) + 1):
+        shorter = tokenizer.decode(ids[:-cut], skip_special_tokens=True)
+        if not shorter.endswith(REPLACEMENT) and text.startswith(shorter) and not text[len(shorter):].strip(REPLACEMENT):
+            return shorter
+    return text
 
 
 class TokenGenerator(Protocol):

@@ -27,6 +27,7 @@ import torch
 
 from alignkit.data.captions import pil_pixels
 from alignkit.data.synth_vlm import CANVAS, draw, make_scene
+from alignkit.models.diffusion import quiet_diffusers
 from alignkit.models.tiny_base import _check_choice, train_tokenizer
 from alignkit.progress import track
 
@@ -135,7 +136,8 @@ def build_tiny_sd3(out_dir: str | Path, size: str = "tiny", vocab_size: int | No
                    vae_steps: int = 0) -> Path:
     """Build a random tiny SD3 pipeline and save it to ``out_dir`` (safetensors). With ``vae_steps`` its VAE is
     first fitted to the shapes scenes (:func:`fit_vae`). Returns ``out_dir``."""
-    from diffusers import StableDiffusion3Pipeline
+    with quiet_diffusers():  # the pipeline's module names image processors that need torchvision
+        from diffusers import StableDiffusion3Pipeline
 
     out = Path(out_dir)
     torch.manual_seed(seed)  # the weight init draws from the global generator

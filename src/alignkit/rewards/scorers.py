@@ -28,7 +28,10 @@ score: with ``redteam.placement: main`` a big classifier lives on rank 0 alone. 
   (:mod:`alignkit.rewards.image`); NaN for a prompt that names no ``<colour> <shape> in the <position>``;
 * ``shapes_hit``: the same images' yes/no reading, the share of the named objects whose cell shows the asked colour;
 * anything else: a reward function of ``rewards/functions.py`` (``unsafe``: the toy world's program judge) or
-  ``module:function``, called as ``fn(attacks, outputs, seed_prompt=[...], **row_fields)``.
+  ``module:function``, called as ``fn(attacks, outputs, seed_prompt=[...], **row_fields)``; where the samples
+  are images (a flow policy's: ``attacks`` = their prompts, ``outputs`` = empty strings; the ``t2i_vlm`` target's
+  rendered attacks) also with ``images=[...]``, one RGB ``PIL.Image.Image`` per sample (``np.asarray(im)``:
+  ``(H, W, 3)`` uint8; ``torchvision``'s ``to_tensor``: ``(3, H, W)`` floats in [0, 1]).
 
 Each scorer declares what it reads: ``reads_image`` (the rendered image: ``clip_quality``, ``shapes_*``) and
 ``reads_output`` (the target's answer: the model scorers with ``text: output``, the reward functions), so that
@@ -291,7 +294,8 @@ class ShapesHitScorer(ShapesColourScorer):
 
 
 class FunctionScorer(Scorer):
-    """A reward function by name or ``module:function`` on (attacks, outputs) with the rows' fields."""
+    """A reward function by name or ``module:function`` on (attacks, outputs) with the rows' fields, and with
+    ``images=`` (:func:`images_of`) where the batch holds images (a flow policy's, the ``t2i_vlm`` target's)."""
 
     reads_output = True  # it is handed the answers: whether it reads them is its own affair
 
@@ -300,7 +304,16 @@ class FunctionScorer(Scorer):
         self.fn = WeightedFunction(cfg.name, 1.0, resolve(cfg.name))
 
     def __call__(self, batch: Judged, device: torch.device) -> list[float]:
-        return call(self.fn, batch.attacks, batch.outputs, {**by_field(batch.fields), "seed_prompt": batch.seeds})
+        fields = {**by_field(batch.fields), "seed_prompt": batch.seeds, **images_of(batch)}
+        return call(self.fn, batch.attacks, batch.outputs, fields)
+
+
+def images_of(batch: Judged) -> dict[str, list[Any]]:
+    """``{"images": [...]}``: the batch's images, one per sample, as RGB PIL images (what the diffusion kind decodes
+    and a renderer draws), when every sample has one; else {} (text samples: a function is called as before)."""
+    if not batch.images or len(batch.images) != len(batch.attacks) or any(im is None for im in batch.images):
+        return {}
+    return {"images": [im.convert("RGB") if getattr(im, "mode", "RGB") != "RGB" else im for im in batch.images]}
 
 
 def build_scorer(cfg: Any, model_cfg: Any) -> Scorer:

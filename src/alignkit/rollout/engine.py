@@ -37,7 +37,12 @@ import torch
 from torch import nn
 
 from alignkit.distributed.env import read_env
-from alignkit.models.generation import Generations, Prompt, SamplingParams  # the kinds' floor; re-exported here
+from alignkit.models.generation import (  # the kinds' floor; the three types re-exported here
+    Generations,
+    Prompt,
+    SamplingParams,
+    completion_texts,
+)
 from alignkit.progress import track
 from alignkit.registry import Registry
 from alignkit.rollout.hf_generate import HFGenerateConfig, cache_kwargs  # re-exported here
@@ -337,7 +342,7 @@ class HFEngine(RolloutEngine):
                     ids, stopped = self._cut(row)
                     out.append(ids)
                     reasons.append("stop" if stopped else "length")
-        texts = self.tokenizer.batch_decode(out, skip_special_tokens=True) if out else []
+        texts = completion_texts(self.tokenizer, out)
         return Generations(out, reasons, texts)
 
     def _call(self, model: nn.Module, chunk: list[Prompt], params: SamplingParams, device: torch.device,

@@ -46,6 +46,7 @@ from alignkit.rollout.engine import (
     RolloutEngine,
     SamplingParams,
     as_prompts,
+    completion_texts,
     register_engine,
     row_seeds,
 )
@@ -355,5 +356,5 @@ class VLLMEngine(RolloutEngine):
         else:
             samples = run_requests(self.llm, todo, sampling, progress=bool(progress))
         ids = [s[0] for s in samples]
-        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True) if ids else []
+        texts = completion_texts(self.tokenizer, ids)
         return Generations(ids, [s[1] for s in samples], texts, [s[2] for s in samples])

@@ -176,7 +176,8 @@ def test_repeated_panels_are_dropped_and_named_in_the_kept_title(tmp_path: Path)
     assert panels == ["loss", "reward_mean", "reward/quality", "kl", "clip_fraction", "update_s"]
     assert repeats == {"reward_mean": ["reward/main", "reward/main/shapes_colour"], "update_s": ["time/update_s"]}
     titles = [ax.get_title() for ax in draw_figure([run], panels, repeats).axes]
-    assert titles[1] == "reward_mean = reward/main = reward/main/shapes_colour" and titles[-1] == "update_s = time/update_s"
+    assert titles[1] == "reward_mean\n= reward/main\n= reward/main/shapes_colour"  # a line a name: the panel's width
+    assert titles[-1] == "update_s = time/update_s"
     # equal in one run only: both kept; asked for by --metrics: both kept
     other = read_metrics(write_run(tmp_path / "b", [dict(r, **{"reward/main": 0.5}) for r in rows]) / "metrics.jsonl")
     assert "reward/main" in drop_repeats([run, other], ["reward_mean", "reward/main"])[0]
@@ -198,3 +199,54 @@ def test_the_legend_names_the_overlaid_runs_and_the_smoothing(tmp_path: Path) ->
     assert legend([short, long]) == ["sft", "dpo", "faint: as logged", "bold: centred moving average of 5 logged points"]
     assert legend([short]) == []  # one run: its name is the title, nothing is smoothed
     assert legend([long])[-1] == "bold: centred moving average of 5 logged points"
+
+
+def _flow_like_run(tmp_path: Path) -> Any:
+    """One flow_grpo-like run of 120 logged steps (smoothed panels: the legend's two lines), a reward logged under
+    three equal names (one panel with a long title) and a distinct_fraction between 0.994 and 1.0."""
+    rows = [{"step": s, "loss": 0.1 + 0.01 * math.sin(s), "reward_mean": 0.3 + 0.002 * s,
+             "reward/main": 0.3 + 0.002 * s, "reward/main/shapes_colour": 0.3 + 0.002 * s,
+             "distinct_fraction": 0.994 if s % 20 == 0 else 1.0} for s in range(1, 121)]
+    run = write_run(tmp_path / "flow", rows)
+    (run / "config.yaml").write_text("algorithm: flow_grpo\n", encoding="utf-8")
+    return read_metrics(run / "metrics.jsonl")
+
+
+def test_one_runs_title_legend_and_long_panel_titles_do_not_collide_or_leave_the_figure(tmp_path: Path) -> None:
+    """Before (issue 50): the figure title was drawn over the legend of a smoothed one-run figure, and the panel
+    titled 'reward_mean = reward/main = reward/main/shapes_colour' ran past the figure's right edge."""
+    from alignkit.plot import draw_figure, drop_repeats
+
+    run = _flow_like_run(tmp_path)
+    panels, repeats = drop_repeats([run], ["loss", "reward_mean", "reward/main", "reward/main/shapes_colour",
+                                           "distinct_fraction"])
+    assert panels == ["loss", "reward_mean", "distinct_fraction"]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = draw_figure([run], panels, repeats)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)  # the constrained layout places everything
+    title = fig.get_suptitle() and fig._suptitle.get_window_extent(renderer)
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert title and not title.overlaps(legend), (title, legend)
+    page = fig.bbox
+    for ax in fig.axes:
+        box = ax.title.get_window_extent(renderer)
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and not box.overlaps(legend), (ax.title.get_text(), box, page)
+        assert not title.overlaps(box)
+
+
+def test_a_tiny_range_is_drawn_on_an_axis_of_at_least_five_percent_of_its_magnitude(tmp_path: Path) -> None:
+    """distinct_fraction 0.994-1.0: autoscaled, the 0.6% dip filled the panel's height like a cliff; the axis now
+    spans at least 5% of 1.0 (the dip is an eighth of it at most). A wide range keeps matplotlib's autoscale."""
+    from alignkit.plot import draw_figure
+    from alignkit.plot_axes import MIN_SPAN, honest_ylim
+
+    run = _flow_like_run(tmp_path)
+    fig = draw_figure([run], ["loss", "distinct_fraction"])
+    lo, hi = fig.axes[1].get_ylim()
+    assert hi - lo >= MIN_SPAN * 1.0 - 1e-12 and lo <= 0.994 and hi >= 1.0
+    assert (1.0 - 0.994) / (hi - lo) <= 0.125
+    assert honest_ylim(0.994, 1.0, 0.9937, 1.0003) == pytest.approx((0.972, 1.022))
+    assert honest_ylim(-2.0, 3.0, -2.25, 3.25) == (-2.25, 3.25)
+    assert honest_ylim(0.0, 0.0, -0.05, 0.05) == (-0.05, 0.05)  # all zero: no magnitude to widen to

@@ -151,3 +151,18 @@ def test_fluency_is_the_geometric_mean_token_probability(micro_model: Path) -> N
         want.append(math.exp(sum(logps[i, t].item() for i, t in enumerate(ids[1:])) / (len(ids) - 1)))
     assert got == pytest.approx(want + [0.0], rel=1e-5)
     assert 0 < got[0] < 1
+
+
+def test_a_module_function_scorer_is_handed_the_images_as_rgb_pil() -> None:
+    """A flow policy's batch (prompts, empty outputs, images): a ``module:function`` receives ``images=`` one RGB
+    PIL image per sample, and its values are the scores (a black and a white image: brightness 0 and 1; an
+    RGBA one converted). A text batch calls it without images (here: the plugin's one-line refusal)."""
+    from PIL import Image
+
+    scorer = build_scorer(RedTeamScorerConfig("tests.plugins.image_reward:brightness"), ModelConfig())
+    images = [Image.new("RGB", (4, 4), (0, 0, 0)), Image.new("RGBA", (4, 4), (255, 255, 255, 0)),
+              Image.new("RGB", (2, 2), (51, 102, 153))]
+    batch = Judged(["a", "b", "c"], [""] * 3, ["a", "b", "c"], [{}] * 3, images)
+    assert scorer(batch, torch.device("cpu")) == pytest.approx([0.0, 1.0, 0.4])
+    with pytest.raises(RewardFunctionError, match="brightness scores images: got None for 2 prompts"):
+        scorer(Judged(["a", "b"], ["x", "y"], ["a", "b"], [{}] * 2, [None, None]), torch.device("cpu"))

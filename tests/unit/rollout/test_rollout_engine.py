@@ -100,3 +100,33 @@ def test_vllm_generates_only_from_weights_it_was_given() -> None:
     engine: Any = VLLMEngine(Tok(), VLLMConfig(server_url=SERVER))
     with pytest.raises(RuntimeError, match=r"call sync_weights\(model\) first"):
         engine.generate(torch.nn.Linear(2, 2), [[1, 2]], SamplingParams(4))
+
+
+class Scripted(torch.nn.Module):
+    """A 'model' whose generate appends fixed completions (one row each) to the prompts."""
+
+    def __init__(self, rows: list[list[int]]) -> None:
+        super().__init__()
+        self.w, self.rows = torch.nn.Parameter(torch.zeros(1)), rows
+
+    def generate(self, input_ids: torch.Tensor, **_: Any) -> torch.Tensor:
+        return torch.cat([input_ids, torch.tensor(self.rows)], 1)
+
+
+def test_completions_decode_as_whole_sequences_and_drop_a_character_cut_at_the_end() -> None:
+    """The byte-level BPE of the tiny models spells 'é', '☃' and '日本' over several tokens each (a token alone
+    decodes to U+FFFD): a completion's text is its whole sequence decoded, and one cut by max_new_tokens in the
+    middle of '本' (3 bytes) ends at '日', not at U+FFFD; the ids keep every token."""
+    from alignkit.models.tiny_base import train_tokenizer
+
+    tok = train_tokenizer(512)
+    text = "café ☃ 日本"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids[-1:]) == "\ufffd" and "\ufffd" in "".join(tok.decode([i]) for i in ids)
+    cut = tok(text[:-1], add_special_tokens=False)["input_ids"] + tok("本", add_special_tokens=False)["input_ids"][:1]
+    assert tok.decode(cut).endswith("\ufffd")  # what the text was before
+    done = tok("☃ 日本", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # HF pads a finished row
+    rows = [done + [tok.pad_token_id] * (len(cut) - len(done)), cut]
+    gens = HFEngine(tok).generate(Scripted(rows), [[5, 6], [7, 8]], SamplingParams(len(cut), 0.0))
+    assert gens.texts == ["☃ 日本", "café ☃ 日"]
+    assert gens.completion_ids == [done, cut] and gens.finish_reasons == ["stop", "length"]

@@ -22,7 +22,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("config", ("alignkit.config",)),
     # the distributed runtime: the launcher's environment and the collectives (the strategies are "engines")
     ("kernels and runtime", ("alignkit.ops", "alignkit.losses", "alignkit.logging", "alignkit.metrics", "alignkit.plot",
-                             "alignkit.distributed")),
+                             "alignkit.plot_axes", "alignkit.distributed")),
     # the estimator's arithmetic: pure numbers from model dimensions, no model built
     ("estimator arithmetic", ("alignkit.planner", "alignkit.planner.model_dims", "alignkit.planner.pipeline_dims",
                               "alignkit.planner.activations", "alignkit.planner.plan",
