@@ -188,8 +188,12 @@ def test_flow_rtpo_under_accelerate_one_node_and_two_node_loopback_equal_one_pro
     for name in ("one_node", "two_nodes"):
         for key in ("attack", "output"):
             assert [r[key] for r in rows[name]] == [r[key] for r in rows["single"]], (name, key)
-        for key in ("reward", "image_reward", "advantage", "image_advantage"):
+        for key in ("reward", "image_reward"):
             assert [r[key] for r in rows[name]] == pytest.approx([r[key] for r in rows["single"]], abs=1e-5), (name, key)
+        # an advantage is a reward over its group's std: the second iteration's rewards (after one update whose
+        # gradients were summed in another order) agree to 1e-5, their advantages to a few 1e-5 (3.7e-5 seen)
+        for key in ("advantage", "image_advantage"):
+            assert [r[key] for r in rows[name]] == pytest.approx([r[key] for r in rows["single"]], abs=1e-4), (name, key)
     logged = {run.name: _train_rows(run) for run in (single, one, two)}
     for name in ("one_node", "two_nodes"):
         assert sorted(logged[name]) == [1, 2]
