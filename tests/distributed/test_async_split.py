@@ -62,19 +62,12 @@ def test_generators_run_the_reward_functions(micro_model: Path, tmp_path: Path) 
 
 @pytest.mark.slow(seconds=60)
 def test_agent_trajectories_made_on_the_generator(micro_model: Path, tmp_path: Path) -> None:
-    cfg = {"algorithm": "grpo_agent", "plugins": ["tests.plugins.scripted_agent_engine"],
-           "model": {"name_or_path": str(micro_model)},
-           "data": {"train": "builtin:calculator_prompts_train.jsonl", "max_length": 200},
-           "rollout": {"engine": "scripted_agent", "num_generations": 4, "max_new_tokens": 72},
-           "agent": {"max_turns": 3, "max_total_tokens": 128},
-           "grpo": {"loss_aggregation": "token_mean"},
-           "training": {"per_device_batch_size": 8, "max_steps": 3, "learning_rate": 1e-3, "seed": 0},
-           "logging": {"logging_steps": 1, "plot": False}, "checkpoint": {"save_steps": 3}}
+    from tests.integration.test_agent_cli import config  # the scripted agent run of the resume test, 4 iterations
+
     for name, extra, nproc in (("colocated", [], 1), ("separate", ["rollout.placement=separate"], 2)):
-        path = write_config(tmp_path / f"{name}.yaml", {**cfg, "output_dir": str(tmp_path / name)})
-        assert_ok(run_cli(["train", str(path), *extra], nproc=nproc, timeout=300))
+        assert_ok(run_cli(["train", str(config(micro_model, tmp_path / name)), *extra], nproc=nproc, timeout=300))
     colocated, separate = _rows(tmp_path / "colocated"), _rows(tmp_path / "separate")
-    assert len(colocated) == len(separate) == 3
+    assert len(colocated) == len(separate) == 4
     for a, b in zip(colocated, separate):
         assert a["loss"] != 0.0 and a["grad_norm"] > 0
         for key in ("loss", "grad_norm", "reward_mean", "advantage_std", "agent/turns", "agent/tool_calls",

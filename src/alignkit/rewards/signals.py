@@ -71,9 +71,11 @@ class Signal:
         (:meth:`function_scores` where the completions were generated: a separate placement's generators); the
         model, the weights and the penalties are applied here all the same."""
         parts = dict(functions) if functions is not None else self.function_scores(inputs, placement)
-        if functions is not None and sorted(parts) != sorted(f.name for f in self.functions):
-            raise RuntimeError(f"{self.signal}: scores received for {sorted(parts)}, expected the functions "
-                               f"{sorted(f.name for f in self.functions)}")
+        if functions is not None and (sorted(parts) != sorted(f.name for f in self.functions) or any(
+                len(v) != len(inputs.completions) for v in parts.values())):
+            raise RuntimeError(f"{self.signal}: scores received for {sorted(parts)} of "
+                               f"{[len(v) for v in parts.values()]} completions, expected the functions "
+                               f"{sorted(f.name for f in self.functions)} of {len(inputs.completions)}")
         if self.model_role:
             parts["model"] = self._model_scores(models, inputs, strategy)
         weights = {f.name: f.weight for f in self.functions} | {"model": self.model_weight}

@@ -5,8 +5,10 @@ A trainer's rollout runs the algorithm's own ``rollout`` unchanged (ARCHITECTURE
 :class:`RemoteEngine`, whose ``sync_weights`` sends the trainer's weights to the generators (trainer rank 0; the
 others have nothing to send) and whose ``generate`` receives this rank's completions from every generator
 (``train/generator_loop.py`` sends them), checking that they answer exactly the requests asked (the same rows and
-per-completion seeds, ``rollout/seeds.py``). What the generators report beside them (the policy version that
-sampled, their idle and sync seconds) is kept on the engine for the loop to log.
+per-completion seeds, ``rollout/seeds.py``). The reward functions' scores the generators computed come with them
+(:meth:`RemoteEngine.scored`, read by ``RolloutContext.score``); an algorithm whose generators make items of their
+own (``grpo_agent``'s trajectories) takes them by :meth:`RemoteEngine.delivered`. What the generators report beside
+them (the policy version that sampled, their idle and sync seconds) is kept on the engine for the loop to log.
 """
 
 from __future__ import annotations
