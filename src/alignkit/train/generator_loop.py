@@ -58,8 +58,8 @@ SEPARATE_STRATEGIES = ("single", "ddp")
 
 def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy: str, generators: int,
                    global_batch: int) -> None:
-    """What ``placement: separate`` supports so far, each refusal one line: an algorithm with the default rollout
-    (policy completions, then scoring), a full-weight token policy (no LoRA, kind lm) under single / ddp, and an
+    """What ``placement: separate`` supports so far, each refusal one line: an algorithm whose rollout splits
+    (``OnlineAlgorithm.split_rollout``: the default one, grpo_agent's), a full-weight token policy (no LoRA, kind lm) under single / ddp, and an
     iteration's completions that split evenly over the generators."""
     why = None
     policy = next(s for s in workload.specs if s.trainable)
