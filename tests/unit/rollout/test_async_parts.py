@@ -124,6 +124,8 @@ def test_a_trainer_takes_the_generators_function_scores() -> None:
     assert (part.seeds, part.completion_ids, part.texts, part.iteration, part.version) == (
         [8, 9], [[3, 4, 5, 6, 7], []], ["a b c d", ""], 3, 2)
     assert part.scores == {"reward": {"length": [4.0, 0.0], one: [1.0, 1.0]}}
+    assert part.items is None and Delivery(0, 0, [7, 8, 9], [], [], [], None, items=["t7", "t8", "t9"]).part(
+        slice(0, 1)).items == ["t7"]  # an algorithm's items (grpo_agent's trajectories) are cut the same way
     got = signal.score(None, inputs, None, functions=made)  # type: ignore[arg-type]  # no model: not read
     assert got["total"] == pytest.approx([1.0 + 2.0 - 0.02, 2.0 + 2.0 - 0.05, 0.0 + 2.0])
     assert got == signal.score(None, inputs, None)  # type: ignore[arg-type]  # as if scored here
