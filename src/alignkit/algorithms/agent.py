@@ -35,6 +35,7 @@ from alignkit.rollout.agents.trajectory import Limits, Trajectory, run_trajector
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, LazyBatches, RolloutContext
 from alignkit.rollout.experience import Sample
+from alignkit.rollout.seeds import with_stream
 
 
 @register_section("agent")
@@ -75,19 +76,41 @@ class AgentGRPO(GroupRelative):
                                            tool_call_parser=a.tool_call_parser)
         self.renderer = MessageRenderer(tokenizer, self.env.schemas())
 
-    def trajectories(self, ctx: RolloutContext) -> list[Trajectory]:
-        """One trajectory per row of ``ctx.rows``, sampled with ``ctx.params``."""
-        a = self.agent
+    @classmethod
+    def split_rollout(cls, cfg: RunConfig) -> str | None:
+        """Under ``placement: separate`` the generators run the environments and the turns (:meth:`generator_items`)."""
+        return "items"
 
-        def generate(prompts: list[list[int]], max_new: int) -> Any:
+    def generator_items(self, rows: list[dict[str, Any]], seeds: list[int], generate: Any,
+                        seconds: dict[str, float]) -> list[Any]:
+        """A generator's trajectories of ``rows`` (the trainers' :meth:`trajectories` receives them)."""
+        max_new = self.cfg.section(RolloutConfig).max_new_tokens
+        return self.run(rows, seeds, generate, max_new, seconds)
+
+    def run(self, rows: list[dict[str, Any]], seeds: list[int] | None, generate: Any, max_new_tokens: int,
+            seconds: dict[str, float]) -> list[Trajectory]:
+        """One trajectory per prompt row, every turn sampled by ``generate(prompts, max_new_tokens)`` (``seeds``:
+        the rows' sampling seeds, each turn's derived from them; ``rollout/agents/trajectory.py``)."""
+        a = self.agent
+        limits = Limits(a.max_turns, a.max_total_tokens, max_new_tokens)
+        rows = [{"prompt": r["prompt"], **r["fields"]} for r in rows]
+        return run_trajectories(self.env, self.renderer, rows, generate, limits, seconds, seeds)
+
+    def trajectories(self, ctx: RolloutContext) -> tuple[list[Trajectory], dict[str, float]]:
+        """One trajectory per row of ``ctx.rows``, sampled with ``ctx.params`` here, or received from a separate
+        placement's generators (the remote engine); and the seconds by phase of where they were made."""
+        if ctx.engine.name == "remote":
+            trajs, seconds = ctx.delivered()
+            return trajs, seconds
+
+        def generate(prompts: list[Any], max_new: int) -> Any:
             return ctx.generate("policy", prompts, replace(ctx.params, max_new_tokens=max_new))
 
-        limits = Limits(a.max_turns, a.max_total_tokens, ctx.params.max_new_tokens)
-        rows = [{"prompt": r["prompt"], **r["fields"]} for r in ctx.rows]
-        return run_trajectories(self.env, self.renderer, rows, generate, limits, ctx.seconds)
+        seeds = None if ctx.seeds is None else with_stream(ctx.seeds, "policy")
+        return self.run(ctx.rows, seeds, generate, ctx.params.max_new_tokens, ctx.seconds), ctx.seconds
 
     def rollout(self, ctx: RolloutContext) -> Experience:
-        trajs = self.trajectories(ctx)
+        trajs, seconds = self.trajectories(ctx)
         samples = [self.sample(t) for t in trajs]
         scores = {"reward": gather_scores({"total": [t.reward for t in trajs]})["total"]}
         with ctx.timed("experience"):
@@ -97,7 +120,7 @@ class AgentGRPO(GroupRelative):
             for k, (s, t) in enumerate(zip(samples, trajs)):
                 per_turn = turn_advantages(self.group.advantages, scores["reward"], ctx.mine.start + k, t.rewards)
                 s["advantages"] = turn_token_values(t, per_turn)
-        agent_stats(stats, trajs, scores["reward"], ctx.seconds)
+        agent_stats(stats, trajs, scores["reward"], seconds)
         return Experience(samples, scores, stats)
 
     def sample(self, t: Trajectory) -> Sample:
@@ -116,7 +139,7 @@ class AgentGRPO(GroupRelative):
     @torch.no_grad()
     def evaluate(self, ctx: RolloutContext) -> tuple[float, float, float]:
         """Greedy trajectories of ``ctx.rows`` (this rank's): (sum of their returns, how many, completion ids)."""
-        trajs = self.trajectories(ctx)
+        trajs, _ = self.trajectories(ctx)
         return sum(t.reward for t in trajs), float(len(trajs)), float(sum(len(t.completion_ids) for t in trajs))
 
 

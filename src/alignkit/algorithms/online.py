@@ -126,6 +126,21 @@ class OnlineAlgorithm(Algorithm):
         iteration's rows, then scoring), which may then be drawn anywhere; an override says when it does too."""
         return cls.rollout is OnlineAlgorithm.rollout
 
+    @classmethod
+    def split_rollout(cls, cfg: RunConfig) -> str | None:
+        """How ``rollout.placement: separate`` splits ``cfg``'s rollout between generator and trainer processes:
+        ``completions`` (the default rollout: the generators sample and run the reward functions, the trainers
+        the rest), ``items`` (the generators run :meth:`generator_items`, the trainers' :meth:`rollout` takes
+        them through ``RolloutContext.delivered``), or None: not split (the run is refused)."""
+        return "completions" if cls.default_rollout(cfg) else None
+
+    def generator_items(self, rows: list[dict[str, Any]], seeds: list[int], generate: Any,
+                        seconds: dict[str, float]) -> list[Any]:
+        """A generator process's part of a split rollout of kind ``items`` (:meth:`split_rollout`): one item per
+        prompt row (with ``prompt_ids``, ``completion_ids`` and ``sampler_logps``: the behaviour log-probs are
+        filled in by a forward where None), ``generate(prompts, max_new_tokens)`` sampling from the policy."""
+        raise NotImplementedError(f"{self.name} does not split its rollout into items")
+
     def rollout(self, ctx: RolloutContext) -> Experience:
         """This rank's samples of one iteration: the policy's completions of ``ctx.rows``, scored by every
         signal of :meth:`signals` (gathered from every rank), then :meth:`make_experience`. Override to put

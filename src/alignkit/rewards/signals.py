@@ -63,12 +63,19 @@ class Signal:
     def components(self) -> list[str]:
         return [f.name for f in self.functions] + (["model"] if self.model_role else [])
 
-    def score(self, models: Models, inputs: ScoreInputs, strategy: Any, *,
-              placement: str | None = None) -> dict[str, list[float]]:
+    def score(self, models: Models, inputs: ScoreInputs, strategy: Any, *, placement: str | None = None,
+              functions: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
         """Per component (function name, ``model``) this rank's scores, and ``total`` (NaN = masked).
         ``placement`` (``local`` | ``main``) overrides the scorer's own for this call (evaluation runs
-        locally: ranks may hold different counts there)."""
-        parts = self._functions(inputs, placement or self.placement)
+        locally: ranks may hold different counts there). ``functions``: the functions' scores computed already
+        (:meth:`function_scores` where the completions were generated: a separate placement's generators); the
+        model, the weights and the penalties are applied here all the same."""
+        parts = dict(functions) if functions is not None else self.function_scores(inputs, placement)
+        if functions is not None and (sorted(parts) != sorted(f.name for f in self.functions) or any(
+                len(v) != len(inputs.completions) for v in parts.values())):
+            raise RuntimeError(f"{self.signal}: scores received for {sorted(parts)} of "
+                               f"{[len(v) for v in parts.values()]} completions, expected the functions "
+                               f"{sorted(f.name for f in self.functions)} of {len(inputs.completions)}")
         if self.model_role:
             parts["model"] = self._model_scores(models, inputs, strategy)
         weights = {f.name: f.weight for f in self.functions} | {"model": self.model_weight}
@@ -80,7 +87,10 @@ class Signal:
         parts["total"] = total
         return parts
 
-    def _functions(self, inputs: ScoreInputs, placement: str) -> dict[str, list[float]]:
+    def function_scores(self, inputs: ScoreInputs, placement: str | None = None) -> dict[str, list[float]]:
+        """Each reward / cost function's scores of ``inputs`` (by name; none without functions): the part of
+        :meth:`score` that needs no model, so it runs wherever the completions are (``placement`` as there)."""
+        placement = placement or self.placement
         if not self.functions:
             return {}
         if placement == "main" and comm.world_size() > 1:

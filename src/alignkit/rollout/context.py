@@ -130,14 +130,25 @@ class RolloutContext:
 
     def seeded(self, role: str, prompts: list[Any]) -> list[Any]:
         """Token ``prompts`` (id lists or :class:`Prompt` s, one per row) as :class:`Prompt` s carrying the
-        rows' seeds of ``role``'s stream; other prompts (an image policy's, seeded per image already), a count
-        other than the rows', or a context without seeds: unchanged."""
+        rows' seeds of ``role``'s stream; other prompts (an image policy's, seeded per image already), prompts
+        that all carry seeds already, a count other than the rows', or a context without seeds: unchanged."""
+        if all(isinstance(p, Prompt) and p.seed is not None for p in prompts):
+            return prompts  # seeded by the caller already (an agent's later turns: rollout/agents/trajectory.py)
         if self.seeds is None or len(prompts) != len(self.seeds):
             return prompts
         if not all(isinstance(p, (list, Prompt)) for p in prompts):
             return prompts
         return [replace(p, seed=s) if isinstance(p, Prompt) else Prompt(list(p), seed=s)
                 for p, s in zip(prompts, with_stream(self.seeds, role))]
+
+    def delivered(self, role: str = "policy") -> tuple[list[Any], dict[str, float]]:
+        """What a separate placement's generators made of :attr:`rows` in the algorithm's own split rollout
+        (``grpo_agent``: trajectories; ``rollout/remote.py`` ``RemoteEngine.delivered``) and their seconds by phase,
+        in one generation phase of the remote engine (trainer rank 0 pushes ``role``'s weights first)."""
+        with self.timed("generate"), ExitStack() as stack:
+            plain = stack.enter_context(self.strategy.full_params(self.models[role]))
+            stack.enter_context(generation_phase(self.engine, plain))
+            return self.engine.delivered(self.seeds)  # type: ignore[attr-defined]  # the remote engine's
 
     def engine_for(self, role: str) -> RolloutEngine:
         """The run's engine, or for a role with a tokenizer of its own (a red-team target of another family)
@@ -168,8 +179,9 @@ class RolloutContext:
         signal's parts as ``signal/part``). ``placement`` overrides where the functions run."""
         scores: dict[str, torch.Tensor] = {}
         for name, signal in signals.items():
-            with self.timed("score"):
-                local = signal.score(self.models, inputs, self.strategy, placement=placement)
+            with self.timed("score"):  # the functions' scores may come with the completions (separate placement)
+                local = signal.score(self.models, inputs, self.strategy, placement=placement,
+                                     functions=self.engine.scored(name))
             with self.timed("gather"):
                 for part, values in gather_scores(local).items():
                     scores[name if part == "total" else f"{name}/{part}"] = values

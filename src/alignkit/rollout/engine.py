@@ -123,6 +123,11 @@ class RolloutEngine(abc.ABC):
     def sleep(self) -> None:
         """Release the engine's memory until the next :meth:`wake` (the update gets it)."""
 
+    def scored(self, signal: str) -> dict[str, list[float]] | None:
+        """``signal``'s function scores of the last :meth:`generate`'s completions, computed where they were
+        sampled (a separate placement's generators: ``rollout/remote.py``), taken once; None: the caller scores."""
+        return None
+
     @abc.abstractmethod
     def generate(self, model: nn.Module, prompts: Sequence[Prompt] | Sequence[list[int]], params: SamplingParams,
                  *, synced: bool = False, progress: str | None = None) -> Generations:

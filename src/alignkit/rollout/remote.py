@@ -5,14 +5,16 @@ A trainer's rollout runs the algorithm's own ``rollout`` unchanged (ARCHITECTURE
 :class:`RemoteEngine`, whose ``sync_weights`` sends the trainer's weights to the generators (trainer rank 0; the
 others have nothing to send) and whose ``generate`` receives this rank's completions from every generator
 (``train/generator_loop.py`` sends them), checking that they answer exactly the requests asked (the same rows and
-per-completion seeds, ``rollout/seeds.py``). What the generators report beside them (the policy version that
-sampled, their idle and sync seconds) is kept on the engine for the loop to log.
+per-completion seeds, ``rollout/seeds.py``). The reward functions' scores the generators computed come with them
+(:meth:`RemoteEngine.scored`, read by ``RolloutContext.score``); an algorithm whose generators make items of their
+own (``grpo_agent``'s trajectories) takes them by :meth:`RemoteEngine.delivered`. What the generators report beside
+them (the policy version that sampled, their idle and sync seconds) is kept on the engine for the loop to log.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
@@ -40,6 +42,23 @@ class Delivery:
     logps: list[list[float]] | None
     idle_s: float = 0.0
     generate_s: float = 0.0
+    #: signal -> function name -> the functions' scores of the completions, computed by the generator
+    scores: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    #: what an algorithm's own split rollout made of the rows instead (``grpo_agent``: finished trajectories);
+    #: ``completion_ids`` etc. are then empty
+    items: list[Any] | None = None
+    #: the generator's seconds by phase (``score``; an agent's ``generate``, ``env`` and ``render``)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def part(self, cut: slice) -> Delivery:
+        """The delivery of the rows at ``cut`` (one trainer's part of a generator's share)."""
+        def rows(values: list[Any] | None) -> Any:
+            return None if values is None else values[cut]
+
+        return replace(self, seeds=self.seeds[cut], completion_ids=self.completion_ids[cut],
+                       finish_reasons=self.finish_reasons[cut], texts=self.texts[cut], logps=rows(self.logps),
+                       scores={n: {f: v[cut] for f, v in by_fn.items()} for n, by_fn in self.scores.items()},
+                       items=rows(self.items))
 
 
 @dataclass
@@ -64,6 +83,7 @@ class RemoteEngine(RolloutEngine):
     def __init__(self, tokenizer: Any, placement: Placement, parts: list[int]) -> None:
         self.tokenizer, self.placement, self.parts = tokenizer, placement, parts
         self.received = Received()
+        self._scores: dict[str, dict[str, list[float]]] = {}
 
     @classmethod
     def from_settings(cls, tokenizer: Any, settings: Any, run: Any) -> RemoteEngine:
@@ -84,12 +104,31 @@ class RemoteEngine(RolloutEngine):
 
     def generate(self, model: nn.Module, prompts: Sequence[Prompt] | Sequence[list[int]], params: SamplingParams,
                  *, synced: bool = False, progress: str | None = None) -> Generations:
-        requests = as_prompts(prompts)
+        parts = self._receive([p.seed for p in as_prompts(prompts)])
+        self._scores = {name: {fn: [v for d in parts for v in d.scores[name][fn]] for fn in parts[0].scores[name]}
+                        for name in (parts[0].scores if parts else {})}
+        return Generations([c for d in parts for c in d.completion_ids], [r for d in parts for r in d.finish_reasons],
+                           [t for d in parts for t in d.texts], self.received.logps)
+
+    def scored(self, signal: str) -> dict[str, list[float]] | None:
+        """The generators' function scores of the last completions received (module docstring), taken once."""
+        return self._scores.pop(signal, None)
+
+    def delivered(self, seeds: list[int] | None) -> tuple[list[Any], dict[str, float]]:
+        """What the generators made of this trainer's rows in an algorithm's own split rollout (``grpo_agent``:
+        trajectories), in row order (``seeds``: the rows' own), and their phase seconds (max over generators)."""
+        parts = self._receive(seeds or [])
+        seconds = {k: max(d.seconds.get(k, 0.0) for d in parts) for d in parts for k in d.seconds}
+        return [x for d in parts for x in (d.items or [])], seconds
+
+    def _receive(self, seeds: list[int | None]) -> list[Delivery]:
+        """This trainer's deliveries of the iteration from every generator that holds some of its rows, checked to
+        answer exactly the rows of ``seeds``; the versions, behaviour log-probs and seconds kept in
+        :attr:`received`."""
         start = time.perf_counter()
         parts: list[Delivery] = [recv_object(src, self.placement) for src in self.parts]
         wait = time.perf_counter() - start
-        seeds = [s for d in parts for s in d.seeds]
-        if seeds != [p.seed for p in requests]:
+        if [s for d in parts for s in d.seeds] != list(seeds):
             raise RuntimeError(f"the generators answered other requests than this trainer asked for (iteration "
                                f"{parts[0].iteration if parts else '?'}): the trainers and generators disagree on "
                                "the prompt order or the seeds")
@@ -97,8 +136,7 @@ class RemoteEngine(RolloutEngine):
         self.received = Received([d.version for d in parts for _ in d.seeds], logps,
                                  max((d.idle_s for d in parts), default=0.0),
                                  max((d.generate_s for d in parts), default=0.0), wait, self.received.sync_s)
-        return Generations([c for d in parts for c in d.completion_ids], [r for d in parts for r in d.finish_reasons],
-                           [t for d in parts for t in d.texts], logps)
+        return parts
 
 
 def generator_parts(n_completions: int, generators: int, trainers: int) -> list[list[tuple[int, int]]]:

@@ -36,3 +36,10 @@ def with_stream(seeds: list[int], stream: str) -> list[int]:
     if stream == "policy":
         return list(seeds)
     return [sample_seed(s, 0, 0, 0, stream) for s in seeds]
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The seed of a multi-turn trajectory's policy turn ``turn`` (``rollout/agents/trajectory.py``) whose row has
+    ``seed``: the row's own for the first turn, then one derived per turn, so every turn draws fresh numbers and
+    the same ones wherever (and with whichever other trajectories) it is generated."""
+    return seed if turn == 0 else sample_seed(seed, turn, 0, 0, "turn")

@@ -9,13 +9,22 @@ waiting for the trainer to be ready. A resumed run starts where trainer rank 0's
 position is broadcast), with the checkpoint's weights: the first k iterations after a resume are sampled by the
 checkpoint's version (their staleness is lower than in the uninterrupted run; with k = 0 nothing differs).
 
-The generators never score, compute log-probs or update: the trainers run the algorithm's rollout on the received
-completions (scoring, old / reference log-probs, advantages), so an algorithm sees the same experience as colocated.
+What a generator makes of its rows is the algorithm's split (``OnlineAlgorithm.split_rollout``): ``completions``
+(the default rollout): it samples them and runs the reward / cost functions of every signal on them (``Signal.
+function_scores``, the code the trainers' scoring runs colocated), and sends the scores with them; the trainers run
+the algorithm's rollout on the received completions, taking the functions' scores as received (``RolloutContext.
+score``; a reward MODEL still scores on the trainers, which hold it), then old / reference log-probs and advantages,
+so an algorithm sees the same experience as colocated. ``items`` (``grpo_agent``): it runs the algorithm's
+``generator_items`` (the environments and the multi-turn loop, every running trajectory's turn in one engine call)
+and sends the finished trajectories; the trainers' rollout takes them (``RolloutContext.delivered``). Either way
+the behaviour log-probs go with them (the engine's, or a forward of the sampling weights). The generators never
+compute old / reference log-probs or update.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from typing import Any
@@ -33,6 +42,7 @@ from alignkit.errors import ConfigError
 from alignkit.logging import setup_console
 from alignkit.models.kinds import KINDS
 from alignkit.models.roles import Workload, build_model
+from alignkit.rewards.signals import ScoreInputs
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.engine import Prompt, SamplingParams, build_engine, generation_phase
 from alignkit.rollout.experience import collate_samples, micro_batches, per_sequence
@@ -48,14 +58,14 @@ SEPARATE_STRATEGIES = ("single", "ddp")
 
 def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy: str, generators: int,
                    global_batch: int) -> None:
-    """What ``placement: separate`` supports so far, each refusal one line: an algorithm with the default rollout
-    (policy completions, then scoring), a full-weight token policy (no LoRA, kind lm) under single / ddp, and an
+    """What ``placement: separate`` supports so far, each refusal one line: an algorithm whose rollout splits
+    (``OnlineAlgorithm.split_rollout``: the default one, grpo_agent's), a full-weight token policy (no LoRA, kind lm) under single / ddp, and an
     iteration's completions that split evenly over the generators."""
     why = None
     policy = next(s for s in workload.specs if s.trainable)
-    if not issubclass(algo_cls, OnlineAlgorithm) or not algo_cls.default_rollout(cfg):
+    if not issubclass(algo_cls, OnlineAlgorithm) or algo_cls.split_rollout(cfg) is None:
         why = (f"the {cfg.algorithm} algorithm (as configured: e.g. grpo.dynamic_sampling) has a rollout of its own "
-               "(only the default rollout is split so far)")
+               "(split so far: the default rollout and grpo_agent's; not red teaming, flow, dynamic sampling)")
     elif policy.kind != "lm" or policy.lora:
         why = "the policy must be a full-weight language model (kind lm, no LoRA) for now"
     elif strategy not in SEPARATE_STRATEGIES:
@@ -98,6 +108,12 @@ class Generator:
         self.kind = KINDS.get(spec.kind)  # generates as the trainers' rollout does: through the policy's kind
         self.pad = algo.tokenizer.pad_token_id
         self.engine = build_engine(r.engine, algo.tokenizer, cfg, max_new_tokens=r.max_new_tokens)
+        self.algo, self.split = algo, type(algo).split_rollout(cfg)
+        self.signals = algo.signals() if self.split == "completions" else {}
+        self.params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
+        self.autocast = (torch.autocast(self.device.type, dtype=self.compute_dtype)
+                         if self.compute_dtype != torch.float32 and self.engine.runs_in_caller
+                         else contextlib.nullcontext())
         self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
         self.per_iteration = plan.batch.global_batch // r.num_generations
         self.parts = generator_parts(plan.batch.global_batch, len(placement.generators), placement.trainers)
@@ -120,16 +136,15 @@ class Generator:
             work.wait()
 
     @torch.no_grad()
-    def _behaviour_logps(self, requests: list[Prompt], completions: list[list[int]],
-                         autocast: Any) -> list[list[float]]:
+    def _behaviour_logps(self, prompt_ids: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """The sampling policy's log-prob of each completion token (the behaviour policy of the off-policy
         correction, ``sampler_logps``), by the training forward's numerics in ``per_device`` micro-batches, where
         the engine does not report its own (hf)."""
-        samples = [{"prompt_ids": p.ids, "completion_ids": c} for p, c in zip(requests, completions)]
+        samples = [{"prompt_ids": p, "completion_ids": c} for p, c in zip(prompt_ids, completions)]
         out: list[list[float]] = []
         for part in micro_batches(samples, self.plan.batch.per_device):
             batch = collate_samples(part, self.pad, (), ()).to(self.device)
-            with autocast:
+            with self.autocast:
                 out += per_sequence(self.kind.logps(self.policy, batch, temperature=behaviour_temperature(self.r)), batch)
         return out
 
@@ -142,30 +157,52 @@ class Generator:
         return time.perf_counter() - start
 
     def _generate_and_send(self, iteration: int, completions: list[int], seeds: list[int], idle: float) -> list[Any]:
-        """Sample this generator's share of the iteration and start sending each trainer its part."""
+        """Make this generator's share of the iteration and start sending each trainer its part."""
         g = self.placement.generator_index
         per_gen = len(completions) // len(self.placement.generators)
         lo = g * per_gen
-        requests = [Prompt(list(self.prompts[c]["prompt_ids"]), seed=s)
-                    for c, s in zip(completions[lo : lo + per_gen], seeds[lo : lo + per_gen])]
-        r = self.r
-        params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
+        rows, mine = [self.prompts[c] for c in completions[lo : lo + per_gen]], seeds[lo : lo + per_gen]
         start = time.perf_counter()
-        autocast = (torch.autocast(self.device.type, dtype=self.compute_dtype)
-                    if self.compute_dtype != torch.float32 and self.engine.runs_in_caller else contextlib.nullcontext())
-        with autocast, generation_phase(self.engine, self.policy):
-            gens = self.kind.generate(self.policy, self.engine, requests, params)
-        logps = gens.logps if gens.logps is not None else self._behaviour_logps(requests, gens.completion_ids, autocast)
-        seconds = time.perf_counter() - start
-        works = []
-        for t, (a, b) in enumerate(self.parts[g]):
-            if a == b:
-                continue
-            cut = slice(a - lo, b - lo)
-            delivery = Delivery(iteration, self.version, seeds[a:b], gens.completion_ids[cut], gens.finish_reasons[cut],
-                                gens.texts[cut], logps[cut], idle, seconds)
-            works.append(send_object(delivery, t, self.placement))
-        return works
+        made = self._items(rows, mine) if self.split == "items" else self._completions(rows, mine)
+        made.iteration, made.version, made.idle_s = iteration, self.version, idle
+        made.generate_s = time.perf_counter() - start
+        return [send_object(made.part(slice(a - lo, b - lo)), t, self.placement)
+                for t, (a, b) in enumerate(self.parts[g]) if a != b]
+
+    def _generate(self, prompts: list[Any], params: SamplingParams) -> Any:
+        """The policy's outputs of ``prompts``: one phase of the engine, as a trainer's ``RolloutContext.generate``."""
+        with self.autocast, generation_phase(self.engine, self.policy):
+            return self.kind.generate(self.policy, self.engine, prompts, params)
+
+    def _completions(self, rows: list[dict[str, Any]], seeds: list[int]) -> Delivery:
+        """The rows' completions, their behaviour log-probs and every signal's function scores."""
+        requests = [Prompt(list(row["prompt_ids"]), seed=s) for row, s in zip(rows, seeds)]
+        gens = self._generate(requests, self.params)
+        logps = gens.logps if gens.logps is not None else self._behaviour_logps([p.ids for p in requests],
+                                                                                 gens.completion_ids)
+        began = time.perf_counter()
+        inputs = ScoreInputs([row["prompt"] for row in rows], gens.texts, [len(c) for c in gens.completion_ids],
+                             [row["fields"] for row in rows], [])
+        scores = {name: signal.function_scores(inputs) for name, signal in self.signals.items()}
+        return Delivery(-1, -1, seeds, gens.completion_ids, gens.finish_reasons, gens.texts, logps, scores=scores,
+                        seconds={"score": time.perf_counter() - began})
+
+    def _items(self, rows: list[dict[str, Any]], seeds: list[int]) -> Delivery:
+        """The algorithm's items of the rows (``grpo_agent``: finished trajectories) and their behaviour log-probs."""
+        seconds: dict[str, float] = {}
+
+        def generate(prompts: list[Any], max_new: int) -> Any:
+            began = time.perf_counter()
+            try:
+                return self._generate(prompts, dataclasses.replace(self.params, max_new_tokens=max_new))
+            finally:
+                seconds["generate"] = seconds.get("generate", 0.0) + time.perf_counter() - began
+
+        items = self.algo.generator_items(rows, seeds, generate, seconds)
+        logps = [x.sampler_logps for x in items]
+        if any(lp is None for lp in logps):
+            logps = self._behaviour_logps([x.prompt_ids for x in items], [x.completion_ids for x in items])
+        return Delivery(-1, -1, seeds, [], [], [], logps, items=items, seconds=seconds)
 
 
 def behaviour_temperature(r: RolloutConfig) -> float:

@@ -17,6 +17,7 @@ from alignkit.rollout.agents.calculator import CalculatorEnv
 from alignkit.rollout.agents.credit import rewards_to_go, turn_advantages
 from alignkit.rollout.agents.render import MessageRenderer
 from alignkit.rollout.agents.trajectory import Limits, run_trajectories, trajectory_counts
+from alignkit.rollout.seeds import turn_seed
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
 
@@ -99,3 +100,25 @@ def test_turn_credit_by_hand() -> None:
     assert turn_advantages(grpo, returns, 0, [0.5, 0.0, 1.0]) == pytest.approx(expect, rel=1e-6)
     # a final reward only: every turn gets the trajectory's advantage
     assert turn_advantages(grpo, returns, 0, [0.0, 1.5]) == pytest.approx([float(grpo(returns)[0])] * 2)
+
+
+def test_each_turn_samples_from_its_trajectory_s_own_seed(tok: Any) -> None:
+    """With the rows' seeds every request carries its trajectory's seed of that turn (the row's own first, then one
+    derived per turn: rollout/seeds.py turn_seed), whichever other trajectories share the call: so a trajectory
+    samples the same turns on a generator process as colocated, and its turns draw different numbers."""
+    seen: list[list[int | None]] = []
+
+    class Seeded(Scripted):
+        def __call__(self, prompts: list[Any], max_new: int) -> Generations:
+            seen.append([p.seed for p in prompts])
+            return super().__call__([p.ids for p in prompts], max_new)
+
+    scripts = {"111": ["12321"], "222": [CALL % "222*222", "49284"], "333": [CALL % "333*333", CALL % "1+", "7"]}
+    env = CalculatorEnv()
+    run_trajectories(env, MessageRenderer(tok, None), rows(), Seeded(tok, scripts), Limits(4, 400, 64),
+                     seeds=[11, 22, 33])
+    assert seen == [[11, 22, 33], [turn_seed(22, 1), turn_seed(33, 1)], [turn_seed(33, 2)]]
+    assert len({33, turn_seed(33, 1), turn_seed(33, 2)}) == 3
+    seen.clear()
+    run_trajectories(env, MessageRenderer(tok, None), rows()[2:], Seeded(tok, scripts), Limits(4, 400, 64), seeds=[33])
+    assert seen == [[33], [turn_seed(33, 1)], [turn_seed(33, 2)]]  # alone: the same seeds as in the batch of three

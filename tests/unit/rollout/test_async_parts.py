@@ -89,3 +89,50 @@ def test_validate_and_launch_count_the_trainers_only() -> None:
     assert trainer_processes(separate, 5) == 3
     assert trainer_processes(load_config(None, ["algorithm=grpo", *base]), 5) == 5
     assert trainer_processes(load_config(None, ["algorithm=sft", *base]), 5) == 5
+
+
+def test_separate_splits_grpo_agent_and_refuses_what_is_not_split() -> None:
+    from alignkit.algorithms import ALGORITHMS, workload_of
+    from alignkit.train.generator_loop import check_separate
+
+    base = ["model.name_or_path=x", "data.train=x.jsonl", "training.per_device_batch_size=8", "rollout.placement=separate"]
+    agent = load_config(None, ["algorithm=grpo_agent", *base])
+    assert ALGORITHMS.get("grpo_agent").split_rollout(agent) == "items"
+    check_separate(agent, ALGORITHMS.get("grpo_agent"), workload_of(agent), "ddp", 1, 8)
+    dapo = load_config(None, ["algorithm=grpo", *base, "grpo.dynamic_sampling=true"])
+    assert ALGORITHMS.get("grpo").split_rollout(dapo) is None
+    with pytest.raises(ConfigError, match="not red teaming, flow, dynamic sampling"):
+        check_separate(dapo, ALGORITHMS.get("grpo"), workload_of(dapo), "ddp", 1, 8)
+
+
+def test_a_trainer_takes_the_generators_function_scores() -> None:
+    """A generator's delivery cut per trainer, and the scores it carries give the total the trainer would have
+    computed itself: by hand, weights 0.5 (length: words) and 2.0 (a constant 1), minus length_penalty 0.1 x
+    tokens / max_new_tokens 10."""
+    from alignkit.rewards.signals import ScoreInputs, Signal
+    from alignkit.rollout.remote import Delivery
+
+    one = f"{__name__}:constant_one"
+    functions = [type("F", (), {"name": "length", "weight": 0.5}), type("F", (), {"name": one, "weight": 2.0})]
+    signal = Signal("reward", functions, length_penalty=0.1, max_new_tokens=10)
+    inputs = ScoreInputs(["p"] * 3, ["a b", "a b c d", ""], [2, 5, 0], [{}] * 3, [])
+    made = signal.function_scores(inputs)  # on the generator
+    assert made == {"length": [2.0, 4.0, 0.0], one: [1.0, 1.0, 1.0]}
+    d = Delivery(3, 2, [7, 8, 9], [[1, 2], [3, 4, 5, 6, 7], []], ["stop"] * 3, inputs.completions, [[0.0]] * 3,
+                 scores={"reward": made})
+    part = d.part(slice(1, 3))
+    assert (part.seeds, part.completion_ids, part.texts, part.iteration, part.version) == (
+        [8, 9], [[3, 4, 5, 6, 7], []], ["a b c d", ""], 3, 2)
+    assert part.scores == {"reward": {"length": [4.0, 0.0], one: [1.0, 1.0]}}
+    assert part.items is None and Delivery(0, 0, [7, 8, 9], [], [], [], None, items=["t7", "t8", "t9"]).part(
+        slice(0, 1)).items == ["t7"]  # an algorithm's items (grpo_agent's trajectories) are cut the same way
+    got = signal.score(None, inputs, None, functions=made)  # type: ignore[arg-type]  # no model: not read
+    assert got["total"] == pytest.approx([1.0 + 2.0 - 0.02, 2.0 + 2.0 - 0.05, 0.0 + 2.0])
+    assert got == signal.score(None, inputs, None)  # type: ignore[arg-type]  # as if scored here
+    with pytest.raises(RuntimeError, match="expected the functions"):
+        signal.score(None, inputs, None, functions={"length": [0.0] * 3})  # type: ignore[arg-type]
+
+
+def constant_one(prompts: list, completions: list[str], **_: object) -> list[float]:
+    """A reward function of 1 (the test above names it ``module:function``)."""
+    return [1.0] * len(completions)

@@ -5,7 +5,9 @@ turn's ids are appended as generated (``loss_mask`` 1), the environment answers 
 (``Environment.step``) and its reply's rendered ids are appended (``loss_mask`` 0). A trajectory ends when the
 environment says done, after ``max_turns`` policy turns, or when its ids would pass ``max_total_tokens`` (then
 ``truncated``). Nothing here knows the model, the engine or the ranks: ``generate(prompts, max_new_tokens)`` is
-the caller's.
+the caller's. With the rows' sampling ``seeds`` (``rollout/seeds.py``) each turn's request carries its trajectory's
+own seed of that turn (:func:`~alignkit.rollout.seeds.turn_seed`), so a trajectory samples the same turns on any
+process and in any batch (colocated or on a separate placement's generators).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from alignkit.models.generation import Generations
+from alignkit.models.generation import Generations, Prompt
 from alignkit.rollout.agents.env import Environment, EnvState
 from alignkit.rollout.agents.render import MessageRenderer
+from alignkit.rollout.seeds import turn_seed
 
-Generate = Callable[[list[list[int]], int], Generations]
+Generate = Callable[[list[Any], int], Generations]  # token-id lists, or Prompts with seeds
 
 
 @dataclass
@@ -39,6 +42,8 @@ class Trajectory:
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     done: bool = False
     truncated: bool = False
+    #: the row's sampling seed (None: the engine's global generator)
+    seed: int | None = None
 
     @property
     def reward(self) -> float:
@@ -57,20 +62,25 @@ class Limits:
 
 
 def run_trajectories(env: Environment, renderer: MessageRenderer, rows: list[dict[str, Any]], generate: Generate,
-                     limits: Limits, seconds: dict[str, float] | None = None) -> list[Trajectory]:
+                     limits: Limits, seconds: dict[str, float] | None = None,
+                     seeds: list[int] | None = None) -> list[Trajectory]:
     """One trajectory per row, all generated together turn by turn; ``seconds`` gains ``env`` (the environment's
-    steps and tools) and ``render`` (rendering and encoding its replies)."""
+    steps and tools) and ``render`` (rendering and encoding its replies). ``seeds``: one per row (module
+    docstring); None: ``generate`` gets plain token-id lists."""
     clock = seconds if seconds is not None else {}
     trajs = []
-    for row in rows:
+    for i, row in enumerate(rows):
         messages = env.reset(row)
-        trajs.append(Trajectory(EnvState(row, list(messages)), renderer.prompt_ids(messages)))
+        trajs.append(Trajectory(EnvState(row, list(messages)), renderer.prompt_ids(messages),
+                                seed=None if seeds is None else seeds[i]))
     for turn in range(limits.max_turns):
         running = [t for t in trajs if not t.done]
         if not running:
             break
         budget = max(limits.max_total_tokens - len(t.completion_ids) for t in running)
-        gens = generate([t.prompt_ids + t.completion_ids for t in running], min(limits.max_new_tokens, budget))
+        prompts: list[Any] = [t.prompt_ids + t.completion_ids if t.seed is None else
+                              Prompt(t.prompt_ids + t.completion_ids, seed=turn_seed(t.seed, turn)) for t in running]
+        gens = generate(prompts, min(limits.max_new_tokens, budget))
         for i, t in enumerate(running):
             logps = gens.logps[i] if gens.logps is not None else None
             _advance(t, gens.completion_ids[i], logps, env, renderer, limits, clock,
