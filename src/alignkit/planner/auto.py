@@ -160,6 +160,9 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
     first, *others = workload.trainable
     dtype = compute_dtype(cfg, device)
     batch = resolve_batch(cfg, n_gpus)
+    whole = cfg.distributed.strategy in ("auto", "single", "ddp")  # engines that hold whole models
+    # bf16 compute weights (model.compute_weights: cast) of a full fine-tune; LoRA and fp16 keep autocast
+    cast = dtype == "bf16" and whole and cfg.model.compute_weights == "cast" and not first.lora
     common: dict[str, Any] = dict(param_dtype=dtype, master_weights_fp32=dtype != "fp32", optimizer="adamw",
                                   optimizer_state_dtype="fp32",
                                   optimizer_impl=cfg.training.optimizer_impl,
@@ -168,8 +171,8 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
                                   per_device_batch=batch.per_device, n_gpus=n_gpus, device=device,
                                   accumulation=batch.accumulation,
                                   # FSDP's mixed precision and DeepSpeed cast the module itself: no fp32 residual
-                                  autocast=device == "cuda" and dtype != "fp32"
-                                  and cfg.distributed.strategy in ("auto", "single", "ddp"))
+                                  autocast=device == "cuda" and dtype != "fp32" and whole and not cast,
+                                  compute_weights=cast)
     images = {s.role: _image_inputs(cfg, workload, s, _kind_dims(s, trust), **common)
               for s in workload.trainable if s.kind == "diffusion" and not (s is first and policy is not None)}
     dims = policy or (images[first.role].policy if first.role in images else _kind_dims(first, trust))
