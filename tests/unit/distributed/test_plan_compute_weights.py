@@ -24,6 +24,7 @@ from alignkit.planner.activations import activation_bytes
 from alignkit.planner.auto import memory_inputs
 from alignkit.planner.model_dims import dims_from_hf_config
 from alignkit.planner.plan import MemoryInputs, estimate
+from alignkit.planner.plan_report import format_table
 from tests.conftest import write_config
 
 SHAPE = {"hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 6,
@@ -65,6 +66,8 @@ def test_cast_is_modelled_only_where_it_runs() -> None:
     assert "compute gradients (bf16)" not in estimate(_inputs(compute_weights=True), "zero3").gpu
     assert "compute gradients (bf16)" not in estimate(_inputs(compute_weights=True, param_dtype="fp32",
                                                               master_weights_fp32=False), "ddp").gpu
+    table = format_table(_inputs(compute_weights=True), {"ddp": estimate(_inputs(compute_weights=True), "ddp")})
+    assert "\ncompute gradients (bf16)" in table and table.endswith("compute gradients (bf16))")
 
 
 @pytest.mark.parametrize(("setting", "lora", "want"), [("cast", False, (True, False)),
