@@ -190,6 +190,13 @@ class TrainingConfig:
         "chunked head (the same loss to round-off). Asking for it on a CPU, without the package or for another "
         "algorithm is an error before any model loads."
     )
+    liger_layers: bool = f(
+        False, "Train Llama and Qwen2 models with Liger-Kernel's RMSNorm, SwiGLU MLP and RoPE (Triton, CUDA only; "
+        "pip install 'alignkit[liger]'), applied by Liger's own apply_liger_kernel_to_llama / _qwen2 on each trained "
+        "model; any algorithm, beside training.liger_kernel's fused head or alignkit's chunked one. Not with "
+        "training.fused_layers (the same forwards). Asking for it on a CPU or without the package is an error before "
+        "any model loads."
+    )
     optimizer_impl: Literal["auto", "fused", "foreach", "for_loop"] = f(
         "auto", "torch AdamW's implementation: fused = one kernel per parameter (no temporaries, fastest on CPU "
         "and GPU), foreach = grouped ops (a state-sized temporary), for_loop = one op at a time. auto = fused "

@@ -254,18 +254,25 @@ def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
             d.vocab * d.hidden, d.hidden * d.intermediate)
         step_temp = biggest * DTYPE_BYTES[inputs.optimizer_state_dtype]
     gpu["optimizer step temp"] = step_temp
-    if cast:  # the compute copy's bf16 gradients, until accumulate_grads adds them into the fp32 master gradients
-        gpu["compute gradients (bf16)"] = n_train * p
-    if grads_transient(inputs, strategy):  # set_to_none between steps: grads live from backward to the step
-        gpu["optimizer step temp"] += gpu["gradients"]
-        if cast:  # the fp32 master gradients are created while the bf16 ones still live
-            gpu["compute gradients (bf16)"] += gpu["gradients"]
-        del gpu["gradients"]
+    _transient_gradients(gpu, inputs, strategy, n_train * p if cast else None)
     overhead = inputs.overhead_bytes
     gpu["overhead"] = (CUDA_OVERHEAD_BYTES if inputs.device == "cuda" else 0) if overhead is None else overhead
     if inputs.device == "cpu":
         gpu["process baseline"] = inputs.process_baseline_bytes
     return MemoryEstimate(strategy, gpu, host if offload else {})
+
+
+def _transient_gradients(gpu: dict[str, int], inputs: MemoryInputs, strategy: str, compute_grads: int | None) -> None:
+    """The rows of gradients that do not persist: ``compute_grads`` (bf16 compute weights: the compute copy's bf16
+    gradients, until ``accumulate_grads`` adds them into the fp32 master gradients; None without), and the
+    gradients themselves where :func:`grads_transient` (they live from backward to the step)."""
+    if compute_grads is not None:
+        gpu["compute gradients (bf16)"] = compute_grads
+    if grads_transient(inputs, strategy):
+        gpu["optimizer step temp"] += gpu["gradients"]
+        if compute_grads is not None:  # the fp32 master gradients are created while the bf16 ones still live
+            gpu["compute gradients (bf16)"] += gpu["gradients"]
+        del gpu["gradients"]
 
 
 def grads_transient(inputs: MemoryInputs, strategy: str) -> bool:

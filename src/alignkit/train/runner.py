@@ -36,7 +36,7 @@ from alignkit.errors import ConfigError
 from alignkit.logging import RunLogger, scrub, setup_console
 from alignkit.models import attention, fused
 from alignkit.models.kinds import KINDS
-from alignkit.models.liger import check_liger
+from alignkit.models.liger import apply_liger_layers, check_liger, check_liger_layers
 from alignkit.models.loading import count_parameters
 from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
 from alignkit.planner.auto import frozen_roles, frozen_sharding, memory_inputs
@@ -89,6 +89,8 @@ class Session:
         strategy.setup()
         if cfg.training.liger_kernel:  # one line where it cannot run, before any model loads
             check_liger(cfg.algorithm, strategy.device)
+        if cfg.training.liger_layers:
+            check_liger_layers(strategy.device, cfg.training.fused_layers)
         if strategy.device.type == "cpu":
             # Adam's second moments and tiny gradients drift into subnormal floats, which x86 CPUs
             # process ~100x slower: measured 2 s -> 6 s per step on the tiny model. Flush them to 0.
@@ -133,7 +135,8 @@ class Session:
                               f"strategies, not {self.plan.strategy} (set it to false)")
         return build_models(workload, self.cfg.model, self.strategy, self.algo.tokenizer,
                             make_optimizer=make_optimizer, logger=logger, compile_blocks=compile_blocks,
-                            fused_layers=train and fused.fused_layers_on(t.fused_layers, self.plan.strategy))
+                            fused_layers=train and fused.fused_layers_on(t.fused_layers, self.plan.strategy),
+                            liger_layers=train and t.liger_layers)
 
 
 def weights_from_checkpoint(cfg: RunConfig, workload: Workload) -> Workload:
@@ -151,12 +154,13 @@ def weights_from_checkpoint(cfg: RunConfig, workload: Workload) -> Workload:
 
 def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy, tokenizer: Any, *,
                  make_optimizer: OptimizerFactory | None = None, logger: RunLogger | None = None,
-                 compile_blocks: bool = False, fused_layers: bool = False) -> Models:
+                 compile_blocks: bool = False, fused_layers: bool = False, liger_layers: bool = False) -> Models:
     """Every loaded role of ``workload``: trainable ones prepared by the strategy with an optimizer
     from ``make_optimizer`` (None: evaluation only, placed like a frozen model in fp32), frozen ones
     in the compute dtype through ``strategy.prepare_frozen``. ``compile_blocks`` (``training.torch_compile``)
     compiles each trainable model's decoder blocks in place (:func:`compile_decoder_blocks`); ``fused_layers``
-    (``training.fused_layers``) gives them the memory-lean MLP / RMSNorm forwards first (models/fused.py)."""
+    (``training.fused_layers``) gives them the memory-lean MLP / RMSNorm forwards first (models/fused.py),
+    ``liger_layers`` (``training.liger_layers``) Liger-Kernel's RMSNorm / SwiGLU / RoPE (models/liger.py)."""
     models = Models(specs={spec.role: spec for spec in workload.specs}, tokenizers={"policy": tokenizer})
     for spec in workload.specs:
         if not spec.loaded:
@@ -175,6 +179,10 @@ def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy,
             if logger is not None and any(counts.values()):
                 logger.info(f"fused layers: {counts['mlp']} SwiGLU MLPs and {counts['rmsnorm']} RMSNorms of the "
                             f"{spec.role} model (training.fused_layers)")
+        if liger_layers and make_optimizer is not None:
+            kind = apply_liger_layers(module)
+            if logger is not None:
+                logger.info(f"Liger-Kernel RMSNorm, SwiGLU and RoPE in the {spec.role} model ({kind}; training.liger_layers)")
         if compile_blocks and make_optimizer is not None:
             n = compile_decoder_blocks(module)
             if logger is not None:
