@@ -94,6 +94,12 @@ class DataConfig:
                         "order); needs training.max_steps. Evaluation data is prepared as usual.")
     max_length: int = f(512, "Longest tokenized example; longer ones are truncated.", gt=0)
     packing: bool = f(False, "SFT: pack short examples into rows of max_length (padding-free).")
+    pack_multiple_of: int = f(
+        1, "SFT packing: pad each packed row up to a multiple of this many tokens (one padding segment that attends "
+        "to itself and that no loss reads), so the row lengths fall into few buckets. With training.torch_compile "
+        "and a value > 1 the decoder blocks compile with static shapes, once per bucket (at most max_length / N "
+        "compiles, e.g. 256); 1 = exact lengths, compiled with dynamic shapes (one compile for every length).", ge=1
+    )
     skip_invalid: bool = f(False, "Skip malformed rows (counted in the log) instead of failing.")
     chat_template: bool = f(
         False, "Preference data: render string prompt/response rows through the tokenizer's chat template "

@@ -129,7 +129,9 @@ class Session:
         workload = self.workload
         if train and self.cfg.checkpoint.resume_weights_only:
             workload = weights_from_checkpoint(self.cfg, workload)
-        compile_blocks = train and t.torch_compile
+        compile_blocks = None
+        if train and t.torch_compile:  # packed lengths in buckets (data.pack_multiple_of): static shapes
+            compile_blocks = "static" if self.cfg.data.packing and self.cfg.data.pack_multiple_of > 1 else "dynamic"
         if compile_blocks and self.plan.strategy not in COMPILE_STRATEGIES:
             raise ConfigError(f"training.torch_compile: supported under the {', '.join(COMPILE_STRATEGIES)} "
                               f"strategies, not {self.plan.strategy} (set it to false)")
@@ -154,11 +156,13 @@ def weights_from_checkpoint(cfg: RunConfig, workload: Workload) -> Workload:
 
 def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy, tokenizer: Any, *,
                  make_optimizer: OptimizerFactory | None = None, logger: RunLogger | None = None,
-                 compile_blocks: bool = False, fused_layers: bool = False, liger_layers: bool = False) -> Models:
+                 compile_blocks: str | None = None, fused_layers: bool = False,
+                 liger_layers: bool = False) -> Models:
     """Every loaded role of ``workload``: trainable ones prepared by the strategy with an optimizer
     from ``make_optimizer`` (None: evaluation only, placed like a frozen model in fp32), frozen ones
-    in the compute dtype through ``strategy.prepare_frozen``. ``compile_blocks`` (``training.torch_compile``)
-    compiles each trainable model's decoder blocks in place (:func:`compile_decoder_blocks`); ``fused_layers``
+    in the compute dtype through ``strategy.prepare_frozen``. ``compile_blocks`` (``training.torch_compile``:
+    ``dynamic`` or ``static`` shapes, None: off) compiles each trainable model's decoder blocks in place
+    (:func:`compile_decoder_blocks`); ``fused_layers``
     (``training.fused_layers``) gives them the memory-lean MLP / RMSNorm forwards first (models/fused.py),
     ``liger_layers`` (``training.liger_layers``) Liger-Kernel's RMSNorm / SwiGLU / RoPE (models/liger.py)."""
     models = Models(specs={spec.role: spec for spec in workload.specs}, tokenizers={"policy": tokenizer})
@@ -184,7 +188,7 @@ def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy,
             if logger is not None:
                 logger.info(f"Liger-Kernel RMSNorm, SwiGLU and RoPE in the {spec.role} model ({kind}; training.liger_layers)")
         if compile_blocks and make_optimizer is not None:
-            n = compile_decoder_blocks(module)
+            n = compile_decoder_blocks(module, dynamic=compile_blocks == "dynamic")
             if logger is not None:
                 logger.info(f"torch.compile: {n} decoder blocks of the {spec.role} model (compiled at the first step)")
         if make_optimizer is None:
@@ -198,16 +202,19 @@ def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy,
 COMPILE_STRATEGIES = fused.STRATEGIES
 
 
-def compile_decoder_blocks(module: torch.nn.Module) -> int:
+def compile_decoder_blocks(module: torch.nn.Module, *, dynamic: bool = True, backend: str = "inductor") -> int:
     """``Module.compile`` each repeated transformer block of ``module`` (regional compilation: the blocks
     share one compiled graph, and parameter names, state dicts and engine wrapping are unchanged);
-    ``dynamic=True`` so a new sequence length does not recompile. Returns how many blocks."""
+    ``dynamic=True`` so a new sequence length does not recompile, ``False`` (``data.pack_multiple_of`` > 1: packed
+    lengths in buckets) for static shapes, one compile per bucket. A packed row's boundaries reach the attention
+    as one opaque input the blocks never read (``models.attention.PackedRow``). Returns how many blocks."""
     blocks = decoder_blocks(module)
     if not blocks:
         raise ConfigError(f"training.torch_compile: found no decoder blocks in {type(module).__name__} "
                           "(no _no_split_modules and no layers list); set it to false")
     for block in blocks:
-        block.compile(dynamic=True)
+        block.compile(dynamic=dynamic, backend=backend)
+        block.compile_dynamic = dynamic  # what a deep copy (compute_weights.split) compiles its own with
     return len(blocks)
 
 

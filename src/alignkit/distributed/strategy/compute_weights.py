@@ -49,7 +49,7 @@ def split(model: nn.Module, compute_dtype: torch.dtype) -> tuple[nn.Module, nn.M
         # ORIGINAL module, which deepcopy shares: compile the copy's own, as compile_decoder_blocks does
         if getattr(source, "_compiled_call_impl", None) is not None:
             twin._compiled_call_impl = None
-            twin.compile(dynamic=True)
+            twin.compile(dynamic=getattr(source, "compile_dynamic", True))
     return model, compute
 
 
