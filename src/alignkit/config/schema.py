@@ -178,9 +178,11 @@ class TrainingConfig:
     adam_beta2: float = f(0.999, "AdamW beta2.", ge=0, le=1)
     adam_epsilon: float = f(1e-8, "AdamW epsilon.", gt=0)
     torch_compile: bool = f(
-        False, "Compile each trainable model's decoder blocks with torch.compile (regional compilation, dynamic "
-        "shapes: one compile serves every block and sequence length). The first step pays the compile (~1 min "
-        "on 2 CPU cores; CPU needs a C++ compiler); single, ddp and fsdp strategies. Same losses to round-off."
+        False, "Compile each trainable model's decoder blocks with torch.compile (regional compilation: one compile "
+        "serves every block; dynamic shapes serve every sequence length, or with data.pack_multiple_of > 1 static "
+        "shapes, one compile per bucket of packed lengths; a packed row's boundaries never recompile a block). The "
+        "first step pays the compile (~1 min on 2 CPU cores; CPU needs a C++ compiler); single, ddp and fsdp "
+        "strategies. Same losses to round-off. Off by default: whether it wins on a GPU has not been measured yet."
     )
     fused_layers: bool = f(
         False, "Train Llama-family models (Llama, Mistral, Qwen2/3, and the LLaVA language model) with memory-lean "

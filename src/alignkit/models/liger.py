@@ -33,12 +33,17 @@ def check_liger(algorithm: str, device: torch.device) -> None:
     if algorithm not in LIGER_ALGORITHMS:
         raise ConfigError(f"training.liger_kernel: fused linear cross-entropy serves the {', '.join(LIGER_ALGORITHMS)} "
                           f"loss only, not {algorithm}; set training.liger_kernel: false")
+    _check_runs("training.liger_kernel", device)
+
+
+def _check_runs(key: str, device: torch.device) -> None:
+    """Raise a one-line :class:`ConfigError` naming ``key`` where Liger cannot run: off CUDA, or not installed."""
     if device.type != "cuda":
-        raise ConfigError(f"training.liger_kernel: Liger-Kernel is Triton and needs a CUDA GPU (this run's device is "
-                          f"{device.type}); set training.liger_kernel: false")
+        raise ConfigError(f"{key}: Liger-Kernel is Triton and needs a CUDA GPU (this run's device is "
+                          f"{device.type}); set {key}: false")
     if not liger_installed():
-        raise ConfigError("training.liger_kernel: liger-kernel is not installed: pip install 'alignkit[liger]' "
-                          "(or liger-kernel), or set training.liger_kernel: false")
+        raise ConfigError(f"{key}: liger-kernel is not installed: pip install 'alignkit[liger]' "
+                          f"(or liger-kernel), or set {key}: false")
 
 
 def liger_nll_sum(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Tensor | None = None) -> Tensor:
@@ -73,12 +78,7 @@ def check_liger_layers(device: torch.device, fused_layers: bool) -> None:
     if fused_layers:
         raise ConfigError("training.liger_layers: Liger's RMSNorm and SwiGLU replace the same forwards as "
                           "training.fused_layers; set one of them to false")
-    if device.type != "cuda":
-        raise ConfigError(f"training.liger_layers: Liger-Kernel is Triton and needs a CUDA GPU (this run's device is "
-                          f"{device.type}); set training.liger_layers: false")
-    if not liger_installed():
-        raise ConfigError("training.liger_layers: liger-kernel is not installed: pip install 'alignkit[liger]' "
-                          "(or liger-kernel), or set training.liger_layers: false")
+    _check_runs("training.liger_layers", device)
 
 
 def apply_liger_layers(model: torch.nn.Module) -> str:
