@@ -130,3 +130,59 @@ def test_flow_grpo_steps_in_bf16(micro_sd3: Path, tmp_path: Path) -> None:
         "logging.report_to=[jsonl]", "logging.plot=false", "model.dtype=bf16"]))
     losses = logged_losses(tmp_path / "run")
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses), losses
+
+
+# --------------------------------------------------------------------------- training.liger_layers (issue 49, 4)
+def _liger_or_skip() -> None:
+    from alignkit.models.liger import liger_installed
+
+    if not liger_installed():
+        pytest.skip("needs liger-kernel (pip install 'alignkit[liger]')")
+
+
+def _logits_and_grads(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids).logits.float()
+    torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
+    return logits.detach(), [p.grad.float() for p in model.parameters() if p.grad is not None]
+
+
+def test_liger_layers_match_the_plain_modules_in_bf16(monkeypatch, micro_model: Path) -> None:
+    """Liger's RMSNorm, SwiGLU and RoPE (models/liger.py) against the plain Llama modules in bf16: the logits and
+    every gradient equal within bf16 round-off. The plain model runs first: Liger's RoPE patch is module-wide."""
+    _liger_or_skip()
+    import copy
+
+    from transformers import AutoModelForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    from alignkit.models.liger import apply_liger_layers
+
+    for name in ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP"):  # restored after the test
+        monkeypatch.setattr(modeling_llama, name, getattr(modeling_llama, name))
+    plain = AutoModelForCausalLM.from_pretrained(str(micro_model), dtype=torch.bfloat16).cuda()
+    patched = copy.deepcopy(plain)
+    ids = torch.randint(0, plain.config.vocab_size, (4, 64), device="cuda")
+    want_logits, want_grads = _logits_and_grads(plain, ids)
+    apply_liger_layers(patched)
+    assert patched.model.layers[0].mlp._get_name() == "LigerSwiGLUMLP"  # Liger's instance patch took
+    logits, grads = _logits_and_grads(patched, ids)
+    assert (logits - want_logits).abs().max() <= 3e-2 * want_logits.abs().max()
+    assert len(grads) == len(want_grads)
+    worst = max(((g - w).norm() / w.norm().clamp_min(1e-12)).item() for g, w in zip(grads, want_grads))
+    assert worst < 5e-2, worst
+
+
+def test_sft_steps_with_liger_layers_in_bf16(monkeypatch, micro_model: Path, tmp_path: Path) -> None:
+    """The runner's wiring on CUDA: training.liger_layers (with the fused head beside it) trains with finite losses."""
+    _liger_or_skip()
+    from transformers.models.llama import modeling_llama
+
+    for name in ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP"):
+        monkeypatch.setattr(modeling_llama, name, getattr(modeling_llama, name))
+    run_train(load_config(str(REPO / "configs" / "sft.yaml"), [
+        f"model.name_or_path={micro_model}", f"output_dir={tmp_path / 'run'}", "training.max_steps=3",
+        "training.liger_layers=true", "training.liger_kernel=true", "logging.logging_steps=1",
+        "logging.report_to=[jsonl]", "logging.plot=false", *[q for q in QUIET if not q.startswith("logging.")]]))
+    losses = logged_losses(tmp_path / "run")
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses), losses

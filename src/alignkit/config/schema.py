@@ -94,6 +94,12 @@ class DataConfig:
                         "order); needs training.max_steps. Evaluation data is prepared as usual.")
     max_length: int = f(512, "Longest tokenized example; longer ones are truncated.", gt=0)
     packing: bool = f(False, "SFT: pack short examples into rows of max_length (padding-free).")
+    pack_multiple_of: int = f(
+        1, "SFT packing: pad each packed row up to a multiple of this many tokens (one padding segment that attends "
+        "to itself and that no loss reads), so the row lengths fall into few buckets. With training.torch_compile "
+        "and a value > 1 the decoder blocks compile with static shapes, once per bucket (at most max_length / N "
+        "compiles, e.g. 256); 1 = exact lengths, compiled with dynamic shapes (one compile for every length).", ge=1
+    )
     skip_invalid: bool = f(False, "Skip malformed rows (counted in the log) instead of failing.")
     chat_template: bool = f(
         False, "Preference data: render string prompt/response rows through the tokenizer's chat template "
@@ -172,9 +178,11 @@ class TrainingConfig:
     adam_beta2: float = f(0.999, "AdamW beta2.", ge=0, le=1)
     adam_epsilon: float = f(1e-8, "AdamW epsilon.", gt=0)
     torch_compile: bool = f(
-        False, "Compile each trainable model's decoder blocks with torch.compile (regional compilation, dynamic "
-        "shapes: one compile serves every block and sequence length). The first step pays the compile (~1 min "
-        "on 2 CPU cores; CPU needs a C++ compiler); single, ddp and fsdp strategies. Same losses to round-off."
+        False, "Compile each trainable model's decoder blocks with torch.compile (regional compilation: one compile "
+        "serves every block; dynamic shapes serve every sequence length, or with data.pack_multiple_of > 1 static "
+        "shapes, one compile per bucket of packed lengths; a packed row's boundaries never recompile a block). The "
+        "first step pays the compile (~1 min on 2 CPU cores; CPU needs a C++ compiler); single, ddp and fsdp "
+        "strategies. Same losses to round-off. Off by default: whether it wins on a GPU has not been measured yet."
     )
     fused_layers: bool = f(
         False, "Train Llama-family models (Llama, Mistral, Qwen2/3, and the LLaVA language model) with memory-lean "
@@ -189,6 +197,13 @@ class TrainingConfig:
         "CUDA only; pip install 'alignkit[liger]'): gradients in the forward, no logits recompute. Off: the built-in "
         "chunked head (the same loss to round-off). Asking for it on a CPU, without the package or for another "
         "algorithm is an error before any model loads."
+    )
+    liger_layers: bool = f(
+        False, "Train Llama and Qwen2 models with Liger-Kernel's RMSNorm, SwiGLU MLP and RoPE (Triton, CUDA only; "
+        "pip install 'alignkit[liger]'), applied by Liger's own apply_liger_kernel_to_llama / _qwen2 on each trained "
+        "model; any algorithm, beside training.liger_kernel's fused head or alignkit's chunked one. Not with "
+        "training.fused_layers (the same forwards). Asking for it on a CPU or without the package is an error before "
+        "any model loads."
     )
     optimizer_impl: Literal["auto", "fused", "foreach", "for_loop"] = f(
         "auto", "torch AdamW's implementation: fused = one kernel per parameter (no temporaries, fastest on CPU "

@@ -50,10 +50,13 @@ class TokenCollator:
     ``packed=True`` concatenates the micro-batch into one row (B=1) with ``position_ids`` that
     restart at 0 for every example, and the row's boundaries (:func:`packed_boundaries`): the attention
     kernels (``models.attention``) attend within each example only, and no compute is spent on padding.
+    ``multiple`` > 1 pads a packed row up to a multiple of that many tokens with one padding segment (its own
+    boundaries, positions from 0, ``seq_index`` -1, no targets): few distinct row lengths for a compiled model.
     """
 
     pad_token_id: int
     packed: bool = False
+    multiple: int = 1
 
     def __call__(self, examples: list[dict[str, Any]]) -> Batch:
         # every sequence holds a position, checked here on the host: per-sequence reads on the device
@@ -89,8 +92,16 @@ class TokenCollator:
             targets += shift_labels(e["labels"])
             pos += list(range(n))
             seq += [i] * n
+        lengths = [len(e["input_ids"]) for e in examples]
+        pad = -len(ids) % self.multiple
+        if pad:
+            ids += [self.pad_token_id] * pad
+            targets += [IGNORE_INDEX] * pad
+            pos += list(range(pad))
+            seq += [-1] * pad
+            lengths.append(pad)
         inputs = {"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([pos]),
-                  **packed_boundaries([len(e["input_ids"]) for e in examples])}
+                  **packed_boundaries(lengths)}
         return Batch(inputs, {"targets": torch.tensor([targets]), "seq_index": torch.tensor([seq])})
 
 

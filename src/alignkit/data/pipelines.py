@@ -80,7 +80,8 @@ class TokenData:
         return self.convert(row)
 
     def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return TokenCollator(self.tokenizer.pad_token_id, packed=self.cfg.packing)(examples)
+        return TokenCollator(self.tokenizer.pad_token_id, packed=self.cfg.packing,
+                             multiple=self.cfg.pack_multiple_of)(examples)
 
     def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
         return count_loss_tokens(batch)
@@ -88,7 +89,7 @@ class TokenData:
     def tokens_in(self, batch: dict[str, torch.Tensor]) -> int:
         if "attention_mask" in batch:
             return int(batch["attention_mask"].sum())
-        return int(batch["input_ids"].numel())
+        return int((batch["seq_index"] >= 0).sum())  # a packed row: its padding segment (pack_multiple_of) left out
 
 
 class PairData:

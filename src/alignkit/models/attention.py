@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from alignkit.data.collate import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, MAX_LENGTH_K, MAX_LENGTH_Q, PACKED_SEQ_LENS
+from alignkit.data.collate import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, MAX_LENGTH_K, MAX_LENGTH_Q, PACKED_KEYS, PACKED_SEQ_LENS
 from alignkit.errors import ConfigError
 
 NAME = "sdpa_packed"
@@ -130,6 +130,17 @@ def packed_kernel(device: torch.device, dtype: torch.dtype = torch.bfloat16, dro
     return PER_EXAMPLE
 
 
+PACKED_ROW = "packed_row"
+
+
+class PackedRow:
+    """A packed row's boundaries (:data:`PACKED_KEYS`: ``inputs``) as ONE opaque model input that torch.compile
+    passes through without reading (no guard on the number of examples or their lengths)."""
+
+    def __init__(self, inputs: dict[str, Any]) -> None:
+        self.inputs = inputs
+
+
 def packed_sdpa(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -146,11 +157,24 @@ def packed_sdpa(
     mask, or transformers' block mask): its boundaries are the lengths."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    lengths = kwargs.get(PACKED_SEQ_LENS)
-    if lengths is None or query.shape[0] != 1 or query.shape[2] != key.shape[2]:
+    row = kwargs.pop(PACKED_ROW, None)
+    if row is not None:
+        return _packed(query, key, value, dropout if module.training else 0.0, scaling, row), None
+    if kwargs.get(PACKED_SEQ_LENS) is None or query.shape[0] != 1 or query.shape[2] != key.shape[2]:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
+    return _packed(query, key, value, dropout if module.training else 0.0, scaling, PackedRow(kwargs)), None
+
+
+@torch.compiler.disable
+def _packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p: float, scaling: float | None,
+            row: PackedRow) -> torch.Tensor:
+    """A packed row's attention, outside torch.compile (``training.torch_compile`` compiles the blocks around it):
+    its boundaries (``packed_seq_lens``, the number of examples, the longest) change from batch to batch, and a
+    compiled region that read them would recompile for each new count; the kernels here are whole ops already."""
+    kwargs = row.inputs
+    lengths = kwargs[PACKED_SEQ_LENS]
     if sum(lengths) != query.shape[2]:
         raise ValueError(f"packed row of {query.shape[2]} tokens but {PACKED_SEQ_LENS} sums to {sum(lengths)}")
     window = kwargs.get("sliding_window")
@@ -158,12 +182,11 @@ def packed_sdpa(
         raise ValueError(f"a packed example of {max(lengths)} tokens is longer than the model's sliding window "
                          f"({window}), which packed attention does not apply: set data.packing: false or "
                          "model.attn_implementation: eager")
-    p = dropout if module.training else 0.0
     q, k, v = _half(query, key, value)
     kernel = packed_kernel(query.device, q.dtype, p, query.shape[-1])
     if kernel == PER_EXAMPLE:
-        return _per_example(query, key, value, list(lengths), p, scaling), None
-    return _varlen(kernel, q, k, v, kwargs, p, scaling).unsqueeze(0), None
+        return _per_example(query, key, value, list(lengths), p, scaling)
+    return _varlen(kernel, q, k, v, kwargs, p, scaling).unsqueeze(0)
 
 
 def _half(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -212,11 +235,17 @@ def packed_model_inputs(model: torch.nn.Module, inputs: dict[str, Any], device: 
     an empty ``(1, 1, T, 0)`` "prepared mask": transformers returns a 4D mask as it is, so it skips its mask
     creation, which for a packed row reads the device once per forward (``find_packed_sequence_indices``) and
     builds a (T, T) mask that the kernels here never read. Any other attention would fail on the empty mask
-    loudly, so other models (and padded batches) get their inputs back unchanged."""
+    loudly, so other models (and padded batches) get their inputs back unchanged.
+
+    The row's boundaries (:data:`PACKED_KEYS`) travel as ONE opaque :class:`PackedRow` (``packed_row``) that only
+    the kernels here open: a compiled decoder block (``training.torch_compile``) never reads them, so a new
+    number of examples or a new longest one does not recompile it."""
     lengths = inputs.get(PACKED_SEQ_LENS)
     if lengths is None or inputs.get("attention_mask") is not None or not uses_packed_attention(model):
         return inputs
-    return {**inputs, "attention_mask": torch.empty((1, 1, sum(lengths), 0), dtype=torch.bool, device=device)}
+    plain = {k: v for k, v in inputs.items() if k not in PACKED_KEYS}
+    return {**plain, PACKED_ROW: PackedRow({k: inputs[k] for k in PACKED_KEYS if k in inputs}),
+            "attention_mask": torch.empty((1, 1, sum(lengths), 0), dtype=torch.bool, device=device)}
 
 
 def uses_packed_attention(model: torch.nn.Module) -> bool:

@@ -148,6 +148,16 @@ def compute_dtype(cfg: RunConfig, device: str) -> str:
     return "bf16" if device == "cuda" else "fp32"
 
 
+def _weights_path(cfg: RunConfig, dtype: str, lora: bool, device: str) -> dict[str, bool]:
+    """How the policy's weights compute: ``compute_weights`` for ``model.compute_weights: cast`` of a bf16 full
+    fine-tune under the engines that hold whole models (single / ddp); else ``autocast`` over fp32 weights on a
+    GPU there (LoRA and fp16 keep it). FSDP's mixed precision and DeepSpeed cast the module themselves: no fp32
+    residual stream."""
+    whole = cfg.distributed.strategy in ("auto", "single", "ddp")
+    cast = dtype == "bf16" and whole and cfg.model.compute_weights == "cast" and not lora
+    return {"compute_weights": cast, "autocast": device == "cuda" and dtype != "fp32" and whole and not cast}
+
+
 def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: str = "cuda",
                   policy: ModelDims | None = None, frozen: Sequence[str] = (),
                   process_baseline_bytes: int = 0) -> MemoryInputs:
@@ -167,9 +177,7 @@ def memory_inputs(cfg: RunConfig, workload: Workload, *, n_gpus: int, device: st
                                   fused_layers=fused_layers_on(cfg.training.fused_layers, cfg.distributed.strategy),
                                   per_device_batch=batch.per_device, n_gpus=n_gpus, device=device,
                                   accumulation=batch.accumulation,
-                                  # FSDP's mixed precision and DeepSpeed cast the module itself: no fp32 residual
-                                  autocast=device == "cuda" and dtype != "fp32"
-                                  and cfg.distributed.strategy in ("auto", "single", "ddp"))
+                                  **_weights_path(cfg, dtype, first.lora, device))
     images = {s.role: _image_inputs(cfg, workload, s, _kind_dims(s, trust), **common)
               for s in workload.trainable if s.kind == "diffusion" and not (s is first and policy is not None)}
     dims = policy or (images[first.role].policy if first.role in images else _kind_dims(first, trust))

@@ -18,8 +18,14 @@ reference / frozen    ``n_params * bytes(param_dtype)``; sharded ``/n`` only wit
                       a strategy whose engine shards parameters (:data:`SHARDS_FROZEN`).
 activations           see :func:`activation_breakdown` (saved tensors of a Llama layer) for the largest
                       micro-batch the run draws (``drawn_tokens``, read off its data by ``alignkit estimate``)
-                      or the worst case ``B x sequences x T``; ``autocast`` (the ddp column of a GPU run):
-                      fp32 weights under bf16 autocast, fp32 grads, fp32 residual stream.
+                      or the worst case ``B x sequences x T``; ``autocast`` (the ddp column of a GPU run with
+                      ``model.compute_weights: autocast``): fp32 weights under bf16 autocast, fp32 grads, fp32
+                      residual stream.
+compute weights       ``compute_weights`` (``model.compute_weights: cast``, the ddp column of a bf16 full
+                      fine-tune): the bf16 compute copy is the policy weights row, the fp32 masters the master row,
+                      the gradients fp32 (the masters'), the residual stream bf16, and the bf16 compute gradients
+                      ``P_t * p`` a transient row (they live from backward until they are added into the fp32
+                      ones; where gradients are transient those are created then too: ``+ P_t * 4``).
 optimizer step temp   ``foreach`` (torch's CUDA default) materialises a state-sized tensor list
                       (``exp_avg_sq.sqrt()``); ``for_loop`` one parameter's worth; ``fused`` 0.
 overhead              CUDA context + allocator fragmentation, 1.5 GB on cuda, 0 on cpu.
@@ -73,7 +79,7 @@ STRATEGIES = tuple(_SHARDING)
 #: Strategies whose engine can shard a frozen model (ZeRO-3, FSDP). ``fsdp_grad_op`` is FSDP too: a
 #: frozen model has no backward, so its parameters are resharded after forward whatever the policy does.
 SHARDS_FROZEN = ("zero3", "fsdp", "fsdp_grad_op", "zero3_offload")
-TRANSIENT = ("activations", "optimizer step temp")
+TRANSIENT = ("activations", "optimizer step temp", "compute gradients (bf16)")
 
 
 def _check(value: Any, allowed: Sequence[Any], what: str) -> None:
@@ -118,6 +124,9 @@ class MemoryInputs:
     #: fp32-held weights computed under autocast in param_dtype (alignkit's single / DDP runs on a GPU): full
     #: fine-tuning keeps an fp32 residual stream and fp32 grads; a LoRA base is held in param_dtype
     autocast: bool = False
+    #: bf16 compute weights (model.compute_weights: cast; distributed/strategy/compute_weights.py): a bf16 copy of
+    #: the fp32 masters computes (bf16 residual stream), fp32 master gradients, bf16 compute gradients in between
+    compute_weights: bool = False
     logits_chunk_rows: int = 1024  # rows per chunk of the chunked LM head (ops.logprobs.chunk_rows)
     #: tokens of the largest micro-batch the run draws (all its sequences), read off its data; None = worst case
     drawn_tokens: int | None = None
@@ -199,6 +208,9 @@ def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
     _check(strategy, STRATEGIES, "strategy")
     if inputs.autocast and strategy != "ddp":  # DeepSpeed and FSDP's mixed precision cast the module itself
         inputs = dataclasses.replace(inputs, autocast=False)
+    cast = inputs.compute_weights and strategy == "ddp" and inputs.lora_r is None and inputs.param_dtype != "fp32"
+    if cast:  # the bf16 copy computes: no autocast over fp32 weights
+        inputs = dataclasses.replace(inputs, autocast=False)
     shard_opt, shard_grads, shard_params, offload = _SHARDING[strategy]
     n, p, d = inputs.n_gpus, inputs.p, inputs.policy
     lora = inputs.lora_r is not None
@@ -212,7 +224,7 @@ def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
     master = n_train * 4 if inputs.master_weights_fp32 and tb != 4 else 0
     # under autocast the trained weights are fp32 leaves: their .grad is fp32 (the compute-dtype copies are
     # the "policy weights" row, held from forward to backward)
-    grads = n_train * (4 if offload or inputs.autocast else tb)
+    grads = n_train * (4 if offload or inputs.autocast or cast else tb)
     states = n_train * OPTIMIZER_STATES[inputs.optimizer] * DTYPE_BYTES[inputs.optimizer_state_dtype]
     host = {
         "policy weights": split(weights, shard_params),
@@ -242,13 +254,25 @@ def estimate(inputs: MemoryInputs, strategy: str) -> MemoryEstimate:
             d.vocab * d.hidden, d.hidden * d.intermediate)
         step_temp = biggest * DTYPE_BYTES[inputs.optimizer_state_dtype]
     gpu["optimizer step temp"] = step_temp
-    if grads_transient(inputs, strategy):  # set_to_none between steps: grads live from backward to the step
-        gpu["optimizer step temp"] += gpu.pop("gradients")
+    _transient_gradients(gpu, inputs, strategy, n_train * p if cast else None)
     overhead = inputs.overhead_bytes
     gpu["overhead"] = (CUDA_OVERHEAD_BYTES if inputs.device == "cuda" else 0) if overhead is None else overhead
     if inputs.device == "cpu":
         gpu["process baseline"] = inputs.process_baseline_bytes
     return MemoryEstimate(strategy, gpu, host if offload else {})
+
+
+def _transient_gradients(gpu: dict[str, int], inputs: MemoryInputs, strategy: str, compute_grads: int | None) -> None:
+    """The rows of gradients that do not persist: ``compute_grads`` (bf16 compute weights: the compute copy's bf16
+    gradients, until ``accumulate_grads`` adds them into the fp32 master gradients; None without), and the
+    gradients themselves where :func:`grads_transient` (they live from backward to the step)."""
+    if compute_grads is not None:
+        gpu["compute gradients (bf16)"] = compute_grads
+    if grads_transient(inputs, strategy):
+        gpu["optimizer step temp"] += gpu["gradients"]
+        if compute_grads is not None:  # the fp32 master gradients are created while the bf16 ones still live
+            gpu["compute gradients (bf16)"] += gpu["gradients"]
+        del gpu["gradients"]
 
 
 def grads_transient(inputs: MemoryInputs, strategy: str) -> bool:

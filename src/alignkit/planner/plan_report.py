@@ -7,7 +7,7 @@ from alignkit.planner.plan import GB, MemoryEstimate, MemoryInputs, fits
 
 _ROWS = ("policy weights", "master weights (fp32)", "gradients", "optimizer states",
          "other trainable models", "zero3 working set", "reference model", "frozen models", "frozen pipeline parts", "activations",
-         "optimizer step temp", "overhead", "process baseline")
+         "optimizer step temp", "compute gradients (bf16)", "overhead", "process baseline")
 
 
 def format_table(inputs: MemoryInputs, estimates: dict[str, MemoryEstimate],
@@ -43,5 +43,7 @@ def format_table(inputs: MemoryInputs, estimates: dict[str, MemoryEstimate],
         label = f"fits (<= {headroom * device_memory_bytes / GB:.1f})"
         lines.append(fmt(label, ["yes" if fits(e, device_memory_bytes, headroom) else "no"
                                  for e in estimates.values()]))
-    lines.append("total = persistent rows + max(activations, optimizer step temp)")
+    cast = any(e.gpu.get("compute gradients (bf16)") for e in estimates.values())
+    lines.append("total = persistent rows + max(activations, optimizer step temp"
+                 + (", compute gradients (bf16))" if cast else ")"))
     return "\n".join(lines)

@@ -36,7 +36,7 @@ from alignkit.errors import ConfigError
 from alignkit.logging import RunLogger, scrub, setup_console
 from alignkit.models import attention, fused
 from alignkit.models.kinds import KINDS
-from alignkit.models.liger import check_liger
+from alignkit.models.liger import apply_liger_layers, check_liger, check_liger_layers
 from alignkit.models.loading import count_parameters
 from alignkit.models.roles import Models, ModelSpec, Workload, build_model, role_tokenizer
 from alignkit.planner.auto import frozen_roles, frozen_sharding, memory_inputs
@@ -89,6 +89,8 @@ class Session:
         strategy.setup()
         if cfg.training.liger_kernel:  # one line where it cannot run, before any model loads
             check_liger(cfg.algorithm, strategy.device)
+        if cfg.training.liger_layers:
+            check_liger_layers(strategy.device, cfg.training.fused_layers)
         if strategy.device.type == "cpu":
             # Adam's second moments and tiny gradients drift into subnormal floats, which x86 CPUs
             # process ~100x slower: measured 2 s -> 6 s per step on the tiny model. Flush them to 0.
@@ -127,13 +129,16 @@ class Session:
         workload = self.workload
         if train and self.cfg.checkpoint.resume_weights_only:
             workload = weights_from_checkpoint(self.cfg, workload)
-        compile_blocks = train and t.torch_compile
+        compile_blocks = None
+        if train and t.torch_compile:  # packed lengths in buckets (data.pack_multiple_of): static shapes
+            compile_blocks = "static" if self.cfg.data.packing and self.cfg.data.pack_multiple_of > 1 else "dynamic"
         if compile_blocks and self.plan.strategy not in COMPILE_STRATEGIES:
             raise ConfigError(f"training.torch_compile: supported under the {', '.join(COMPILE_STRATEGIES)} "
                               f"strategies, not {self.plan.strategy} (set it to false)")
         return build_models(workload, self.cfg.model, self.strategy, self.algo.tokenizer,
                             make_optimizer=make_optimizer, logger=logger, compile_blocks=compile_blocks,
-                            fused_layers=train and fused.fused_layers_on(t.fused_layers, self.plan.strategy))
+                            fused_layers=train and fused.fused_layers_on(t.fused_layers, self.plan.strategy),
+                            liger_layers=train and t.liger_layers)
 
 
 def weights_from_checkpoint(cfg: RunConfig, workload: Workload) -> Workload:
@@ -151,12 +156,15 @@ def weights_from_checkpoint(cfg: RunConfig, workload: Workload) -> Workload:
 
 def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy, tokenizer: Any, *,
                  make_optimizer: OptimizerFactory | None = None, logger: RunLogger | None = None,
-                 compile_blocks: bool = False, fused_layers: bool = False) -> Models:
+                 compile_blocks: str | None = None, fused_layers: bool = False,
+                 liger_layers: bool = False) -> Models:
     """Every loaded role of ``workload``: trainable ones prepared by the strategy with an optimizer
     from ``make_optimizer`` (None: evaluation only, placed like a frozen model in fp32), frozen ones
-    in the compute dtype through ``strategy.prepare_frozen``. ``compile_blocks`` (``training.torch_compile``)
-    compiles each trainable model's decoder blocks in place (:func:`compile_decoder_blocks`); ``fused_layers``
-    (``training.fused_layers``) gives them the memory-lean MLP / RMSNorm forwards first (models/fused.py)."""
+    in the compute dtype through ``strategy.prepare_frozen``. ``compile_blocks`` (``training.torch_compile``:
+    ``dynamic`` or ``static`` shapes, None: off) compiles each trainable model's decoder blocks in place
+    (:func:`compile_decoder_blocks`); ``fused_layers``
+    (``training.fused_layers``) gives them the memory-lean MLP / RMSNorm forwards first (models/fused.py),
+    ``liger_layers`` (``training.liger_layers``) Liger-Kernel's RMSNorm / SwiGLU / RoPE (models/liger.py)."""
     models = Models(specs={spec.role: spec for spec in workload.specs}, tokenizers={"policy": tokenizer})
     for spec in workload.specs:
         if not spec.loaded:
@@ -175,8 +183,12 @@ def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy,
             if logger is not None and any(counts.values()):
                 logger.info(f"fused layers: {counts['mlp']} SwiGLU MLPs and {counts['rmsnorm']} RMSNorms of the "
                             f"{spec.role} model (training.fused_layers)")
+        if liger_layers and make_optimizer is not None:
+            kind = apply_liger_layers(module)
+            if logger is not None:
+                logger.info(f"Liger-Kernel RMSNorm, SwiGLU and RoPE in the {spec.role} model ({kind}; training.liger_layers)")
         if compile_blocks and make_optimizer is not None:
-            n = compile_decoder_blocks(module)
+            n = compile_decoder_blocks(module, dynamic=compile_blocks == "dynamic")
             if logger is not None:
                 logger.info(f"torch.compile: {n} decoder blocks of the {spec.role} model (compiled at the first step)")
         if make_optimizer is None:
@@ -190,16 +202,19 @@ def build_models(workload: Workload, model_cfg: ModelConfig, strategy: Strategy,
 COMPILE_STRATEGIES = fused.STRATEGIES
 
 
-def compile_decoder_blocks(module: torch.nn.Module) -> int:
+def compile_decoder_blocks(module: torch.nn.Module, *, dynamic: bool = True, backend: str = "inductor") -> int:
     """``Module.compile`` each repeated transformer block of ``module`` (regional compilation: the blocks
     share one compiled graph, and parameter names, state dicts and engine wrapping are unchanged);
-    ``dynamic=True`` so a new sequence length does not recompile. Returns how many blocks."""
+    ``dynamic=True`` so a new sequence length does not recompile, ``False`` (``data.pack_multiple_of`` > 1: packed
+    lengths in buckets) for static shapes, one compile per bucket. A packed row's boundaries reach the attention
+    as one opaque input the blocks never read (``models.attention.PackedRow``). Returns how many blocks."""
     blocks = decoder_blocks(module)
     if not blocks:
         raise ConfigError(f"training.torch_compile: found no decoder blocks in {type(module).__name__} "
                           "(no _no_split_modules and no layers list); set it to false")
     for block in blocks:
-        block.compile(dynamic=True)
+        block.compile(dynamic=dynamic, backend=backend)
+        block.compile_dynamic = dynamic  # what a deep copy (compute_weights.split) compiles its own with
     return len(blocks)
 
 

@@ -172,7 +172,8 @@ def _probe_config(root: Path, name: str) -> Path:
     sft = name != "dpo"
     cfg = {"algorithm": "sft" if sft else "dpo", "output_dir": str(root / "runs" / name),
            "model": {"name_or_path": str(root / "model"), "dtype": "auto", "attn_implementation": "sdpa",
-                     "gradient_checkpointing": name == "sft_gc"},
+                     "gradient_checkpointing": name == "sft_gc",
+                     "compute_weights": "autocast"},  # the peaks were measured before bf16 compute weights
            "data": {"train": str(root / ("sft.jsonl" if sft else "dpo.jsonl")), "max_length": 2048,
                     **({"packing": True} if sft else {})},
            "sft" if sft else "dpo": ({"loss_on": "all"} if sft else {"loss_type": "sigmoid", "beta": 0.1,

@@ -11,7 +11,8 @@ Per optimizer step:
 
 * after each micro-batch's backward, the bf16 gradients are added into the fp32 master gradients in ONE foreach op
   (:func:`accumulate_grads`) and dropped, so accumulation over micro-batches is in fp32;
-* DDP all-reduces the fp32 master gradients (``reduce_dtype=fp32``) once, after the last micro-batch;
+* DDP all-reduces the fp32 master gradients (``reduce_dtype=fp32``) in buckets that start while the last
+  micro-batch's backward runs, as DDP's own buckets do (``cast_reduce.py``);
 * clipping and the optimizer see only the master weights;
 * after the update the compute copy is refreshed from the masters with ONE ``torch._foreach_copy_``
   (:func:`refresh_compute`): one cast of every weight per optimizer step.
@@ -48,7 +49,7 @@ def split(model: nn.Module, compute_dtype: torch.dtype) -> tuple[nn.Module, nn.M
         # ORIGINAL module, which deepcopy shares: compile the copy's own, as compile_decoder_blocks does
         if getattr(source, "_compiled_call_impl", None) is not None:
             twin._compiled_call_impl = None
-            twin.compile(dynamic=True)
+            twin.compile(dynamic=getattr(source, "compile_dynamic", True))
     return model, compute
 
 

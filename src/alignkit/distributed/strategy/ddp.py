@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
+from alignkit.distributed.strategy.cast_reduce import CastReducer
 
 
 def buffer_sync(every_forward: bool) -> dict[str, bool]:
@@ -28,8 +29,16 @@ def buffer_sync(every_forward: bool) -> dict[str, bool]:
 class DDPStrategy(Strategy):
     name = "ddp"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: the overlapped fp32 reduction of each role trained with bf16 compute weights (cast_reduce.py)
+        self.reducers: dict[str, CastReducer] = {}
+
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, role: str = "policy") -> Handle:
-        return self.place(model, make_optimizer, role, self._wrap if self.env.world_size > 1 else lambda m: m)
+        handle = self.place(model, make_optimizer, role, self._wrap if self.env.world_size > 1 else lambda m: m)
+        if handle.master is not None and self.env.world_size > 1:
+            self.reducers[role] = CastReducer(handle, self.cfg.ddp.bucket_cap_mb, comm.group())
+        return handle
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         o = self.cfg.ddp
@@ -52,20 +61,11 @@ class DDPStrategy(Strategy):
             torch._foreach_copy_(params, list(_unflatten_dense_tensors(flat, params)))
 
     def reduce_master_grads(self, handle: Handle) -> None:
-        """One fp32 all-reduce of every master gradient (flattened), divided by the ranks: DDP's average, reduced
-        in fp32 (``reduce_dtype=fp32``). After the last micro-batch only, so it does not overlap the backward the
-        way DDP's buckets do."""
-        if self.env.world_size == 1 or handle.master is None:
-            return
-        params = list(handle.master.parameters())
-        for p in params:  # a parameter this rank did not use may have been used on another: every rank sends all
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=comm.group())
-        flat.div_(self.env.world_size)
-        torch._foreach_copy_(grads, list(_unflatten_dense_tensors(flat, grads)))
+        """The fp32 master gradients averaged over the ranks (``reduce_dtype=fp32``): the buckets the backward of
+        the step's last micro-batch started as their gradients became ready (overlapping it, as DDP's buckets do)
+        are waited for here, the rest are started and waited for (:class:`CastReducer`)."""
+        if self.env.world_size > 1 and handle.master is not None:
+            self.reducers[handle.role].finish()
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
