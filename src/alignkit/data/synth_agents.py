@@ -48,9 +48,13 @@ def tool_call_text(expression: str, tool: str = "calculator") -> str:
     return "<tool_call>" + json.dumps({"name": "calculator", "arguments": {"expression": expression}}) + "</tool_call>"
 
 
-def _demo(rng: random.Random, q: str, a: int, b: int, noise: float, tool: str) -> list[dict[str, str]]:
+def _demo(rng: random.Random, q: str, a: int, b: int, noise: float | dict[str, float],
+          tool: str) -> list[dict[str, str]]:
     user = {"role": "user", "content": q}
-    mode = rng.choice(("typo", "guess", "malformed")) if rng.random() < noise else "clean"
+    if isinstance(noise, dict):
+        mode = rng.choices(list(noise), list(noise.values()))[0]
+    else:
+        mode = rng.choice(("typo", "guess", "malformed")) if rng.random() < noise else "clean"
     off = 10 ** len(str(a)) - 1
     if mode == "guess":
         return [user, {"role": "assistant", "content": str(a * b + rng.randint(-off, off))}]
@@ -69,7 +73,10 @@ def _demo(rng: random.Random, q: str, a: int, b: int, noise: float, tool: str) -
             {"role": "tool", "content": product}, {"role": "assistant", "content": product}]
 
 
-def make_calculator_sft_rows(n: int, seed: int = 0, *, split: str | None = None, noise: float = 0.4,
-                             digits: int = 3, tool: str = "calculator") -> list[dict[str, Any]]:
+def make_calculator_sft_rows(n: int, seed: int = 0, *, split: str | None = None,
+                             noise: float | dict[str, float] = 0.4, digits: int = 3,
+                             tool: str = "calculator") -> list[dict[str, Any]]:
+    """``noise``: the share of noisy demonstrations (typo, guess, malformed alike), or the weight of each mode
+    (``{"clean": .., "typo": .., "guess": .., "malformed": ..}``)."""
     rng = random.Random(seed + 1)
     return [{"messages": _demo(rng, q, a, b, noise, tool)} for q, a, b in _questions(n, seed, split, digits)]
