@@ -80,3 +80,14 @@ def make_calculator_sft_rows(n: int, seed: int = 0, *, split: str | None = None,
     (``{"clean": .., "typo": .., "guess": .., "malformed": ..}``)."""
     rng = random.Random(seed + 1)
     return [{"messages": _demo(rng, q, a, b, noise, tool)} for q, a, b in _questions(n, seed, split, digits)]
+
+
+def make_calc_prompt_rows(n: int, seed: int = 0, *, split: str | None = None) -> list[dict[str, Any]]:
+    """The shipped recipe's questions (``calc-prompts``): products of two 2-digit numbers."""
+    return make_calculator_prompt_rows(n, seed, split=split, digits=2)
+
+
+def make_calc_sft_rows(n: int, seed: int = 0, *, split: str | None = None) -> list[dict[str, Any]]:
+    """The shipped recipe's demonstrations (``calc-sft``): 2-digit products through the short ``calc`` call
+    (``agent.env_args: {tool: calc}``), half of them noisy."""
+    return make_calculator_sft_rows(n, seed, split=split, noise=0.5, digits=2, tool="calc")
