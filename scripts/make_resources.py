@@ -46,6 +46,9 @@ AGENT_DATASETS: dict[str, tuple[str, int, int, str]] = {
     "calculator_sft_train.jsonl": ("calculator-sft", 2000, 11, "train"),
     "calculator_prompts_train.jsonl": ("calculator-prompts", 1000, 12, "train"),
     "calculator_prompts_eval.jsonl": ("calculator-prompts", 100, 13, "eval"),
+    "calc_sft_train.jsonl": ("calc-sft", 2000, 14, "train"),  # the recipe's: 2-digit products, the short call
+    "calc_prompts_train.jsonl": ("calc-prompts", 2000, 15, "train"),
+    "calc_prompts_eval.jsonl": ("calc-prompts", 64, 16, "eval"),
 }
 
 PARAGRAPHS = """\

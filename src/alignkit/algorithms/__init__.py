@@ -5,6 +5,7 @@ shipped rollout engine with its section (``vllm:``); entry points that load a co
 scripts) import it first."""
 
 from alignkit.algorithms.agent import AgentGRPO
+from alignkit.algorithms.agent_ppo import AgentPPO
 from alignkit.algorithms.base import OfflineAlgorithm
 from alignkit.algorithms.distill import OnPolicyDistill
 from alignkit.algorithms.dpo import DPO
@@ -31,7 +32,8 @@ for _name, _cls in (("sft", SFT), ("reward_model", RewardModel), ("cost_model", 
                     ("kto", KTO)):
     register_algorithm(_name)(_cls)
 # the online loop's algorithms
-for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam, FlowGRPO, FlowRTPO, AgentGRPO, OnPolicyDistill):
+for _online in (GRPO, RLOO, DrGRPO, PPO, PPOLag, RedTeam, FlowGRPO, FlowRTPO, AgentGRPO, AgentPPO,
+                OnPolicyDistill):
     register_algorithm(_online.name)(_online)
 load_engines()  # the engines' sections are read from the config like the algorithms'
 

@@ -46,6 +46,8 @@ class AgentConfig:
     max_turns: int = f(4, "Policy turns per trajectory at most; a trajectory still running then is truncated.", gt=0)
     max_total_tokens: int = f(256, "Completion ids (policy + environment) per trajectory at most; a turn that "
                               "would pass it is cut and the trajectory truncated.", gt=0)
+    env_args: dict[str, Any] = f({}, "Settings of the environment (a mapping passed to its constructor: "
+                                 "Environment.settings); calculator: {tool: calculator | calc}.")
     tool_call_parser: str = f("hermes", "How tool calls are read from the policy's text: hermes = "
                               "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> (Hermes, Qwen).")
     tool_timeout_s: float = f(5.0, "A tool call running longer is answered with a timeout message.", gt=0)
@@ -72,7 +74,7 @@ class AgentGRPO(GroupRelative):
         self.agent = a
         if cfg.section(GRPOConfig).loss_aggregation == "auto" and a.estimator != "dr_grpo":
             self.group.aggregation = "token_mean"  # sequence_mean would count the environment's ids
-        self.env = ENVIRONMENTS.get(a.env)(tool_timeout_s=a.tool_timeout_s,
+        self.env = ENVIRONMENTS.get(a.env)(a.env_args, tool_timeout_s=a.tool_timeout_s,
                                            tool_call_parser=a.tool_call_parser)
         self.renderer = MessageRenderer(tokenizer, self.env.schemas())
 

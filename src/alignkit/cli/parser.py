@@ -262,7 +262,8 @@ def command_summary(sub: argparse._SubParsersAction) -> str:
 #: the registered algorithms (``alignkit.algorithms.ALGORITHMS``; a test keeps the two equal): written out here so
 #: ``--help`` names them without importing the algorithms (and torch)
 ALGORITHM_NAMES = ("sft", "reward_model", "cost_model", "dpo", "safe_dpo", "kto", "orpo", "ppo", "ppo_lag", "grpo",
-                   "dr_grpo", "rloo", "grpo_agent", "distill", "redteam", "vlm_sft", "flow_sft", "flow_grpo", "flow_rtpo")
+                   "dr_grpo", "rloo", "grpo_agent", "ppo_agent", "distill", "redteam", "vlm_sft", "flow_sft", "flow_grpo",
+                   "flow_rtpo")
 #: the repository's configs/ (the package runs from its src/ folder), else ./configs
 RECIPES = Path(__file__).resolve().parents[3] / "configs"
 DOCS = "docs/index.md (in the repository; `mkdocs serve` shows the site at http://127.0.0.1:8000)"

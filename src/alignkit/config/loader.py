@@ -25,6 +25,8 @@ from alignkit.config.aliases import apply_aliases, emit_notes, put, read_aliases
 from alignkit.config.deepspeed_json import map_deepspeed_json
 from alignkit.config.schema import RunConfig
 from alignkit.config.sections import ALGORITHMS, registered_sections, require_registrations
+from alignkit.config.values import check_range as _check_range
+from alignkit.config.values import convert_scalar as _convert_scalar
 from alignkit.errors import ConfigError
 
 # ---------------------------------------------------------------- reading + overrides
@@ -85,7 +87,7 @@ def _type_name(tp: Any) -> str:
     if origin is list:
         item = typing.get_args(tp)[0]
         return f"a list of {'mappings' if dataclasses.is_dataclass(item) else _PLURAL.get(item) or _type_name(item)}"
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp) or origin is dict:
         return "a mapping"
     return {int: "an integer", float: "a number", bool: "true/false", str: "a string", type(None): "null"}.get(
         tp, str(tp)
@@ -121,6 +123,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
         return [_convert(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        return _convert_mapping(value, tp, key)
     if dataclasses.is_dataclass(tp):
         if value is None:
             value = {}
@@ -130,47 +134,15 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     return _convert_scalar(value, tp, key)
 
 
-def _convert_scalar(value: Any, tp: Any, key: str) -> Any:
-    """``value`` as the plain type ``tp`` (bool, int, float, str), with YAML's spellings of each accepted."""
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML reads `1e-4` as a string; accept any float literal
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    raise ConfigError(f"{key}: unsupported field type {tp!r}")  # pragma: no cover - schema bug
-
-
-def _check_range(value: Any, meta: dict[str, Any], key: str) -> None:
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
-    if "gt" in meta and not value > meta["gt"]:
-        raise ConfigError(f"{key}: must be > {meta['gt']}, got {value!r}")
-    if "ge" in meta and not value >= meta["ge"]:
-        raise ConfigError(f"{key}: must be >= {meta['ge']}, got {value!r}")
-    if "le" in meta and not value <= meta["le"]:
-        raise ConfigError(f"{key}: must be <= {meta['le']}, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+def _convert_mapping(value: Any, tp: Any, key: str) -> dict[Any, Any]:
+    """A ``dict[K, V]`` field: a YAML mapping (null is the empty one), each key and value converted
+    (``Any`` keeps the value as YAML read it); the error of an entry names it (``agent.env_args.digits``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a mapping (key: value, e.g. {{digits: 2}}), got {value!r}")
+    key_tp, value_tp = typing.get_args(tp) or (Any, Any)
+    return {_convert(k, key_tp, f"{key} (a key)"): _convert(v, value_tp, f"{key}.{k}") for k, v in value.items()}
 
 
 def _empty_by_default(fld: dataclasses.Field) -> bool:

@@ -60,7 +60,12 @@ from alignkit.data.judges import (
     helpfulness,
     is_unsafe,
 )
-from alignkit.data.synth_agents import make_calculator_prompt_rows, make_calculator_sft_rows
+from alignkit.data.synth_agents import (
+    make_calc_prompt_rows,
+    make_calc_sft_rows,
+    make_calculator_prompt_rows,
+    make_calculator_sft_rows,
+)
 from alignkit.data.synth_redteam import (
     make_redteam_attacker_rows,
     make_redteam_judge_rows,
@@ -76,7 +81,8 @@ TASKS: tuple[str, ...] = ("add", "reverse", "upper")
 #: ``exact_match`` wants, so RL has a format to learn as well as the sums
 ALL_TASKS: tuple[str, ...] = TASKS + ("digits",)
 KINDS: tuple[str, ...] = ("sft", "sft-pc", "pref", "safety", "prompts", "redteam", "redteam-target",
-                         "redteam-attacker", "redteam-judge", "calculator-prompts", "calculator-sft")
+                         "redteam-attacker", "redteam-judge", "calculator-prompts", "calculator-sft", "calc-prompts",
+                         "calc-sft")
 SPLITS: tuple[str, ...] = ("train", "eval")
 
 #: One in ``_EVAL_BUCKETS`` task instances is held out for the eval split.
@@ -352,6 +358,8 @@ _GENERATORS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "redteam-judge": make_redteam_judge_rows,  # ... and a toxicity judge's (cost model) pairs
     "calculator-prompts": make_calculator_prompt_rows,  # data/synth_agents.py: the tool-use task's questions
     "calculator-sft": make_calculator_sft_rows,  # ... and its noisy tool-use demonstrations
+    "calc-prompts": make_calc_prompt_rows,  # ... 2-digit, the short calc call: the shipped recipe's
+    "calc-sft": make_calc_sft_rows,
 }
 
 
@@ -362,7 +370,7 @@ def generate(kind: str, n: int, seed: int, out: str | Path, *, split: str | None
         raise ConfigError(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
     if n < 0:
         raise ConfigError(f"n must be >= 0, got {n}")
-    if tasks is not None and (kind.startswith(("redteam", "calculator")) or kind == "safety"):
+    if tasks is not None and (kind.startswith(("redteam", "calc")) or kind == "safety"):
         raise ConfigError(f"--tasks does not apply to {kind} rows")
     extra = {"tasks": tuple(tasks)} if tasks is not None else {}
     return write_rows(_GENERATORS[kind](n, seed, split=split, **extra), out)

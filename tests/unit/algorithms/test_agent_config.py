@@ -28,7 +28,7 @@ def test_plugin_environment() -> None:
     cfg = load_config(RECIPE, ["plugins=[tests.plugins.agent_env]", "agent.env=reverse_word", "agent.credit=turn"],
                       notes=False)
     a = cfg.section(AgentConfig)
-    assert (a.env, a.credit, a.max_turns, a.max_total_tokens) == ("reverse_word", "turn", 3, 128)
+    assert (a.env, a.credit, a.max_turns, a.max_total_tokens) == ("reverse_word", "turn", 3, 112)
     env = ENVIRONMENTS.get("reverse_word")(tool_timeout_s=a.tool_timeout_s)
     state = EnvState({"prompt": "Reverse: cat", "answer": "tac"}, [])
     r = env.step(state, '<tool_call>{"name": "reverse", "arguments": {"text": "cat"}}</tool_call>')
@@ -44,3 +44,23 @@ def test_auto_aggregation_is_token_mean(micro_model: Path) -> None:
         cfg = load_config(RECIPE, [f"model.name_or_path={micro_model}", "grpo.loss_aggregation=auto", *extra],
                           notes=False)
         assert ALGORITHMS.get("grpo_agent")(cfg, tok).group.aggregation == want, extra
+
+
+def test_env_args_reach_the_environment(micro_model: Path) -> None:
+    """``agent.env_args`` are the environment's settings: ``{tool: calc}`` offers the short ``calc(x)`` call; an
+    unknown setting or tool is refused with the key named (issue 48, B)."""
+    from alignkit.errors import ConfigError
+
+    tok = AutoTokenizer.from_pretrained(micro_model)
+    base = [f"model.name_or_path={micro_model}"]
+    algo = ALGORITHMS.get("grpo_agent")(load_config(RECIPE, base, notes=False), tok)  # the recipe's {tool: calc}
+    assert [s["function"]["name"] for s in algo.env.schemas()] == ["calc"]
+    state = EnvState({"prompt": "What is 34*82?", "answer": "2788"}, [])
+    r = algo.env.step(state, '<tool_call>{"name":"calc","arguments":{"x":"34*82"}}</tool_call>')
+    assert r.messages == [{"role": "tool", "content": "2788"}] and state.counts == {"ok": 1}
+    default = ALGORITHMS.get("grpo_agent")(load_config(RECIPE, [*base, "agent.env_args={}"], notes=False), tok)
+    assert [s["function"]["name"] for s in default.env.schemas()] == ["calculator"]
+    for bad, match in (("{tool: abacus}", r"agent\.env_args\.tool: expected one of \['calc', 'calculator'\]"),
+                       ("{digits: 2}", r"agent\.env_args: unknown key\(s\) \['digits'\]")):
+        with pytest.raises(ConfigError, match=match):
+            ALGORITHMS.get("grpo_agent")(load_config(RECIPE, [*base, f"agent.env_args={bad}"], notes=False), tok)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from alignkit.config import ConfigError, load_config, resolve_batch, scaled_learning_rate
 from alignkit.config.loader import apply_overrides, build_dataclass
-from alignkit.config.schema import RunConfig
+from alignkit.config.schema import RunConfig, f
 from tests.conftest import REPO, run_cli, write_config
 
 BASE = {
@@ -169,3 +171,33 @@ def test_every_shipped_config_loads_in_native_keys(name: str) -> None:
     _, notes = native_raw(path)
     assert notes == [], notes
     assert load_config(path, notes=False).algorithm
+
+
+@dataclass
+class Section:
+    args: dict[str, Any] = f({}, "free settings")
+    weights: dict[str, float] = f({"a": 1.0}, "typed values")
+
+
+def test_dict_fields_load_typed_with_errors_naming_the_key() -> None:
+    """A ``dict[str, X]`` field (``agent.env_args``) reads a YAML mapping, null as {}, each value converted to X
+    (``Any``: as YAML read it); anything else is one line naming the key (issue 48, B)."""
+    s = build_dataclass(Section, {"args": {"tool": "calc", "digits": 2, "nested": {"k": [1, 2]}}, "weights": None})
+    assert s.args == {"tool": "calc", "digits": 2, "nested": {"k": [1, 2]}} and s.weights == {}
+    assert build_dataclass(Section, {"weights": {"b": "1e-3", "c": 2}}).weights == {"b": 1e-3, "c": 2.0}
+    assert build_dataclass(Section, {}).weights == {"a": 1.0} and Section().args is not Section().args
+    with pytest.raises(ConfigError, match=r"^sec\.args: expected a mapping \(key: value, e\.g\. \{digits: 2\}\), got "
+                                          r"\['calc'\]$"):
+        build_dataclass(Section, {"args": ["calc"]}, "sec")
+    with pytest.raises(ConfigError, match=r"^sec\.weights\.b: expected a number, got 'x'$"):
+        build_dataclass(Section, {"weights": {"b": "x"}}, "sec")
+
+
+def test_dict_field_from_yaml_and_override(tmp_path: Path) -> None:
+    raw = {**BASE, "algorithm": "grpo_agent", "agent": {"env_args": {"tool": "calc"}}}
+    cfg = load_config(write_config(tmp_path / "c.yaml", raw), ["agent.env_args.tool=calculator"], notes=False)
+    assert cfg.agent.env_args == {"tool": "calculator"}
+    cfg = load_config(write_config(tmp_path / "c.yaml", raw), ["agent.env_args={tool: calc, extra: 1}"], notes=False)
+    assert cfg.agent.env_args == {"tool": "calc", "extra": 1}
+    with pytest.raises(ConfigError, match=r"^agent\.env_args: expected a mapping .*got 'calc'$"):
+        load_config(write_config(tmp_path / "c.yaml", raw), ["agent.env_args=calc"], notes=False)

@@ -5,6 +5,8 @@ R_i = sum_k r_{i,k} (the estimator of the run: grpo / rloo / dr_grpo).
 ``turn``: the tokens of turn k carry the advantage the estimator gives trajectory i when its return is the
 reward-to-go G_{i,k} = sum_{j >= k} r_{i,j} (the other trajectories' returns unchanged): a turn is credited only
 with the rewards at or after it. With only a final reward G_{i,k} = R_i and the two coincide.
+``ppo_agent`` (a critic): GAE over the policy's ids with the environment's ids left out, turn k's reward at its
+last policy id (:func:`turn_token_rewards`, :func:`policy_token_gae`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from alignkit.rollout.advantages import gae
 
 CREDITS = ("trajectory", "turn")
 
@@ -35,3 +39,34 @@ def turn_advantages(estimator: Callable[[torch.Tensor], torch.Tensor], returns: 
         r[index] = g
         out.append(float(estimator(r)[index]))
     return out
+
+
+def turn_token_rewards(n: int, turn_spans: list[tuple[int, int]], turn_rewards: list[float]) -> list[float]:
+    """``n`` per-token rewards of a trajectory's completion ids: turn k's reward on its LAST policy id (the end of
+    its span; an empty turn's reward goes to the policy id before it, or is lost when there is none), 0 elsewhere."""
+    out = [0.0] * n
+    last = -1
+    for (start, end), r in zip(turn_spans, turn_rewards):
+        last = end - 1 if end > start else last
+        if last >= 0:
+            out[last] += r
+    return out
+
+
+def policy_token_gae(rewards: list[float], values: list[float], policy_mask: list[float], *, gamma: float,
+                     lam: float) -> tuple[list[float], list[float]]:
+    """GAE over the policy's ids only (``policy_mask`` 1): the environment's ids are not steps of the policy's
+    decision process, so they are left out and the policy id after a reply bootstraps the one before it
+    (delta_t = r_t + gamma V_next - V_t, next = the next POLICY id, 0 after the last). Returns (advantages,
+    returns) per completion id; at an environment id the advantage is 0 and the return its own value (neither is
+    trained: ``loss_mask`` 0 there)."""
+    keep = [i for i, m in enumerate(policy_mask) if m > 0]
+    adv, ret = [0.0] * len(values), list(values)
+    if not keep:
+        return adv, ret
+    v = torch.tensor([[values[i] for i in keep]], dtype=torch.float64)
+    r = torch.tensor([[rewards[i] for i in keep]], dtype=torch.float64)
+    a, g = gae(r, v, torch.ones_like(v), gamma=gamma, lam=lam)
+    for j, i in enumerate(keep):
+        adv[i], ret[i] = float(a[0, j]), float(g[0, j])
+    return adv, ret
