@@ -40,11 +40,8 @@ def sft_args(model: Path, out: Path, *extra: str) -> list[str]:
 
 
 def run_script(tmp_path: Path, body: str, args: list[str]) -> subprocess.CompletedProcess[str]:
-    """``alignkit ARGS`` in a new interpreter after ``body`` (a fault injected into alignkit's code)."""
-    script = tmp_path / "faulty.py"
-    script.write_text(textwrap.dedent(body) + f"\nimport sys\nfrom alignkit.cli import main\nsys.exit(main({args!r}))\n")
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env=child_env(), check=False)
+    """``alignkit ARGS`` after ``body`` (a fault injected into alignkit's code), forked from the warm fork server."""
+    return run_cli(args, prelude=textwrap.dedent(body))
 
 
 @pytest.mark.slow(seconds=40)
