@@ -59,6 +59,20 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
+def _left_after(tag: str, seconds: float) -> list[int]:
+    """The tagged processes still alive after waiting up to ``seconds`` for them to go."""
+    deadline = time.monotonic() + seconds
+    while _tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _tagged(tag)
+
+
+def _kill_all(tag: str) -> None:
+    """Never leave a trainer behind, whatever failed."""
+    for pid in _tagged(tag):
+        os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.slow(seconds=30)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_sigkill_to_the_launchers_group_leaves_no_worker(micro_model: Path, tmp_path: Path) -> None:
@@ -78,13 +92,9 @@ def test_sigkill_to_the_launchers_group_leaves_no_worker(micro_model: Path, tmp_
         assert len(_tagged(tag)) >= 4, (_tagged(tag), log.read_text()[-3000:])  # launcher, torchrun, 2 workers
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        deadline = time.monotonic() + 10
-        while _tagged(tag) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _tagged(tag) == [], "workers outlived their launcher"
+        assert _left_after(tag, 10) == [], "workers outlived their launcher"
     finally:
-        for pid in _tagged(tag):  # never leave a trainer behind, whatever failed
-            os.kill(pid, signal.SIGKILL)
+        _kill_all(tag)
 
 
 @pytest.mark.slow(seconds=20)
@@ -115,10 +125,6 @@ def test_sigkill_to_the_launcher_takes_deepspeeds_launch_and_its_workers(tmp_pat
         assert len(_tagged(tag)) == 5, (_tagged(tag), log.read_text()[-3000:])  # alignkit, runner, launch, 2 workers
         os.kill(proc.pid, signal.SIGKILL)  # alignkit launch alone (its group would take everyone: no setsid here)
         proc.wait()
-        deadline = time.monotonic() + 15
-        while _tagged(tag) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _tagged(tag) == [], "deepspeed's launch or its workers outlived alignkit launch"
+        assert _left_after(tag, 15) == [], "deepspeed's launch or its workers outlived alignkit launch"
     finally:
-        for pid in _tagged(tag):
-            os.kill(pid, signal.SIGKILL)
+        _kill_all(tag)
