@@ -19,8 +19,10 @@ import sys
 PRELOAD = ["torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch", "yaml"]
 
 
-def run(args: list[str], cwd: str | None, env: dict[str, str], stdout: str, stderr: str) -> None:
-    """The child: ``python -m alignkit ARGS`` in this process (never returns: exits with its status)."""
+def run(args: list[str], cwd: str | None, env: dict[str, str], stdout: str, stderr: str,
+        prelude: str | None = None) -> None:
+    """The child: ``python -m alignkit ARGS`` in this process (never returns: exits with its status), after
+    ``prelude`` (Python source: a fault a test injects into alignkit's code) when given."""
     for fd, path in ((1, stdout), (2, stderr)):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(f, fd)
@@ -37,6 +39,8 @@ def run(args: list[str], cwd: str | None, env: dict[str, str], stdout: str, stde
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
     code = 1
     try:
+        if prelude is not None:
+            exec(compile(prelude, "<prelude>", "exec"), {"__name__": "__prelude__"})  # noqa: S102 (a test's own code)
         from alignkit.cli import main
 
         sys.argv = [os.path.join(os.path.dirname(sys.modules["alignkit"].__file__ or ""), "__main__.py"), *args]

@@ -59,13 +59,24 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def run_cli(args: list[str], *, nproc: int = 1, timeout: int = 300, cwd: Path | None = None,
-            env: dict[str, str] | None = None, fresh: bool = False) -> subprocess.CompletedProcess[str]:
+            env: dict[str, str] | None = None, fresh: bool = False,
+            prelude: str | None = None) -> subprocess.CompletedProcess[str]:
     """``alignkit ARGS`` as a child process; with nproc > 1 under torchrun on a free port (gloo).
 
     One process: forked from a fork server that has torch and transformers imported (``tests/cli_child.py``), so
     each run skips ~7 s of CPU of imports; ``fresh=True`` (or ALIGNKIT_TEST_FRESH_CLI=1 for every run) starts a
-    new interpreter instead, for what only a new interpreter shows (import-time settings, what gets imported)."""
+    new interpreter instead, for what only a new interpreter shows (import-time settings, what gets imported).
+    ``prelude``: Python source run in the child before alignkit's ``main`` (a fault injected into its code), one
+    process only."""
     env = env or child_env()
+    if prelude is not None:
+        if nproc > 1:
+            raise ValueError("a prelude runs in one process")
+        if not (fresh or os.environ.get("ALIGNKIT_TEST_FRESH_CLI") == "1"):
+            return _forked_cli(args, timeout=timeout, cwd=cwd, env=env, prelude=prelude)
+        code = f"{prelude}\nimport sys\nfrom alignkit.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                              cwd=cwd, env=env, check=False)
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                f"--master_port={free_port()}", "-m", "alignkit", *args]
@@ -76,8 +87,8 @@ def run_cli(args: list[str], *, nproc: int = 1, timeout: int = 300, cwd: Path | 
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
-def _forked_cli(args: list[str], *, timeout: int, cwd: Path | None, env: dict[str, str]
-                ) -> subprocess.CompletedProcess[str]:
+def _forked_cli(args: list[str], *, timeout: int, cwd: Path | None, env: dict[str, str],
+                prelude: str | None = None) -> subprocess.CompletedProcess[str]:
     import multiprocessing
     import tempfile
 
@@ -88,7 +99,7 @@ def _forked_cli(args: list[str], *, timeout: int, cwd: Path | None, env: dict[st
     with tempfile.TemporaryDirectory(prefix="alignkit-cli-") as out:
         stdout, stderr = os.path.join(out, "stdout"), os.path.join(out, "stderr")
         child = ctx.Process(target=cli_child.run, args=(list(args), None if cwd is None else str(cwd), dict(env),
-                                                         stdout, stderr))
+                                                         stdout, stderr, prelude))
         child.start()
         child.join(timeout)
         if child.exitcode is None:

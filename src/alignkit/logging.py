@@ -101,9 +101,7 @@ class RunLogger:
         if "jsonl" in self.report_to:
             self._jsonl = (output_dir / "metrics.jsonl").open("a", encoding="utf-8")
         if "tensorboard" in self.report_to:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
+            self._tb = _tb_writer(output_dir)
         if "wandb" in self.report_to:
             try:
                 import wandb
@@ -171,9 +169,14 @@ class RunLogger:
     def rewind_metrics(self, step: int) -> dict[str, int]:
         """Resuming at ``step``: drop the rows logged after it from metrics.jsonl and every other log the run
         appends by step (:data:`STEP_LOGS`; they are logged again), so every step appears once; returns
-        ``{file name: rows dropped}`` for the files that had any (rank 0 only, else empty)."""
+        ``{file name: rows dropped}`` for the files that had any (rank 0 only, else empty). TensorBoard's event
+        files are append-only: its writer is reopened with ``purge_step``, which tells TensorBoard's readers to
+        drop the earlier files' events from ``step + 1`` on."""
         if not self.is_main or self.output_dir is None:
             return {}
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = _tb_writer(self.output_dir, purge_step=step + 1)
         dropped = {}
         for name in ("metrics.jsonl", *STEP_LOGS):
             path = self.output_dir / name
@@ -196,6 +199,14 @@ class RunLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _tb_writer(output_dir: Path, purge_step: int | None = None) -> Any:
+    """A TensorBoard writer into ``output_dir/tensorboard``; ``purge_step``: hide the events logged there before
+    at that step and after (a resumed run logs them again)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=purge_step)
 
 
 #: the logs besides metrics.jsonl that a run appends rows to, each row with its ``step`` (rewound on resume)

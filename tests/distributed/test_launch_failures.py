@@ -59,6 +59,20 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
+def _left_after(tag: str, seconds: float) -> list[int]:
+    """The tagged processes still alive after waiting up to ``seconds`` for them to go."""
+    deadline = time.monotonic() + seconds
+    while _tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _tagged(tag)
+
+
+def _kill_all(tag: str) -> None:
+    """Never leave a trainer behind, whatever failed."""
+    for pid in _tagged(tag):
+        os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.slow(seconds=30)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_sigkill_to_the_launchers_group_leaves_no_worker(micro_model: Path, tmp_path: Path) -> None:
@@ -78,10 +92,39 @@ def test_sigkill_to_the_launchers_group_leaves_no_worker(micro_model: Path, tmp_
         assert len(_tagged(tag)) >= 4, (_tagged(tag), log.read_text()[-3000:])  # launcher, torchrun, 2 workers
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        deadline = time.monotonic() + 10
-        while _tagged(tag) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _tagged(tag) == [], "workers outlived their launcher"
+        assert _left_after(tag, 10) == [], "workers outlived their launcher"
     finally:
-        for pid in _tagged(tag):  # never leave a trainer behind, whatever failed
-            os.kill(pid, signal.SIGKILL)
+        _kill_all(tag)
+
+
+@pytest.mark.slow(seconds=20)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_sigkill_to_the_launcher_takes_deepspeeds_launch_and_its_workers(tmp_path: Path) -> None:
+    """``--launcher deepspeed``: alignkit launch -> DeepSpeed's runner -> ``deepspeed.launcher.launch`` -> workers.
+    The runner is armed by ``supervise`` but on one node neither arms ``launch`` nor stops it on SIGTERM: before,
+    with ``-m deepspeed.launcher.runner``, a SIGKILL to ``alignkit launch`` alone left ``launch`` and both workers
+    running (measured: 3 processes alive 15 s later). Through ``alignkit.launch.deepspeed_runner`` ``launch`` gets
+    SIGTERM when the runner dies, and its handler ends the workers (plain sleepers here, not armed themselves).
+    ~15 s on 2 idle cores (two deepspeed imports)."""
+    pytest.importorskip("deepspeed")
+    from alignkit.launch.torchrun import launcher_argv
+
+    tag, log, script = uuid.uuid4().hex, tmp_path / "launch.log", tmp_path / "worker.py"
+    script.write_text("import time\ntime.sleep(300)\n")
+    argv = launcher_argv("deepspeed", sys.executable, nproc=2, nnodes=1, node_rank="0", master_addr="127.0.0.1",
+                         master_port=str(free_port()), train=[])
+    argv[argv.index("--module")] = str(script)  # the workers: `python worker.py` instead of `python -m alignkit ...`
+    supervisor = f"import sys; from alignkit.launch.run import supervise; sys.exit(supervise({argv!r}, dict(__import__('os').environ)))"
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", supervisor], stdout=subprocess.DEVNULL, stderr=err,
+                                env=child_env(ALIGNKIT_TEST_TAG=tag), cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_tagged(tag)) < 5 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(_tagged(tag)) == 5, (_tagged(tag), log.read_text()[-3000:])  # alignkit, runner, launch, 2 workers
+        os.kill(proc.pid, signal.SIGKILL)  # alignkit launch alone (its group would take everyone: no setsid here)
+        proc.wait()
+        assert _left_after(tag, 15) == [], "deepspeed's launch or its workers outlived alignkit launch"
+    finally:
+        _kill_all(tag)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import re
 import signal
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, assert_ok, child_env, run_cli, write_config
+from tests.conftest import REPO, assert_ok, run_cli, write_config
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +87,8 @@ def test_kill9_during_checkpoint_leaves_previous_loadable(cli_model: Path, tmp_p
         "training": {"per_device_batch_size": 4, "max_steps": 3, "learning_rate": 1e-3},
         "checkpoint": {"save_steps": 1}, "logging": {"report_to": ["jsonl"]},
     })
-    script = tmp_path / "crash.py"
-    script.write_text(textwrap.dedent(f"""
-        import os, signal, sys
+    prelude = textwrap.dedent("""
+        import os, signal
         from alignkit.distributed.strategy import base
         real = base.Strategy.save_training_state
         calls = []
@@ -101,12 +99,8 @@ def test_kill9_during_checkpoint_leaves_previous_loadable(cli_model: Path, tmp_p
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(self, handle, out_dir)
         base.Strategy.save_training_state = crashing
-        from alignkit.cli import main
-        sys.exit(main(["train", {str(cfg)!r}]))
-    """))
-    import subprocess
-
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=child_env(), timeout=300)
+    """)
+    proc = run_cli(["train", str(cfg)], prelude=prelude)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert (out / "latest").read_text() == "checkpoint-1"
     assert (out / ".tmp-checkpoint-2").is_dir() and not (out / "checkpoint-2").exists()

@@ -154,7 +154,7 @@ def test_flow_rtpo_images_per_attack_groups_the_image_policy_by_attack(models: d
     assert (run / "final_image_policy" / "pytorch_lora_weights.safetensors").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=150)  # 210 s measured at a load average of 8-12 (the whole file: 307 s)
 @pytest.mark.distributed
 def test_flow_rtpo_under_accelerate_one_node_and_two_node_loopback_equal_one_process(
         models: dict[str, Path], parts: dict[str, Path], tmp_path: Path) -> None:
@@ -178,7 +178,7 @@ def test_flow_rtpo_under_accelerate_one_node_and_two_node_loopback_equal_one_pro
     assert_ok(run_cli(flow_rtpo_args(single, models, parts, 1, greedy, stats, no_eval, two_images)))
     assert_ok(subprocess.run([*launch, "--nproc-per-node", "2", "--master-port", str(free_port()),
                               *flow_rtpo_args(one, models, parts, 2, greedy, stats, no_eval, two_images)[1:]],
-                             capture_output=True, text=True, timeout=400, cwd=REPO, env=child_env()))
+                             check=False, capture_output=True, text=True, timeout=400, cwd=REPO, env=child_env()))
     run_nodes([[*launch, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(r), "--master-addr", "127.0.0.1",
                 "--master-port", port, *flow_rtpo_args(two, models, parts, 2, greedy, stats, no_eval, two_images)[1:]]
                for r in (0, 1)],
@@ -190,10 +190,17 @@ def test_flow_rtpo_under_accelerate_one_node_and_two_node_loopback_equal_one_pro
             assert [r[key] for r in rows[name]] == [r[key] for r in rows["single"]], (name, key)
         for key in ("reward", "image_reward"):
             assert [r[key] for r in rows[name]] == pytest.approx([r[key] for r in rows["single"]], abs=1e-5), (name, key)
-        # an advantage is a reward over its group's std: the second iteration's rewards (after one update whose
-        # gradients were summed in another order) agree to 1e-5, their advantages to a few 1e-5 (3.7e-5 seen)
+        # the first iteration (before any update) agrees to 1e-5. After one update whose gradients were summed in
+        # another order (adapters <= 1e-5 apart, below), one of the 8 image rewards differs by 8.6e-6, its attack's
+        # reward by 2.5e-6; the attacker's advantages (global statistics: over 4 attack rewards that lie within 0.033,
+        # std 0.016) divide that by the std, so they move up to 3.9e-5 (all 8 rows: the mean and std move too).
+        # The same reward differences at 6713f74 (before the merges), ca47f96, 76da72b and a91c020 (advantages 3.9e-5
+        # there, 3.7e-5 at a91c020, whose attack texts h3's whole-sequence decoding changed): reduction order
+        # amplified by 1/std, no merge's doing; the bound is the reward's 1e-5 over that std's order (1e-2): 1e-4.
         for key in ("advantage", "image_advantage"):
-            assert [r[key] for r in rows[name]] == pytest.approx([r[key] for r in rows["single"]], abs=1e-4), (name, key)
+            first, second = rows["single"][:8], rows["single"][8:]
+            assert [r[key] for r in rows[name][:8]] == pytest.approx([r[key] for r in first], abs=1e-5), (name, key)
+            assert [r[key] for r in rows[name][8:]] == pytest.approx([r[key] for r in second], abs=1e-4), (name, key)
     logged = {run.name: _train_rows(run) for run in (single, one, two)}
     for name in ("one_node", "two_nodes"):
         assert sorted(logged[name]) == [1, 2]

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import REPO, assert_ok, child_env, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=50)  # each test 40-57 s at a load average of ~11 (the file: 282 s there)
 TRIALS = int(os.environ.get("ALIGNKIT_KILL_TRIALS", "3"))
 STEPS = 8
 
@@ -91,9 +91,8 @@ def test_kill9_while_pruning_leaves_every_listed_checkpoint_whole(micro_model: P
     """SIGKILL in the middle of deleting an old checkpoint (save_total_limit): the old one is already out
     of sight (renamed to .trash-), the listed ones load, and the next run removes the trash."""
     out = tmp_path / "run"
-    script = tmp_path / "kill_in_prune.py"
-    script.write_text(textwrap.dedent(f"""
-        import os, shutil, signal, sys
+    prelude = textwrap.dedent("""
+        import os, shutil, signal
         from pathlib import Path
         from alignkit.train import checkpoint
         real = shutil.rmtree
@@ -105,11 +104,8 @@ def test_kill9_while_pruning_leaves_every_listed_checkpoint_whole(micro_model: P
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(path, *a, **k)
         checkpoint.shutil.rmtree = crashing
-        from alignkit.cli import main
-        sys.exit(main({args(micro_model, out)!r}))
-    """))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env=child_env())
+    """)
+    proc = run_cli(args(micro_model, out), prelude=prelude)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert list(out.glob(".trash-checkpoint-*"))  # the pruned one, out of sight
     from alignkit.train.checkpoint import list_checkpoints
@@ -128,9 +124,8 @@ def test_kill9_while_pruning_leaves_every_listed_checkpoint_whole(micro_model: P
 def test_full_disk_is_one_line_and_keeps_the_previous_checkpoint(micro_model: Path, tmp_path: Path) -> None:
     """The second checkpoint's optimizer write fails with ENOSPC (as torch.save reports a full disk)."""
     out = tmp_path / "run"
-    script = tmp_path / "full_disk.py"
-    script.write_text(textwrap.dedent(f"""
-        import errno, sys
+    prelude = textwrap.dedent("""
+        import errno
         from alignkit.train import checkpoint
         import torch
         real, calls = torch.save, []
@@ -140,12 +135,9 @@ def test_full_disk_is_one_line_and_keeps_the_previous_checkpoint(micro_model: Pa
                 raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4736 vs 4630")
             return real(obj, f, *a, **k)
         torch.save = full
-        checkpoint.disk_full.__globals__["shutil"].disk_usage = lambda p: type("U", (), {{"free": 0}})()
-        from alignkit.cli import main
-        sys.exit(main({args(micro_model, out)!r}))
-    """))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env=child_env())
+        checkpoint.disk_full.__globals__["shutil"].disk_usage = lambda p: type("U", (), {"free": 0})()
+    """)
+    proc = run_cli(args(micro_model, out), prelude=prelude)
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("alignkit: error: no space left on /") and "while writing" in last, last

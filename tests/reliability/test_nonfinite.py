@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, assert_ok, child_env, run_script
+from tests.conftest import REPO, assert_ok, run_cli, run_script
 
 
 def sft_args(model: Path, out: Path, *extra: str) -> list[str]:
@@ -31,9 +29,7 @@ def test_exploding_run_stops_with_one_line_and_finite_checkpoints(micro_model: P
                                                                    policy: str, stop_step: int) -> None:
     """From step 2 on the loss is NaN (as a diverged run's is; learning rates above 1 are refused at load)."""
     out = tmp_path / policy
-    script = tmp_path / "diverge.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys
+    prelude = textwrap.dedent("""
         from alignkit.algorithms import sft
         real, calls = sft.sft_loss, []
         def diverged(*a, **k):
@@ -41,12 +37,9 @@ def test_exploding_run_stops_with_one_line_and_finite_checkpoints(micro_model: P
             loss = real(*a, **k)
             return loss * float("nan") if len(calls) > 1 else loss
         sft.sft_loss = diverged
-        from alignkit.cli import main
-        sys.exit(main({sft_args(micro_model, out, f"training.nonfinite={policy}",
-                                "training.max_nonfinite_steps=5")[0:]!r}))
-    """))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env=child_env())
+    """)
+    proc = run_cli(sft_args(micro_model, out, f"training.nonfinite={policy}", "training.max_nonfinite_steps=5"),
+                   prelude=prelude)
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"alignkit: error: step {stop_step}: the loss (") and "not finite; stopping" in last, last

@@ -40,11 +40,8 @@ def sft_args(model: Path, out: Path, *extra: str) -> list[str]:
 
 
 def run_script(tmp_path: Path, body: str, args: list[str]) -> subprocess.CompletedProcess[str]:
-    """``alignkit ARGS`` in a new interpreter after ``body`` (a fault injected into alignkit's code)."""
-    script = tmp_path / "faulty.py"
-    script.write_text(textwrap.dedent(body) + f"\nimport sys\nfrom alignkit.cli import main\nsys.exit(main({args!r}))\n")
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env=child_env(), check=False)
+    """``alignkit ARGS`` after ``body`` (a fault injected into alignkit's code), forked from the warm fork server."""
+    return run_cli(args, prelude=textwrap.dedent(body))
 
 
 @pytest.mark.slow(seconds=40)
@@ -175,7 +172,8 @@ def test_epoch_folder_is_whole_and_written_again_by_the_resume(micro_model: Path
 @pytest.mark.slow(seconds=30)
 def test_samples_log_is_rewound_on_resume(micro_model: Path, tmp_path: Path) -> None:
     """GRPO, 4 iterations of one step, a checkpoint each; resumed from checkpoint-2 the run logs steps 3 and 4 again:
-    before, samples.jsonl then held their rows twice (appended, not rewound as metrics.jsonl is)."""
+    before, samples.jsonl then held their rows twice (appended, not rewound as metrics.jsonl is), and TensorBoard
+    showed them twice."""
     out = tmp_path / "run"
     prompts = write_rows(make_prompt_rows(24, seed=0), tmp_path / "prompts.jsonl")
     cfg = {"algorithm": "grpo", "output_dir": str(out), "model": {"name_or_path": str(micro_model)},
@@ -184,7 +182,7 @@ def test_samples_log_is_rewound_on_resume(micro_model: Path, tmp_path: Path) -> 
            "reward": {"functions": [{"name": "length", "weight": 1.0}]},
            "training": {"per_device_batch_size": 8, "learning_rate": 1e-3, "max_steps": 4},
            "checkpoint": {"save_steps": 1, "save_final": False},
-           "logging": {"logging_steps": 1, "plot": False, "report_to": ["jsonl"]}}
+           "logging": {"logging_steps": 1, "plot": False, "report_to": ["jsonl", "tensorboard"]}}
     config = write_config(tmp_path / "grpo.yaml", cfg)
     assert_ok(run_cli(["train", str(config)]))
     straight = (out / "samples.jsonl").read_text(encoding="utf-8")
@@ -196,3 +194,10 @@ def test_samples_log_is_rewound_on_resume(micro_model: Path, tmp_path: Path) -> 
     assert "samples.jsonl: dropped 6 rows logged after step 2 by the interrupted run" in proc.stderr
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+    # TensorBoard's event files, as its own reader shows them: the resumed run's steps 3 and 4 replace the first's
+    # (the writer reopened with purge_step=3); before, both runs' steps 3 and 4 were shown
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4]

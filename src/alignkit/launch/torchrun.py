@@ -9,7 +9,8 @@ Facts it relies on (docs/ENGINES_ON_CPU.md):
   for a static multi-node rendezvous: node 0 hosts the store on the given port.
 * ``deepspeed --num_gpus N --master_port P --module alignkit ...`` runs one node; several nodes need
   a hostfile and ssh (or ``--no_ssh`` plus a hostfile), so multi-node here goes through torchrun (the
-  DeepSpeed *engine* does not care which launcher started it).
+  DeepSpeed *engine* does not care which launcher started it). It runs as ``python -m
+  alignkit.launch.deepspeed_runner``: DeepSpeed's runner with its ``launch`` child armed to die with it.
 * ``accelerate launch --cpu`` starts ONE process (trap A); on CPU machines ``--multi_gpu`` with
   ``ACCELERATE_USE_CPU=true`` gives gloo processes (trap B otherwise).
 * Without OMP_NUM_THREADS each CPU rank starts one thread per core: N ranks oversubscribe the cores.
@@ -121,7 +122,7 @@ def launcher_argv(launcher: str, py: str, *, nproc: int, nnodes: int, node_rank:
                 f"--node_rank={node_rank}", f"--master_addr={master_addr}", f"--master_port={master_port}",
                 "-m", *train]
     if launcher == "deepspeed":
-        return [py, "-m", "deepspeed.launcher.runner", f"--num_gpus={nproc}", f"--master_port={master_port}",
+        return [py, "-m", "alignkit.launch.deepspeed_runner", f"--num_gpus={nproc}", f"--master_port={master_port}",
                 "--no_local_rank", "--module", *train]
     total = nproc * nnodes
     return [py, "-m", "accelerate.commands.launch", *(["--multi_gpu"] if total > 1 else []),

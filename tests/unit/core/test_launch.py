@@ -66,7 +66,7 @@ def test_multi_node_arguments() -> None:
 
 def test_deepspeed_and_accelerate_commands() -> None:
     ds = build_launch(CFG, ["a=1"], nproc_per_node=2, master_port=29612, launcher="deepspeed", gpus=0)
-    assert ds.argv[1:] == ["-m", "deepspeed.launcher.runner", "--num_gpus=2", "--master_port=29612",
+    assert ds.argv[1:] == ["-m", "alignkit.launch.deepspeed_runner", "--num_gpus=2", "--master_port=29612",
                            "--no_local_rank", "--module", "alignkit", "train", CFG, "a=1"]
     acc = build_launch(CFG, [], nproc_per_node=2, nnodes=2, node_rank=0, master_addr="10.0.0.1", master_port=29613,
                        launcher="accelerate", gpus=0)

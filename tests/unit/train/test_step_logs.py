@@ -35,3 +35,32 @@ def test_a_resume_rewinds_every_step_log(tmp_path: Path) -> None:
     assert [json.loads(x)["step"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [1, 1]
     other = RunLogger(is_main=False, output_dir=tmp_path, report_to=["jsonl"])
     assert other.rewind_metrics(0) == {}  # only rank 0 writes logs
+
+
+def _tb_steps(log_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of one scalar as TensorBoard shows it: its own reader over every event file of the folder,
+    which drops the events a later file's purge (SummaryWriter's ``purge_step``) orphaned."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_a_resume_rewinds_the_tensorboard_events(tmp_path: Path) -> None:
+    """Before: the resumed run's events were appended to a new event file beside the old one, so TensorBoard showed
+    steps 3 and 4 twice (the interrupted run's and the resumed run's). Now the writer is reopened with
+    ``purge_step`` = the checkpoint's step + 1: the events after it are the resumed run's only."""
+    import pytest
+
+    pytest.importorskip("tensorboard")
+    first = RunLogger(is_main=True, output_dir=tmp_path, report_to=["tensorboard"])
+    for step in (1, 2, 3, 4):
+        first.log_metrics(step, {"loss": float(step)})
+    first.close()  # killed after step 4; its last checkpoint was step 2
+    resumed = RunLogger(is_main=True, output_dir=tmp_path, report_to=["tensorboard"])
+    resumed.rewind_metrics(2)
+    for step in (3, 4, 5):
+        resumed.log_metrics(step, {"loss": 10.0 * step})
+    resumed.close()
+    assert _tb_steps(tmp_path / "tensorboard", "loss") == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0)]
