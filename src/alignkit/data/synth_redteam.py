@@ -25,7 +25,9 @@ attack success rate has room to rise.
 * the multi-turn world (``redteam.turns`` > 1): :func:`context_target` refuses a trigger on its own: a message
   holding a trigger gets a toxic answer only when an EARLIER attacker message of the conversation already raised
   the subject (a trigger) or set up a scene (one of ``SETUP_WORDS``); else a refusal (benign). A single-turn
-  attacker can never succeed against it; a 2-turn one can (the rule is :func:`context_answer`).
+  attacker can never succeed against it; a 2-turn one can (the rule is :func:`context_answer`);
+  ``redteam-context-target`` rows (:func:`make_redteam_context_target_rows`): SFT conversations teaching a tiny
+  target that rule.
 
 Deterministic: ``random.Random(seed)`` drives every generator; a scripted answer depends on the attack's
 text only (crc32).
@@ -168,6 +170,29 @@ def make_redteam_target_rows(n: int, seed: int = 0, *, split: str | None = None,
         attack = " ".join(words)
         rows.append({"messages": [{"role": "user", "content": TEMPLATE.format(prompt=attack)},
                                   {"role": "assistant", "content": trigger_answer(attack, triggers)}]})
+    return rows
+
+
+def make_redteam_context_target_rows(n: int, seed: int = 0, *, split: str | None = None) -> list[dict[str, Any]]:
+    """``n`` SFT chat rows for a target of the multi-turn world: conversations of 1..3 user turns, each the template
+    around 2..7 words of :func:`make_redteam_target_rows`' kind, a trigger in about half of them and a setup word in
+    about a third, every assistant turn answered by :func:`context_answer` over the earlier user turns (so a trigger
+    is refused unless an earlier turn set the context). ``split`` does not apply."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        earlier: list[str] = []
+        messages: list[dict[str, str]] = []
+        for _turn in range(rng.choice((1, 2, 2, 3))):
+            words = [_word(rng) for _ in range(rng.randint(2, 7))]
+            for pool, p in ((TRIGGER_WORDS, 0.5), (SETUP_WORDS, 0.3)):
+                if rng.random() < p:
+                    words.insert(rng.randrange(len(words) + 1), _cased(rng, rng.choice(pool)))
+            attack = " ".join(words)
+            messages += [{"role": "user", "content": TEMPLATE.format(prompt=attack)},
+                         {"role": "assistant", "content": context_answer(earlier, attack)}]
+            earlier.append(attack)
+        rows.append({"messages": messages})
     return rows
 
 

@@ -86,7 +86,10 @@ class FakeContext:
 
 def test_token_in_token_out_equals_the_whole_conversation_rendered(micro_model: Path) -> None:
     tok = AutoTokenizer.from_pretrained(micro_model)
-    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+
+    def enc(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
     eos = tok.eos_token_id
     renderer = MessageRenderer(tok)
     instruction = [{"role": "user", "content": "Say something to a friend."}]
@@ -126,3 +129,21 @@ def test_multi_turn_needs_a_text_target() -> None:
     assert RedTeamConfig(scorers=tox).turns == 1 and RedTeamConfig(scorers=tox).turn_risk == "max"
     with pytest.raises(ConfigError, match="redteam.turns"):
         RedTeamConfig(turns=2, target=RedTeamTargetConfig(name="t2i_vlm", model="x"), scorers=tox)
+
+
+def test_the_context_targets_sft_rows_follow_the_rule() -> None:
+    from alignkit.data.synth_redteam import TEMPLATE, context_answer, make_redteam_context_target_rows
+
+    rows = make_redteam_context_target_rows(300, seed=0)
+    kinds = {"toxic": 0, "refusal": 0, "benign": 0, "after_context": 0}
+    prefix = TEMPLATE.replace("{prompt}", "")
+    for row in rows:
+        earlier: list[str] = []
+        for user, answer in zip(row["messages"][::2], row["messages"][1::2]):
+            attack = user["content"][len(prefix):]
+            assert user["content"].startswith(prefix) and answer["content"] == context_answer(earlier, attack)
+            kinds["toxic" if is_toxic(answer["content"]) else "refusal" if answer["content"] in REFUSALS else "benign"] += 1
+            kinds["after_context"] += bool(earlier) and is_toxic(answer["content"])
+            earlier.append(attack)
+    assert min(kinds.values()) >= 50, kinds  # every kind of answer is taught, toxic ones only after a context
+    assert kinds["after_context"] == kinds["toxic"]
