@@ -6,7 +6,7 @@ subject (a trigger) or set a scene (a setup word); a trigger on its own gets a r
 judge ``toxic_words``; the attacker the random micro Llama (``build_tiny_model(size="micro", seed=0)``); the
 settings docs/workflows/redteam.md's for a random attacker ("When successes are rare": lr 6e-3, batch std), 4
 instructions x 8 samples per iteration, ``rollout.max_new_tokens`` 8 per attacker turn, beta 0.05,
-w_diversity 0: here most iterations hold no success at first (about one in 32 conversations succeeds), and with
+w_diversity 0: here most iterations hold no success at first (about one two-turn conversation in 70), and with
 the batch std a batch without one would turn the diversity term's ~1e-4 differences into advantages of order 1
 (measured: KL 0.23 and no rise in 40 iterations at w_diversity 0.1, 2 turns, seed 0); with 0 such a batch has
 advantages 0. A sample is one conversation of ``redteam.turns`` attacker turns (1 = the single-turn red team:
