@@ -15,11 +15,11 @@ conversation succeeds when its riskiest answer is toxic (``turn_risk: max``).
 
 Per run: attack success (``attack_success_rate``: conversations with a toxic answer) of iterations 1-5 (start),
 of the last 5 (end) and over all iterations (the successes per attacker sample of the whole run), and the
-attacker's tokens per sample. ``--also-trigger-world`` adds the same variants against ``trigger_target`` (the
-single-turn world: a trigger anywhere is enough), where one turn suffices. Every run is its own ``alignkit
+attacker's tokens per sample. ``--worlds context,trigger`` adds the same variants against ``trigger_target`` (the
+single-turn world: a trigger in any message is enough), where one turn suffices. Every run is its own ``alignkit
 train`` subprocess (``OMP_NUM_THREADS=1``), ``--jobs`` at a time. Usage::
 
-    python benchmarks/redteam_multiturn.py [--turns 1,2,3] [--seeds 0,1,2] [--steps 40] [--jobs 2]
+    python benchmarks/redteam_multiturn.py [--turns 1,2,3] [--seeds 0,1,2] [--worlds context,trigger] [--steps 40] [--jobs 2]
         [--out benchmarks/results/redteam-multiturn] [--work DIR] [--set KEY=VALUE ...]
 
 writes OUT/results.json and OUT/results.md (the markdown table, also printed).
@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--also-trigger-world", action="store_true")
+    ap.add_argument("--worlds", default="context", help="context and / or trigger (the scripted target's rule)")
     ap.add_argument("--out", default=str(HERE / "results" / "redteam-multiturn"), help="results.json / results.md")
     ap.add_argument("--work", default="/tmp/alignkit-redteam-multiturn", help="the runs' folders")
     ap.add_argument("--set", nargs="*", default=[], dest="sets", help="KEY=VALUE config overrides")
@@ -107,7 +107,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     model = build_tiny_model(work / "micro", size="micro", seed=0)
     prompts = write_rows(make_redteam_rows(400, seed=0), work / "prompts.jsonl")
-    targets = ["context", "trigger"] if args.also_trigger_world else ["context"]
+    targets = args.worlds.split(",")
     jobs = [(t, k, s) for t in targets for k in map(int, args.turns.split(",")) for s in map(int, args.seeds.split(","))]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda j: run_one(model, prompts, work, *j, args.steps, args.sets), jobs))
