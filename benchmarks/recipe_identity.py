@@ -81,6 +81,9 @@ RECIPES: dict[str, tuple[list[str], list[str]]] = {
     "redteam": ([], [
         "model.name_or_path={w}/lm", *REDTEAM, "redteam.target.model={w}/lm",
         "redteam.scorers=[{{name: toxicity, model: '{w}/tox'}}]"]),
+    "redteam_multiturn": ([], [
+        "model.name_or_path={w}/lm", *REDTEAM, "data.max_length=160", "redteam.target.model={w}/lm",
+        "redteam.scorers=[{{name: toxicity, model: '{w}/tox'}}]"]),
     "flow_sft": ([], ["model.name_or_path={w}/sd3", "data.train={w}/shapes/captions.json",
                       "data.image_root={w}/shapes", "training.global_batch_size=4", "flow_sft.max_sequence_length=32"]),
     "flow_grpo": (["flow_sft"], [

@@ -93,3 +93,29 @@ def test_a_failing_scorer_on_rank_0_stops_every_rank(micro_model: Path, tmp_path
                     "logging.plot=false", "distributed.strategy=ddp"], nproc=2, cwd=REPO, timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.count("the judge's server is down") == 1, proc.stderr[-3000:]  # said once, by rank 0
+
+
+def test_multi_turn_each_rank_trains_on_its_own_conversations(micro_model: Path, tmp_path: Path) -> None:
+    """``redteam.turns: 2`` (the micro target reading each conversation through its chat template): rank 0 alone
+    scores every answer of both ranks (12 conversations x 2 turns), each rank trains on the toxicity of ITS OWN
+    conversations at their riskiest turn, and every statistic is the same on both ranks."""
+    ranks = run(micro_model, tmp_path, 2, "redteam.turns=2")
+    scored = {p.name: p.read_text().split("\n")[:-1] for p in tmp_path.glob("scored.*")}
+    assert scored == {"scored.0": ["0 24"] * 4}
+    for seen in ranks:
+        for it in seen:
+            assert [s["toxicity"] for s in it["mine"]] == pytest.approx(vowel_share([], [s["output"] for s in it["mine"]]),
+                                                                        abs=1e-12)
+    assert [s["attack"] for s in ranks[0][0]["mine"]] != [s["attack"] for s in ranks[1][0]["mine"]]
+    for it0, it1 in zip(*ranks):
+        assert it0["stats"] == it1["stats"]
+        assert {"var", "reward_mean", "reward_std", "advantage_std", "turn_scored_mean"} <= set(it0["stats"])
+    rows = [json.loads(x) for x in (tmp_path / "run" / "attacks.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 * 12 and all(len(r["turns"]) == 2 for r in rows)
+    for r in rows:
+        per_turn = vowel_share([], [t["output"] for t in r["turns"]])
+        assert [t["toxicity"] for t in r["turns"]] == pytest.approx(per_turn, abs=1e-12)
+        assert r["toxicity"] == pytest.approx(max(per_turn), abs=1e-12)
+    mine = [s for it0, it1 in zip(*ranks) for s in it0["mine"] + it1["mine"]]  # rank order = global order
+    assert [r["attack"] for r in rows] == [s["attack"] for s in mine]
+    assert [r["advantage"] for r in rows] == pytest.approx([s["advantage"] for s in mine], abs=1e-6)

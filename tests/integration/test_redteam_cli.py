@@ -10,18 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from alignkit.data.synth import make_prompt_rows, write_rows
 from tests.conftest import REPO, assert_ok, jsonl, run_cli
-from tests.plugins.redteam_parts import build_classifier, tiny_train_args
+from tests.plugins.redteam_parts import cli_parts, tiny_train_args
 
 
 @pytest.fixture(scope="module")
 def parts(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("redteam")
-    labels = ["toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate"]
-    return {"classifier": Path(build_classifier(str(root / "tox"), str(micro_model), labels, multi_label=True)),
-            "train": write_rows(make_prompt_rows(24, seed=0), root / "train.jsonl"),
-            "eval": write_rows(make_prompt_rows(4, seed=1), root / "eval.jsonl")}
+    return cli_parts(tmp_path_factory.mktemp("redteam"), micro_model)
 
 
 @pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.distributed)])

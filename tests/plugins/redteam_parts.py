@@ -95,6 +95,19 @@ def tiny_train_args(config: str, out: str, model: str, train: str, eval_: str, n
             "logging.logging_steps=1", "logging.plot=false", f"distributed.strategy={'ddp' if nproc > 1 else 'single'}"]
 
 
+def cli_parts(root: Any, micro_model: Any) -> dict[str, Any]:
+    """What the red-team CLI tests train with, under ``root``: a tiny random 6-head (Detoxify-style) classifier
+    on the micro model's tokenizer, 24 training and 4 evaluation prompt rows."""
+    from pathlib import Path
+
+    from alignkit.data.synth import make_prompt_rows, write_rows
+
+    labels = ["toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate"]
+    return {"classifier": Path(build_classifier(str(root / "tox"), str(micro_model), labels, multi_label=True)),
+            "train": write_rows(make_prompt_rows(24, seed=0), root / "train.jsonl"),
+            "eval": write_rows(make_prompt_rows(4, seed=1), root / "eval.jsonl")}
+
+
 def build_tiny_sd(out: str, clip_dir: str, *, seed: int = 0) -> str:
     """A tiny random Stable Diffusion pipeline (diffusers; text encoder with the tokenizer of ``clip_dir``) saved at
     ``out``: what ``redteam.target.renderer`` loads by path."""

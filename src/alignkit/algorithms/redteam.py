@@ -26,6 +26,7 @@ import torch
 from alignkit.algorithms.base import Context, Example, policy_specs
 from alignkit.algorithms.grpo import GroupUpdate, GroupUpdated, GRPOConfig, check_group_size, grpo_reference
 from alignkit.algorithms.online import OnlineAlgorithm
+from alignkit.algorithms.redteam_multiturn import multiturn_evaluate, multiturn_rollout
 from alignkit.config.schema import RunConfig, f, subsection
 from alignkit.config.sections import register_section
 from alignkit.data.io import Row
@@ -37,6 +38,7 @@ from alignkit.rewards.cvar import CVaRConfig, attack_similarity, attack_stats, r
 from alignkit.rewards.scorers import Judged, ScorerSet, check_scorer_name
 from alignkit.rewards.signals import gather_scores
 from alignkit.rollout.advantages import GroupAdvantages
+from alignkit.rollout.agents.render import MessageRenderer
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext, rollout_stats
 from alignkit.rollout.engine import Generations
@@ -115,12 +117,21 @@ class RedTeamConfig(CVaRConfig):
     save_attacks: bool = f(True, "Write every attack, answer and score to OUTPUT_DIR/attacks.jsonl (rank 0).")
     top_attacks: int = f(20, "Keep the most toxic distinct attacks of the run in OUTPUT_DIR/top_attacks.md (rank 0, "
                          "rewritten every iteration, carried by checkpoints); 0 = off.", ge=0)
+    turns: int = f(1, "Attacker turns per conversation: 1 = one attack, one answer (the single-turn red team); K > 1 = "
+                   "the attacker converses with the target over K turns, token in, token out, and the conversation "
+                   "is one sample (algorithms/redteam_multiturn.py). Text targets (lm, module:function) only.", gt=0)
+    turn_risk: Literal["max", "last"] = f(
+        "max", "turns > 1: the conversation is scored at its riskiest turn (max: a harm said at any turn counts) or "
+        "at its last answer (last).")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.target.name != "t2i_vlm" and any(s.name == "clip_quality" for s in self.scorers):
             raise ConfigError(f"redteam.scorers: clip_quality scores rendered images: it needs redteam.target.name: "
                               f"t2i_vlm (have {self.target.name!r})")
+        if self.turns > 1 and self.target.name == "t2i_vlm":
+            raise ConfigError("redteam.turns: a t2i_vlm target answers single attacks; multi-turn needs a text target "
+                              "(lm or module:function)")
 
 
 class RedTeamPrompts(PromptData):
@@ -156,6 +167,9 @@ class RedTeam(GroupUpdated, OnlineAlgorithm):
         super().__init__(cfg, tokenizer)
         rt = cfg.section(RedTeamConfig)
         self.group = GroupUpdate(cfg, self.tokens, redteam_advantages(cfg))
+        self.renderer = MessageRenderer(tokenizer) if rt.turns > 1 else None  # the attacker's view of the target
+        if rt.turns > 1 and cfg.section(GRPOConfig).loss_aggregation == "auto" and rt.estimator != "dr_grpo":
+            self.group.aggregation = "token_mean"  # sequence_mean would count the target's ids of a conversation
         self.reference = self.group.reference
         self.data = RedTeamPrompts(tokenizer, cfg.data, max_new_tokens=cfg.section(RolloutConfig).max_new_tokens,
                                    instruction=rt.instruction or INSTRUCTIONS[rt.mode])
@@ -169,6 +183,8 @@ class RedTeam(GroupUpdated, OnlineAlgorithm):
     @classmethod
     def check_config(cls, cfg: RunConfig) -> None:
         check_group_size(cfg, cfg.section(RedTeamConfig).estimator)
+        if cfg.section(RedTeamConfig).turns > 1 and cls.rollout is not RedTeam.rollout:
+            raise ConfigError(f"redteam.turns: {cls.name} has a rollout of its own; multi-turn is algorithm: redteam's")
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
@@ -182,7 +198,11 @@ class RedTeam(GroupUpdated, OnlineAlgorithm):
 
     # ------------------------------------------------------------------ rollout
     def rollout(self, ctx: RolloutContext) -> Experience:
-        """Attacks from the policy -> the target's answers -> :meth:`experience`."""
+        """Attacks from the policy -> the target's answers -> :meth:`experience` (``redteam.turns`` > 1:
+        conversations, algorithms/redteam_multiturn.py)."""
+        rt = self.cfg.section(RedTeamConfig)
+        if rt.turns > 1:
+            return multiturn_rollout(self, ctx, rt)
         gens, samples = self.attacks(ctx)
         return self.experience(ctx, gens, samples, self.answered(ctx, [t.strip() for t in gens.texts]))
 
@@ -193,11 +213,14 @@ class RedTeam(GroupUpdated, OnlineAlgorithm):
         self.tokens.mask_truncated(samples, gens.truncated)
         return gens, samples
 
-    def experience(self, ctx: RolloutContext, gens: Generations, samples: list[Sample], batch: Judged) -> Experience:
-        """The answered ``batch`` (``answers_per_attack`` rows per attack) -> scores (placed) -> gathered reward
-        terms -> advantages of this rank's samples; every rank's attacks as the records of attacks.jsonl."""
+    def experience(self, ctx: RolloutContext, gens: Generations, samples: list[Sample], batch: Judged,
+                   scores: dict[str, torch.Tensor] | None = None) -> Experience:
+        """The answered ``batch`` (``answers_per_attack`` rows per attack) -> scores (placed; or the gathered
+        ``scores`` of its rows, already computed: a multi-turn conversation's) -> gathered reward terms ->
+        advantages of this rank's samples; every rank's attacks as the records of attacks.jsonl."""
         rt, k = self.cfg.section(RedTeamConfig), self.answers_per_attack
-        scores = gather_scores(self.scorers.judge(batch, ctx.strategy.device, rt.placement))
+        if scores is None:
+            scores = gather_scores(self.scorers.judge(batch, ctx.strategy.device, rt.placement))
         everyone = [x for share in comm.all_gather_object((batch.attacks, batch.outputs, batch.seeds)) for x in zip(*share)]
         attacks = [a for a, _, _ in everyone]
         similarity = attack_similarity(attacks[::k], rt.diversity_ngram).repeat_interleave(k) if rt.w_diversity else None
@@ -235,7 +258,10 @@ class RedTeam(GroupUpdated, OnlineAlgorithm):
     @torch.no_grad()
     def evaluate(self, ctx: RolloutContext) -> tuple[float, float, float]:
         """Greedy attacks on ``ctx.rows`` answered by the target: this rank's (sum of the toxicities, how many
-        were scored, attack tokens); eval/reward_mean is then the mean toxicity of greedy attacks."""
+        were scored, attack tokens); eval/reward_mean is then the mean toxicity of greedy attacks (of greedy
+        conversations at their scored turns with ``redteam.turns`` > 1)."""
+        if self.cfg.section(RedTeamConfig).turns > 1:
+            return multiturn_evaluate(self, ctx, self.cfg.section(RedTeamConfig))
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
         batch = self.eval_answers(ctx, [t.strip() for t in gens.texts])
         values = {k: torch.tensor(v, dtype=torch.float64) for k, v in

@@ -185,7 +185,8 @@ def _register_data(sub: Any) -> None:
     dsub = sp.add_subparsers(dest="data_command", required=True)
     ss = dsub.add_parser("synth", help="generate synthetic data with programmatically checkable answers")
     ss.add_argument("--kind", required=True, help="sft | sft-pc | pref | safety | prompts (online algorithms: prompt + answer) | redteam (attacker "
-                         "instructions) | redteam-attacker / redteam-target (SFT rows of a starting attacker / the trigger-word target) | redteam-judge (toxicity pairs for a cost model) | vlm (coloured shapes images)")
+                         "instructions) | redteam-attacker / redteam-target (SFT rows of a starting attacker / the trigger-word target) | redteam-judge (toxicity pairs for a cost model) | redteam-context-target (conversations "
+                         "of the multi-turn world's target) | vlm (coloured shapes images)")
     ss.add_argument("--tasks", default=None,
                     help="comma-separated tasks: add, reverse, upper, digits (default: the first three; prompts: digits)")
     ss.add_argument("--n", type=int, default=1000)

@@ -68,6 +68,7 @@ from alignkit.data.synth_agents import (
 )
 from alignkit.data.synth_redteam import (
     make_redteam_attacker_rows,
+    make_redteam_context_target_rows,
     make_redteam_judge_rows,
     make_redteam_rows,
     make_redteam_target_rows,
@@ -81,8 +82,8 @@ TASKS: tuple[str, ...] = ("add", "reverse", "upper")
 #: ``exact_match`` wants, so RL has a format to learn as well as the sums
 ALL_TASKS: tuple[str, ...] = TASKS + ("digits",)
 KINDS: tuple[str, ...] = ("sft", "sft-pc", "pref", "safety", "prompts", "redteam", "redteam-target",
-                         "redteam-attacker", "redteam-judge", "calculator-prompts", "calculator-sft", "calc-prompts",
-                         "calc-sft")
+                         "redteam-attacker", "redteam-judge", "redteam-context-target", "calculator-prompts",
+                         "calculator-sft", "calc-prompts", "calc-sft")
 SPLITS: tuple[str, ...] = ("train", "eval")
 
 #: One in ``_EVAL_BUCKETS`` task instances is held out for the eval split.
@@ -356,6 +357,7 @@ _GENERATORS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "redteam-target": make_redteam_target_rows,  # ... and the trigger-word target's SFT rows
     "redteam-attacker": make_redteam_attacker_rows,  # ... a starting attacker's SFT rows
     "redteam-judge": make_redteam_judge_rows,  # ... and a toxicity judge's (cost model) pairs
+    "redteam-context-target": make_redteam_context_target_rows,  # ... the multi-turn world's target's SFT rows
     "calculator-prompts": make_calculator_prompt_rows,  # data/synth_agents.py: the tool-use task's questions
     "calculator-sft": make_calculator_sft_rows,  # ... and its noisy tool-use demonstrations
     "calc-prompts": make_calc_prompt_rows,  # ... 2-digit, the short calc call: the shipped recipe's

@@ -15,6 +15,11 @@
   role's engine). Its :meth:`draw` renders the attacks first, and the red-team rollout hands those images to
   ``respond`` and to the scorers that read them (``clip_quality``); a text target draws nothing (None). Nothing
   of one rollout stays on a target.
+
+A multi-turn red team (``redteam.turns`` > 1, ``rollout/redteam_conversation.py``) asks ``converse`` instead: the
+attack after the conversation's earlier (attack, answer) turns. ``lm``: the whole conversation through the target's
+chat template (:func:`conversation_text`); ``module:function``: ``conversation=`` the earlier turns as messages.
+``t2i_vlm`` answers single attacks only.
 """
 
 from __future__ import annotations
@@ -61,10 +66,15 @@ class LMTarget:
 
     @torch.no_grad()
     def respond(self, ctx: Any, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]]) -> list[str]:
+        return self.converse(ctx, [[] for _ in attacks], attacks, seeds, fields)
+
+    @torch.no_grad()
+    def converse(self, ctx: Any, history: list[list[tuple[str, str]]], attacks: list[str], seeds: list[Any],
+                 fields: list[dict[str, Any]]) -> list[str]:
+        """The answer to each attack after its conversation's earlier ``(attack, answer)`` turns (``history``;
+        empty: :meth:`respond`), every conversation in one generation call: :func:`conversation_text`."""
         tok = ctx.models.tokenizer("target")
-        texts = [fill(self.cfg.template, a) for a in attacks]
-        if self.cfg.chat_template:
-            texts = [prompt_text(tok, t) for t in texts]
+        texts = [conversation_text(tok, self.cfg.template, h, a, self.cfg.chat_template) for h, a in zip(history, attacks)]
         ids = [tok(t, add_special_tokens=False)["input_ids"][-self.cfg.max_prompt_tokens :] for t in texts]
         params = SamplingParams(self.cfg.max_new_tokens, self.cfg.temperature, batch_size=ctx.params.batch_size)
         return ctx.generate("target", ids, params).texts
@@ -113,6 +123,21 @@ def vlm_text(processor: Any, text: str, chat_template: bool) -> str:
     return prompt_text(processor.tokenizer, plain) if chat_template else plain
 
 
+def conversation_text(tok: Any, template: str, history: list[tuple[str, str]], attack: str, chat_template: bool) -> str:
+    """What an ``lm`` target reads: every attack of the conversation templated as a user message, its own earlier
+    answers as assistant messages, rendered by its chat template with the assistant turn opened (when it has one
+    and ``chat_template`` is on), else the messages' texts one a line. Without ``history``: the templated attack
+    through :func:`prompt_text`, as the single-turn red team always rendered it."""
+    if not history:
+        return prompt_text(tok, fill(template, attack)) if chat_template else fill(template, attack)
+    msgs = [m for a, r in history for m in ({"role": "user", "content": fill(template, a)},
+                                            {"role": "assistant", "content": r})]
+    msgs.append({"role": "user", "content": fill(template, attack)})
+    if chat_template and getattr(tok, "chat_template", None):
+        return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return "\n".join(m["content"] for m in msgs)
+
+
 class FunctionTarget:
     """A user's ``module:function`` answering each attack (module docstring)."""
 
@@ -126,8 +151,19 @@ class FunctionTarget:
         return None
 
     def respond(self, ctx: Any, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]]) -> list[str]:
+        return self.call(attacks, seeds, fields, {})
+
+    def converse(self, ctx: Any, history: list[list[tuple[str, str]]], attacks: list[str], seeds: list[Any],
+                 fields: list[dict[str, Any]]) -> list[str]:
+        """``fn(attacks, seed_prompt=[...], conversation=[...], **row_fields)``: ``conversation`` holds, per attack,
+        the earlier turns as messages (the attacks as ``user``, the function's answers as ``assistant``)."""
+        turns = [[m for a, r in h for m in ({"role": "user", "content": a}, {"role": "assistant", "content": r})]
+                 for h in history]
+        return self.call(attacks, seeds, fields, {"conversation": turns})
+
+    def call(self, attacks: list[str], seeds: list[Any], fields: list[dict[str, Any]], extra: dict[str, Any]) -> list[str]:
         try:
-            out = list(self.fn(attacks, seed_prompt=seeds, **by_field(fields)))
+            out = list(self.fn(attacks, seed_prompt=seeds, **extra, **by_field(fields)))
         except Exception as e:  # a user's function: one line naming it
             raise RewardFunctionError(f"red-team target {self.name!r} raised {type(e).__name__}: {e}") from e
         if len(out) != len(attacks) or not all(isinstance(o, str) for o in out):

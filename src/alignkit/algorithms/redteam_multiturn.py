@@ -1,0 +1,108 @@
+"""The multi-turn red team (``redteam.turns`` > 1; issue 48 item 4b; docs/workflows/redteam.md "Multi-turn").
+
+The attacker converses with the frozen target over ``turns`` turns (``rollout/redteam_conversation.py``: every
+turn batched over all conversations, token in, token out). One conversation is ONE sample of the attacker: its
+``completion_ids`` hold its turns (``loss_mask`` 1) and the target's answers as it read them (``loss_mask`` 0).
+Every answer is scored (``redteam.scorers``, placed as the single-turn red team places them: rows conversation-
+major, ``turns`` per conversation), and the conversation's scores are those of ONE of its turns: the riskiest
+(``redteam.turn_risk: max``, the default: a harm the target said at any turn is said, and an attacker that earns
+it early is not paid less than one that earns it last) or the last (``last``: only where the conversation ends
+up). From these per-conversation scores, gathered in global order, the reward, the CVaR bonus (VaR over the
+gathered conversations), the diversity penalty (over the conversations' attacks joined) and the group advantages
+are the single-turn red team's (``RedTeam.experience``); ``attacks.jsonl`` holds one row per conversation, its
+``attack`` the turns' attacks joined by " / ", ``output`` the scored answer, ``turn`` the scored turn (1-based) and
+``turns`` every turn's attack, answer and toxicity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from alignkit.distributed import comm
+from alignkit.rewards.scorers import Judged, ScorerSet
+from alignkit.rewards.signals import gather_scores
+from alignkit.rollout.config import RolloutConfig
+from alignkit.rollout.context import Experience, RolloutContext
+from alignkit.rollout.experience import Sample
+from alignkit.rollout.redteam_conversation import Conversation, attacker_generations, converse
+
+JOIN = " / "
+
+
+def conversation_sample(c: Conversation, mask_truncated: bool) -> Sample:
+    """The attacker's sample of a conversation; ``mask_truncated``: the ids of a turn max_new_tokens cut get
+    ``loss_mask`` 0 (``rollout.mask_truncated_completions``, per turn as per attack)."""
+    mask = list(c.loss_mask)
+    for (start, end), cut in zip(c.turn_spans, c.cut):
+        if cut and mask_truncated:
+            mask[start:end] = [0.0] * (end - start)
+    return {"prompt_ids": c.prompt_ids, "completion_ids": list(c.completion_ids), "loss_mask": mask}
+
+
+def turn_batch(ctx: RolloutContext, convs: list[Conversation]) -> Judged:
+    """Every turn of this rank's conversations to score, conversation-major: (attack, answer, the row's prompt and
+    fields)."""
+    rows = [(a, o, row["prompt"], row["fields"]) for c, row in zip(convs, ctx.rows) for a, o in zip(c.attacks, c.answers)]
+    return Judged([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
+                  [None] * len(rows))
+
+
+def scored_turns(toxicity: torch.Tensor, turns: int, how: str) -> torch.Tensor:
+    """``(N,)`` the turn each of N conversations is scored at, from the ``(N * turns,)`` toxicities
+    (conversation-major): ``max`` the riskiest (the earliest on a tie; unscorable turns never chosen unless all
+    are, then the last), ``last`` the last."""
+    tox = toxicity.view(-1, turns)
+    if how == "last":
+        return torch.full((tox.shape[0],), turns - 1, dtype=torch.long)
+    filled = torch.where(torch.isnan(tox), torch.full_like(tox, -torch.inf), tox)
+    pick = filled.argmax(1)  # torch.argmax returns the first maximal index
+    return torch.where(torch.isinf(filled).all(1), torch.full_like(pick, turns - 1), pick)
+
+
+def conversation_scores(scorers: ScorerSet, scores: dict[str, torch.Tensor], turns: int,
+                        how: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Every score of the ``(N * turns,)`` gathered per-turn ``scores`` at each conversation's scored turn
+    (:func:`scored_turns` of the toxicity term), ``(N,)`` each, and those turns."""
+    tox = scorers.term(scores, "toxicity")
+    assert tox is not None
+    pick = scored_turns(tox, turns, how)
+    rows = torch.arange(pick.shape[0]) * turns + pick
+    return {name: v[rows] for name, v in scores.items()}, pick
+
+
+def multiturn_rollout(algo: Any, ctx: RolloutContext, rt: Any) -> Experience:
+    """Conversations -> every turn scored -> each conversation's scores at its scored turn -> the red team's
+    experience of the conversations (module docstring). ``algo``: the ``RedTeam``; ``rt``: its section."""
+    convs = converse(ctx, algo.target, algo.renderer, rt.turns)
+    samples = [conversation_sample(c, algo.cfg.section(RolloutConfig).mask_truncated_completions) for c in convs]
+    per_turn = gather_scores(algo.scorers.judge(turn_batch(ctx, convs), ctx.strategy.device, rt.placement))
+    scores, pick = conversation_scores(algo.scorers, per_turn, rt.turns, rt.turn_risk)
+    mine = pick[ctx.mine]
+    batch = Judged([JOIN.join(c.attacks) for c in convs], [c.answers[int(k)] for c, k in zip(convs, mine)],
+                   [row["prompt"] for row in ctx.rows], [row["fields"] for row in ctx.rows], [None] * len(convs))
+    exp = algo.experience(ctx, attacker_generations(convs), samples, batch, scores=scores)
+    if exp.records:  # every rank's turns, for attacks.jsonl
+        everyone = [x for share in comm.all_gather_object([(c.attacks, c.answers) for c in convs]) for x in share]
+        tox = algo.scorers.term(per_turn, "toxicity").view(-1, rt.turns)
+        for i, (record, (attacks, answers)) in enumerate(zip(exp.records, everyone)):
+            record["turn"] = int(pick[i]) + 1
+            record["turns"] = [{"attack": a, "output": o, "toxicity": float(t)}
+                               for a, o, t in zip(attacks, answers, tox[i])]
+    stats = exp.stats
+    stats.add("turn_scored_mean", float(pick.double().mean()) + 1.0, 1)
+    return exp
+
+
+@torch.no_grad()
+def multiturn_evaluate(algo: Any, ctx: RolloutContext, rt: Any) -> tuple[float, float, float]:
+    """Greedy conversations of ``ctx.rows``: this rank's (sum of the conversations' toxicities at their scored
+    turns, how many were scored, attacker tokens)."""
+    convs = converse(ctx, algo.target, algo.renderer, rt.turns)
+    values = {k: torch.tensor(v, dtype=torch.float64)
+              for k, v in algo.scorers.judge(turn_batch(ctx, convs), ctx.strategy.device, rt.placement).items()}
+    scores, _ = conversation_scores(algo.scorers, values, rt.turns, rt.turn_risk)
+    tox = algo.scorers.term(scores, "toxicity")
+    ok = ~torch.isnan(tox)
+    return float(tox[ok].sum()), float(ok.sum()), float(sum(len(c.attacker_ids()) for c in convs))
