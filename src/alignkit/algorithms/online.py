@@ -71,7 +71,10 @@ class OnlineAlgorithm(Algorithm):
 
     @classmethod
     def reserved_memory_fraction(cls, cfg: RunConfig) -> float:
-        """What the run's rollout engine holds through the update (``vllm.gpu_memory_utilization`` unless it sleeps)."""
+        """What the run's rollout engine holds through the update (``vllm.gpu_memory_utilization`` unless it sleeps);
+        nothing under ``rollout.placement: separate`` (the engine lives on the generator processes, not the trainers)."""
+        if cfg.section(RolloutConfig).placement == "separate":
+            return 0.0
         engine, settings = run_engine(cfg)
         return engine.reserved_memory_fraction(settings)
 

@@ -105,6 +105,10 @@ class DataConfig:
         False, "Preference data: render string prompt/response rows through the tokenizer's chat template "
         "(one user and one assistant turn), as message-list rows always are."
     )
+    prompt_column: str = f("prompt", "Online algorithms: the column of the prompt in data.train / data.eval "
+                           "(GSM8K: question); the other columns reach the reward functions by name.")
+    system_prompt: Optional[str] = f(None, "Online algorithms: a system turn before each string prompt (the chat "
+                                     "template renders it; without one it is the prompt's first paragraph).")
     num_workers: int = f(0, "DataLoader worker processes.", ge=0)
     max_train_examples: Optional[int] = f(None, "Use only the first N training rows.", gt=0)
     max_eval_examples: Optional[int] = f(None, "Use only the first N evaluation rows.", gt=0)

@@ -174,6 +174,7 @@ def convert_rows(
     *,
     skip_invalid: bool,
     limit: int | None = None,
+    read: Callable[..., list[Row]] | None = None,
 ) -> tuple[list[Any], RowCounts]:
     """Apply ``convert`` to every row of every file; returns (examples, what happened to the others).
 
@@ -181,7 +182,8 @@ def convert_rows(
     line that is not UTF-8 or not JSON) is skipped and counted under the error's cause, otherwise the
     error (naming file, line, field) propagates. ``convert`` returns None for a row it drops (cause:
     ``row.drop(...)``, else NOTHING_TO_LEARN) and may ``row.note(...)`` changes to a row it keeps. A
-    file without rows, or files of which no row is left, are a DataError.
+    file without rows, or files of which no row is left, are a DataError. ``read(spec, on_bad=...)`` reads
+    a spec's rows (default :func:`read_rows`: files).
     """
     out: list[Any] = []
     counts = RowCounts()
@@ -192,7 +194,7 @@ def convert_rows(
 
     for spec in specs:
         bad_lines = counts.total_dropped
-        rows = read_rows(spec, on_bad=skip if skip_invalid else None)
+        rows = (read or read_rows)(spec, on_bad=skip if skip_invalid else None)
         if not rows and counts.total_dropped == bad_lines:
             raise DataError(f"{spec}: the data file has no rows", cause="empty file")
         with Progress(len(rows) if limit is None else min(limit, len(rows)), f"preparing {spec}", "rows") as bar:

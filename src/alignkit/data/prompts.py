@@ -4,6 +4,10 @@
 renders it, when the tokenizer has a template) or a message list. Every other field of the row
 (``answer``, ...) travels with the prompt to the reward functions. A prompt longer than
 ``data.max_length - rollout.max_new_tokens`` tokens keeps its last tokens and is counted.
+
+The rows come from files, ``load_from_disk`` folders or Hub names (``openai/gsm8k`` with ``data.train_config:
+main``); ``data.prompt_column`` names the prompt's column when it is not ``prompt`` (GSM8K: ``question``), and
+``data.system_prompt`` puts a system turn before each string prompt.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from alignkit.config.schema import DataConfig
-from alignkit.data.io import Row, RowCounts, convert_rows, require_field, require_messages
+from alignkit.data.io import Row, RowCounts, convert_rows, read_rows, require_field, require_messages
+from alignkit.data.sources import open_typed, resolve_source
 from alignkit.errors import DataError
 
 PROMPT_TRUNCATED = "prompt truncated to data.max_length - rollout.max_new_tokens (its first tokens dropped)"
@@ -40,24 +45,47 @@ class PromptData:
         self.row_counts: dict[str, RowCounts] = {}
 
     def convert(self, row: Row) -> dict[str, Any]:
-        prompt = require_field(row, "prompt")
+        column = self.cfg.prompt_column
+        prompt = require_field(row, column)
         if isinstance(prompt, list):
-            prompt = require_messages(row, "prompt")
+            prompt = require_messages(row, column)
         elif not isinstance(prompt, str) or not prompt.strip():
-            raise DataError(f"{row.where('prompt')}: expected a non-empty string or a list of messages")
+            raise DataError(f"{row.where(column)}: expected a non-empty string or a list of messages")
         try:
-            text = prompt_text(self.tokenizer, prompt)
+            text = prompt_text(self.tokenizer, self._with_system(prompt))
         except DataError as e:
-            raise DataError(f"{row.where('prompt')}: {e}") from None
+            raise DataError(f"{row.where(column)}: {e}") from None
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > self.max_prompt:
             ids = ids[-self.max_prompt :]
             row.note(PROMPT_TRUNCATED, warn=True)
-        fields = {k: v for k, v in row.data.items() if k != "prompt"}
+        fields = {k: v for k, v in row.data.items() if k != column}
         return {"prompt": prompt, "prompt_ids": ids, "fields": fields}
+
+    def _with_system(self, prompt: str | list[dict[str, str]]) -> str | list[dict[str, str]]:
+        system = self.cfg.system_prompt
+        if system is None or not isinstance(prompt, str):
+            return prompt
+        if getattr(self.tokenizer, "chat_template", None):
+            return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+        return f"{system}\n\n{prompt}"
+
+    def _reader(self, split: str) -> Any:
+        """Rows of a file, a ``load_from_disk`` folder or a Hub name, with the split's data.*_split / *_config."""
+        s, c = (self.cfg.train_split, self.cfg.train_config) if split == "train" else \
+            (self.cfg.eval_split, self.cfg.eval_config)
+
+        def read(spec: str, on_bad: Any = None) -> list[Row]:
+            src = resolve_source(spec, split=s, config=c)
+            if src.kind not in ("folder", "hub"):
+                return read_rows(spec, on_bad=on_bad)
+            return [Row(dict(r), src.name, i) for i, r in enumerate(open_typed(src), start=1)]
+
+        return read
 
     def build_dataset(self, specs: list[str], split: str) -> list[dict[str, Any]]:
         limit = self.cfg.max_train_examples if split == "train" else self.cfg.max_eval_examples
-        examples, counts = convert_rows(specs, self.convert, skip_invalid=self.cfg.skip_invalid, limit=limit)
+        examples, counts = convert_rows(specs, self.convert, skip_invalid=self.cfg.skip_invalid, limit=limit,
+                                        read=self._reader(split))
         self.row_counts[split], self.skipped[split] = counts, counts.total_dropped
         return examples

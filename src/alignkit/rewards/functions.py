@@ -24,6 +24,7 @@ from alignkit.data.synth_redteam import is_toxic
 from alignkit.data.synth_vlm import judge, question_kind
 from alignkit.errors import ConfigError, UserError
 from alignkit.registry import Registry
+from alignkit.rewards.reasoning import math_verified, reasoning_format
 
 RewardFn = Callable[..., Sequence[float | None]]
 REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function")
@@ -43,6 +44,10 @@ def exact_match(prompts: list[Any], completions: list[str], *, answer: list[Any]
     """1.0 when the stripped completion equals the row's ``answer`` (as text), else 0.0; None without one."""
     answers = answer or [None] * len(completions)
     return [None if a is None else float(_strip(c) == str(a).strip()) for c, a in zip(completions, answers)]
+
+
+REWARD_FUNCTIONS.register("math_verify")(math_verified)
+REWARD_FUNCTIONS.register("reasoning_format")(reasoning_format)
 
 
 @REWARD_FUNCTIONS.register("judge_correct")
@@ -108,7 +113,9 @@ class WeightedFunction:
 def resolve(name: str) -> RewardFn:
     """A registered function, or a user's ``module:function`` (cwd and PYTHONPATH searched)."""
     if ":" not in name:
-        return REWARD_FUNCTIONS.get(name)
+        fn = REWARD_FUNCTIONS.get(name)
+        getattr(fn, "requires", lambda: None)()  # an optional extra it needs: one line now, not mid-run
+        return fn
     module, _, attr = name.partition(":")
     cwd = str(Path.cwd())
     if cwd not in sys.path:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from alignkit.config.schema import ModelConfig
+from alignkit.config.schema import DataConfig, ModelConfig
 from alignkit.data.io import Row
 from alignkit.data.prompts import PromptData
 from alignkit.models.loading import load_tokenizer
@@ -39,7 +39,7 @@ def scorer_bundle(policy_dir: Path, scorer_dir: Path) -> tuple[Models, ScoreInpu
     module = build_model(spec, ModelConfig(name_or_path=str(scorer_dir)), torch.float32, scorer_tok).eval()
     models = Models(frozen={"reward": module}, specs={"reward": spec},
                     tokenizers={"policy": policy_tok, "reward": scorer_tok})
-    data = PromptData(policy_tok, SimpleNamespace(chat_template=True, max_length=64), max_new_tokens=8)
+    data = PromptData(policy_tok, DataConfig(chat_template=True, max_length=64), max_new_tokens=8)
     rows = [data.convert(Row({"prompt": p}, "p.jsonl", i + 1)) for i, p in enumerate(PROMPTS)]
     samples = [{"prompt_ids": r["prompt_ids"], "completion_ids": policy_tok(c, add_special_tokens=False)["input_ids"]}
                for r, c in zip(rows, COMPLETIONS)]
