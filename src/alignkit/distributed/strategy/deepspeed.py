@@ -158,6 +158,17 @@ class DeepSpeedStrategy(Strategy):
         else:
             yield self.unwrap(module)
 
+    @contextlib.contextmanager
+    def gathered(self, tensors: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
+        """ZeRO-3: the partitioned parameters among ``tensors`` gathered together (every rank takes part) and
+        released after; other stages hold them whole."""
+        params = [t for t in tensors if hasattr(t, "ds_id")]
+        if not params:
+            yield [t.data for t in tensors]
+            return
+        with import_deepspeed().zero.GatheredParameters(params, modifier_rank=None):
+            yield [t.data for t in tensors]
+
     def local_params(self, module: nn.Module) -> dict[str, torch.Tensor]:
         if self.zero_stage == 3:  # ZeRO-3 partitions each parameter: ds_tensor is this rank's flat partition
             return {n: p.ds_tensor.data for n, p in self.unwrap(module).named_parameters() if p.requires_grad}

@@ -1,0 +1,61 @@
+"""``rollout.placement: separate`` beyond full weights on single / ddp (gloo on CPU, k = 0, so synchronous):
+
+* a LoRA policy: 1 trainer + 1 generator give EXACTLY the numbers of 1 colocated process (losses, rewards,
+  gradient norms, the final adapters), and each version pushes the adapters alone (``async/weight_sync_bytes`` is
+  4 bytes per trainable parameter; the frozen base is loaded by the generator and checked once by checksum);
+* FSDP2 trainers: 2 trainers + 1 generator (3 processes; the weights gathered over the trainers' group bucket by
+  bucket, broadcast by trainer rank 0) against the colocated FSDP2 run of 2 processes: losses and final weights
+  within 1e-5, the tolerance tests/distributed/test_fsdp.py holds FSDP2 to against one process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.conftest import assert_ok, run_cli
+from tests.distributed.runs import final_weights, max_delta
+from tests.distributed.test_async_rl import _config, _rows
+
+pytestmark = pytest.mark.distributed
+
+KEYS = ("loss", "reward_mean", "grad_norm", "completion_length", "advantage_std")
+
+
+@pytest.mark.slow(seconds=60)
+def test_lora_separate_k0_equals_colocated_and_pushes_the_adapters_only(micro_model: Path, tmp_path: Path) -> None:
+    cfg = _config(micro_model, tmp_path)
+    common = ["train", str(cfg), "distributed.strategy=single", "model.lora={r: 4, alpha: 8, dropout: 0.0}"]
+    assert_ok(run_cli([*common, f"output_dir={tmp_path / 'colocated'}"], timeout=300))
+    assert_ok(run_cli([*common, f"output_dir={tmp_path / 'k0'}", "rollout.placement=separate"], nproc=2, timeout=300))
+    colocated, k0 = _rows(tmp_path / "colocated"), _rows(tmp_path / "k0")
+    assert len(colocated) == len(k0) == 4
+    adapters = load_file(str(tmp_path / "k0" / "final" / "adapter_model.safetensors"))
+    assert adapters and all("lora_" in name for name in adapters)
+    for a, b in zip(colocated, k0):
+        for key in KEYS:
+            assert a[key] == b[key], (key, a[key], b[key])
+        assert b["staleness/0"] == 8 and b["staleness/dropped"] == 0
+        assert b["async/weight_sync_bytes"] == 4 * sum(t.numel() for t in adapters.values())
+    base = sum(t.numel() for t in load_file(str(micro_model / "model.safetensors")).values())
+    assert k0[0]["async/weight_sync_bytes"] < 4 * base / 10  # far less than the model: the base never travels
+    final = load_file(str(tmp_path / "colocated" / "final" / "adapter_model.safetensors"))
+    assert max_delta(final, adapters) == 0.0
+
+
+@pytest.mark.slow(seconds=90)
+def test_fsdp_trainers_separate_k0_equals_colocated_fsdp(micro_model: Path, tmp_path: Path) -> None:
+    cfg = _config(micro_model, tmp_path)
+    common = ["train", str(cfg), "distributed.strategy=fsdp"]
+    assert_ok(run_cli([*common, f"output_dir={tmp_path / 'colocated'}"], nproc=2, timeout=300))
+    assert_ok(run_cli([*common, f"output_dir={tmp_path / 'k0'}", "rollout.placement=separate"], nproc=3, timeout=300))
+    colocated, k0 = _rows(tmp_path / "colocated"), _rows(tmp_path / "k0")
+    assert len(colocated) == len(k0) == 4
+    for a, b in zip(colocated, k0):
+        assert b["staleness/0"] == 16 and b["staleness/dropped"] == 0
+        for key in KEYS:
+            assert b[key] == pytest.approx(a[key], abs=1e-5), (key, a[key], b[key])
+        assert b["async/weight_sync_bytes"] > 0
+    assert max_delta(final_weights(tmp_path / "colocated"), final_weights(tmp_path / "k0")) <= 1e-5
