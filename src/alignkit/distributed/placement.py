@@ -8,7 +8,9 @@ on every rank, the groups the run uses:
   work over it, and its :func:`~alignkit.distributed.env.read_env` is the trainers' world (``set_view``); a
   generator's helpers and view are the generators' own (ranks ``T .. T+M-1``);
 * ``sync``: trainer rank 0 and the generators: the weights, broadcast in buckets from trainer rank 0 after every
-  update (:func:`push_weights` / :func:`pull_weights`; NCCL on GPUs, gloo on CPUs: the world's backend);
+  update (:func:`push_weights` / :func:`pull_weights`; NCCL on GPUs, gloo on CPUs: the world's backend); sharded
+  trainers (FSDP2) gather each bucket together over their own group first; a LoRA policy sends its adapters alone,
+  after :func:`check_base` found the generators' frozen base equal to the trainers';
 * ``objects``: the whole world on gloo: samples, pickled into byte tensors and sent point to point
   (:func:`send_object` returns the pending sends: a generator never waits for a busy trainer to post its
   receive) and the start position a resumed run hands the generators.
@@ -110,9 +112,9 @@ def frozen_tensors(module: nn.Module) -> list[torch.Tensor]:
 
 
 def _wire_dtype(t: torch.Tensor) -> torch.dtype:
-    """The dtype a tensor travels in: fp32 for floating point (the generator's copy; a bf16 engine module is
-    exact in it), else its own."""
-    return torch.float32 if t.is_floating_point() else t.dtype
+    """The dtype a tensor travels in: fp32 for bf16 / fp16 (exact; a DeepSpeed bf16 module and the generator's fp32
+    copy then agree on it), else its own."""
+    return torch.float32 if t.dtype in (torch.bfloat16, torch.float16) else t.dtype
 
 
 def _numel(t: torch.Tensor) -> int:
