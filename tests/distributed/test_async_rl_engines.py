@@ -3,10 +3,12 @@
 * a LoRA policy: 1 trainer + 1 generator give EXACTLY the numbers of 1 colocated process (losses, rewards,
   gradient norms, the final adapters), and each version pushes the adapters alone (``async/weight_sync_bytes`` is
   4 bytes per trainable parameter; the frozen base is loaded by the generator and checked once by checksum);
-* FSDP2 trainers: 2 trainers + 1 generator (3 processes; the weights gathered over the trainers' group bucket by
-  bucket, broadcast by trainer rank 0) against the colocated FSDP2 run of 2 processes: EXACTLY equal (losses,
-  rewards, gradient norms, final weights; measured Δ = 0, tighter than the 1e-5 tests/distributed/test_fsdp.py
-  holds FSDP2 to against one process, since both runs take the same FSDP2 steps on the same samples);
+* FSDP2, DeepSpeed ZeRO-3 and ZeRO-2 trainers: 2 trainers + 1 generator (3 processes; the weights gathered over
+  the trainers' group bucket by bucket, broadcast by trainer rank 0; the runs checkpoint twice, so DeepSpeed's and
+  DCP's collectives run on the trainers' group) against the colocated run of the same strategy with 2 processes:
+  EXACTLY equal (losses, rewards, gradient norms, final weights; measured Δ = 0 for FSDP2 and ZeRO-3, tighter than
+  the 1e-5 tests/distributed/test_fsdp.py and test_deepspeed.py hold them to against one process / ddp, since
+  both runs take the same steps of the same engine on the same samples);
 * the weight path alone (workers/weight_sync.py): sharded weights through tiny buckets, and the base check.
 """
 
@@ -56,9 +58,15 @@ def test_lora_separate_k0_equals_colocated_and_pushes_the_adapters_only(micro_mo
 
 
 @pytest.mark.slow(seconds=90)
-def test_fsdp_trainers_separate_k0_equals_colocated_fsdp(micro_model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", [["distributed.strategy=fsdp"],
+                                      ["distributed.strategy=deepspeed", "distributed.deepspeed.zero_stage=3"],
+                                      ["distributed.strategy=deepspeed", "distributed.deepspeed.zero_stage=2"]],
+                         ids=["fsdp", "zero3", "zero2"])
+def test_sharded_trainers_separate_k0_equal_colocated(micro_model: Path, tmp_path: Path, strategy: list[str]) -> None:
+    if "deepspeed" in strategy[0]:
+        pytest.importorskip("deepspeed")
     cfg = _config(micro_model, tmp_path)
-    common = ["train", str(cfg), "distributed.strategy=fsdp"]
+    common = ["train", str(cfg), *strategy]
     assert_ok(run_cli([*common, f"output_dir={tmp_path / 'colocated'}"], nproc=2, timeout=300))
     assert_ok(run_cli([*common, f"output_dir={tmp_path / 'k0'}", "rollout.placement=separate"], nproc=3, timeout=300))
     colocated, k0 = _rows(tmp_path / "colocated"), _rows(tmp_path / "k0")

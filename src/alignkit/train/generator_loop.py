@@ -52,16 +52,16 @@ from alignkit.train.online_loop import iteration_requests, online_steps
 from alignkit.train.run_plan import RunPlan, plan_run
 from alignkit.train.step import TrainState
 
-#: strategies whose trainers can send the policy: whole on every rank (single, ddp) or gathered bucket by bucket
-#: over the trainers' group (fsdp)
-SEPARATE_STRATEGIES = ("single", "ddp", "fsdp")
+#: strategies whose trainers can send the policy: whole on every rank (single, ddp, ZeRO 0-2) or gathered bucket by
+#: bucket over the trainers' group (fsdp, ZeRO-3)
+SEPARATE_STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
 
 
 def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy: str, generators: int,
                    global_batch: int) -> None:
     """What ``placement: separate`` supports so far, each refusal one line: an algorithm with the default rollout
     (policy completions, then scoring), a token policy (kind lm; full weights or LoRA, whose adapters alone
-    travel) under single / ddp / fsdp, and an iteration's completions that split evenly over the generators."""
+    travel) under single / ddp / fsdp / deepspeed, and an iteration's completions that split evenly over the generators."""
     why = None
     policy = next(s for s in workload.specs if s.trainable)
     if not issubclass(algo_cls, OnlineAlgorithm) or not algo_cls.default_rollout(cfg):

@@ -90,7 +90,7 @@ def test_config_cross_checks() -> None:
 
 @pytest.mark.parametrize(("overrides", "why"), [
     (["algorithm=redteam", "redteam.target.model=x"], "rollout of its own"),
-    (["distributed.strategy=deepspeed"], "strategy must be one of single, ddp, fsdp"),
+    (["model.kind=vlm"], "kind lm"),
 ])
 def test_what_separate_refuses(overrides: list[str], why: str) -> None:
     from alignkit.algorithms import ALGORITHMS, workload_of
@@ -102,7 +102,7 @@ def test_what_separate_refuses(overrides: list[str], why: str) -> None:
     ok = load_config(None, ["algorithm=grpo", "model.name_or_path=x", "data.train=x.jsonl", "training.per_device_batch_size=8", "rollout.placement=separate"])
     check_separate(ok, ALGORITHMS.get("grpo"), workload_of(ok), "ddp", 2, 8)
     lora = load_config(None, ["algorithm=grpo", "model.name_or_path=x", "data.train=x.jsonl", "training.per_device_batch_size=8", "rollout.placement=separate", "model.lora={r: 4}"])
-    for strategy in ("single", "fsdp"):  # LoRA (its adapters travel) and the FSDP2 trainers (gathered in buckets)
+    for strategy in ("single", "fsdp", "deepspeed"):  # LoRA (its adapters travel) and the FSDP2 trainers (gathered in buckets)
         check_separate(lora, ALGORITHMS.get("grpo"), workload_of(lora), strategy, 1, 8)
     with pytest.raises(ConfigError, match="split evenly"):
         check_separate(ok, ALGORITHMS.get("grpo"), workload_of(ok), "ddp", 3, 8)
