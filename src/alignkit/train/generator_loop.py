@@ -61,7 +61,8 @@ def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy:
                    global_batch: int) -> None:
     """What ``placement: separate`` supports so far, each refusal one line: an algorithm with the default rollout
     (policy completions, then scoring), a token policy (kind lm; full weights or LoRA, whose adapters alone
-    travel) under single / ddp / fsdp / deepspeed, and an iteration's completions that split evenly over the generators."""
+    travel) under single / ddp / fsdp / deepspeed, and an iteration's completions that split evenly over the
+    generators."""
     why = None
     policy = next(s for s in workload.specs if s.trainable)
     if not issubclass(algo_cls, OnlineAlgorithm) or not algo_cls.default_rollout(cfg):
