@@ -8,7 +8,9 @@ on every rank, the groups the run uses:
   work over it, and its :func:`~alignkit.distributed.env.read_env` is the trainers' world (``set_view``); a
   generator's helpers and view are the generators' own (ranks ``T .. T+M-1``);
 * ``sync``: trainer rank 0 and the generators: the weights, broadcast in buckets from trainer rank 0 after every
-  update (:func:`push_weights` / :func:`pull_weights`; NCCL on GPUs, gloo on CPUs: the world's backend);
+  update (:func:`push_weights` / :func:`pull_weights`; NCCL on GPUs, gloo on CPUs: the world's backend); sharded
+  trainers (FSDP2) gather each bucket together over their own group first; a LoRA policy sends its adapters alone,
+  after :func:`check_base` found the generators' frozen base equal to the trainers';
 * ``objects``: the whole world on gloo: samples, pickled into byte tensors and sent point to point
   (:func:`send_object` returns the pending sends: a generator never waits for a busy trainer to post its
   receive) and the start position a resumed run hands the generators.
@@ -18,10 +20,12 @@ Everything moves with torch.distributed; nothing here opens a socket of its own.
 
 from __future__ import annotations
 
+import hashlib
 import pickle
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -83,13 +87,49 @@ def split_world(generators: int, backend: str, device: torch.device, timeout_min
     return Placement(role, env, T, gens, sync, objects)
 
 
+#: gathers some (possibly sharded) tensors whole on every trainer, collectively (``Strategy.gathered``)
+Gather = Callable[[list[torch.Tensor]], AbstractContextManager[list[torch.Tensor]]]
+
+
+@contextmanager
+def as_is(tensors: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
+    """The :data:`Gather` of tensors every process holds whole."""
+    yield [t.data for t in tensors]
+
+
+def sync_tensors(module: nn.Module, *, lora: bool) -> list[torch.Tensor]:
+    """What a version of ``module`` sends, in order: a LoRA policy's trainable (adapter) parameters only (the
+    generator loads the same frozen base itself, :func:`check_base`); else every parameter and buffer. Taken on a
+    generator before it freezes its copy."""
+    if lora:
+        return [p for p in module.parameters() if p.requires_grad]
+    return [*module.parameters(), *module.buffers()]
+
+
+def frozen_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """A LoRA policy's frozen base parameters (what :func:`check_base` compares)."""
+    return [p for p in module.parameters() if not p.requires_grad]
+
+
+def _wire_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype a tensor travels in: fp32 for bf16 / fp16 (exact; a DeepSpeed bf16 module and the generator's fp32
+    copy then agree on it), else its own."""
+    return torch.float32 if t.dtype in (torch.bfloat16, torch.float16) else t.dtype
+
+
+def _numel(t: torch.Tensor) -> int:
+    """The full size of a tensor (a ZeRO-3 parameter holds only its partition: ``ds_numel``)."""
+    return int(getattr(t, "ds_numel", 0) or t.numel())
+
+
 def _buckets(tensors: list[torch.Tensor]) -> Iterable[list[int]]:
-    """Indices of ``tensors`` in runs of one dtype of at most :data:`BUCKET_BYTES` (a larger tensor alone)."""
+    """Indices of ``tensors`` in runs of one wire dtype of at most :data:`BUCKET_BYTES` (a larger tensor alone);
+    the same on both sides from the full sizes."""
     run: list[int] = []
     size = 0
     for i, t in enumerate(tensors):
-        nbytes = t.numel() * t.element_size()
-        if run and (t.dtype != tensors[run[0]].dtype or size + nbytes > BUCKET_BYTES):
+        nbytes = _numel(t) * _wire_dtype(t).itemsize
+        if run and (_wire_dtype(t) != _wire_dtype(tensors[run[0]]) or size + nbytes > BUCKET_BYTES):
             yield run
             run, size = [], 0
         run.append(i)
@@ -98,34 +138,67 @@ def _buckets(tensors: list[torch.Tensor]) -> Iterable[list[int]]:
         yield run
 
 
-def _sync_weights(module: nn.Module, group: Any, *, send: bool) -> None:
-    """Broadcast ``module``'s parameters and buffers from the group's rank 0 (trainer rank 0) to the others, in
-    flat buckets; the receivers copy them into their own module of the same architecture."""
-    tensors = [t.data for t in (*module.parameters(), *module.buffers())]
-    device = tensors[0].device if tensors else torch.device("cpu")
-    if dist.get_backend(group) == "gloo":
-        device = torch.device("cpu")
+def _wire_device(tensors: list[torch.Tensor], group: Any) -> torch.device:
+    if not tensors or dist.get_backend(group) == "gloo":
+        return torch.device("cpu")
+    return tensors[0].device
+
+
+def _full_buckets(tensors: list[torch.Tensor], gather: Gather, device: torch.device,
+                  keep: bool) -> Iterator[torch.Tensor | None]:
+    """Each bucket of ``tensors`` gathered whole (every trainer takes part in the gather) and flattened in its wire
+    dtype on ``device`` where ``keep`` (trainer rank 0), else None: one bucket at a time beside the shards."""
     with torch.no_grad():
         for idx in _buckets(tensors):
-            flat = torch.cat([tensors[i].reshape(-1).to(device) for i in idx]) if send else torch.empty(
-                sum(tensors[i].numel() for i in idx), dtype=tensors[idx[0]].dtype, device=device)
-            dist.broadcast(flat, group=group, group_src=0)
-            if not send:
-                offset = 0
-                for i in idx:
-                    n = tensors[i].numel()
-                    tensors[i].copy_(flat[offset : offset + n].view_as(tensors[i]))
-                    offset += n
+            with gather([tensors[i] for i in idx]) as full:
+                yield torch.cat([f.reshape(-1).to(device, _wire_dtype(f)) for f in full]) if keep else None
 
 
-def push_weights(module: nn.Module, placement: Placement) -> None:
-    """Trainer rank 0: send ``module``'s current weights to every generator (they call :func:`pull_weights`)."""
-    _sync_weights(module, placement.sync, send=True)
+def push_weights(tensors: list[torch.Tensor], placement: Placement, gather: Gather = as_is) -> int:
+    """Every trainer: send ``tensors`` (:func:`sync_tensors` of the trained module, sharded or whole) to every
+    generator (they call :func:`pull_weights`), gathered bucket by bucket over the trainers' group and broadcast
+    from trainer rank 0 alone; the bytes it sent (0 on the other trainers)."""
+    sender, sent = placement.env.rank == 0, 0
+    device = _wire_device(tensors, placement.sync) if sender else torch.device("cpu")  # only rank 0 is in sync
+    for flat in _full_buckets(tensors, gather, device, sender):
+        if flat is not None:
+            dist.broadcast(flat, group=placement.sync, group_src=0)
+            sent += flat.numel() * flat.element_size()
+    return sent
 
 
-def pull_weights(module: nn.Module, placement: Placement) -> None:
-    """A generator: receive trainer rank 0's next :func:`push_weights` into ``module``."""
-    _sync_weights(module, placement.sync, send=False)
+def pull_weights(tensors: list[torch.Tensor], placement: Placement) -> None:
+    """A generator: receive trainer rank 0's next :func:`push_weights` into ``tensors`` (its own copy's)."""
+    device = _wire_device(tensors, placement.sync)
+    with torch.no_grad():
+        for idx in _buckets(tensors):
+            flat = torch.empty(sum(_numel(tensors[i]) for i in idx), dtype=_wire_dtype(tensors[idx[0]]), device=device)
+            dist.broadcast(flat, group=placement.sync, group_src=0)
+            offset = 0
+            for i in idx:
+                n = tensors[i].numel()
+                tensors[i].data.copy_(flat[offset : offset + n].view_as(tensors[i]))
+                offset += n
+
+
+def check_base(tensors: list[torch.Tensor], placement: Placement, gather: Gather = as_is) -> None:
+    """Once at start, every process of a LoRA run: the frozen base ``tensors`` (:func:`frozen_tensors`) of trainer
+    rank 0 and of each generator must be equal (a SHA-256 of their bytes, gathered bucket by bucket like
+    :func:`push_weights`), since only the adapters travel; one line otherwise, on each of them."""
+    keep = placement.role == "generator" or placement.env.rank == 0
+    digest = hashlib.sha256()
+    for flat in _full_buckets(tensors, gather, torch.device("cpu"), keep):
+        if flat is not None:
+            digest.update(flat.numpy().tobytes())
+    if not keep:
+        return
+    mine = (digest.hexdigest(), len(tensors))
+    every: list[Any] = [None] * dist.get_world_size(placement.sync)
+    dist.all_gather_object(every, mine, group=placement.sync)
+    if any(d != every[0] for d in every):
+        raise ConfigError(f"rollout.placement: separate with LoRA: the generators' base weights differ from the "
+                          f"trainers' (checksums {sorted({d[0][:12] for d in every})}); only the adapters are sent, "
+                          "so every process must load the same model.name_or_path")
 
 
 @dataclass

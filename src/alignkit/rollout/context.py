@@ -117,11 +117,11 @@ class RolloutContext:
             engine = self.engine_for(role)
             if engine.runs_in_caller:  # fp32 master weights decode in bf16, not in fp32 GEMMs
                 stack.enter_context(self.strategy.autocast())
-            if self.gather_full_params or not self.strategy.frozen_plan():
+            if (self.gather_full_params and not engine.gathers_weights) or not self.strategy.frozen_plan():
                 plain = stack.enter_context(self.strategy.full_params(module))
                 stack.enter_context(generation_phase(engine, plain))
                 return kind.generate(plain, engine, prompts, params)
-            if not engine.generates_sharded:
+            if not (engine.generates_sharded or engine.gathers_weights):
                 raise ValueError(f"rollout.engine: {engine.name} generates from the full weights; set "
                                  "rollout.gather_full_params: true")
             sharded = self.strategy.unwrap(module)

@@ -89,6 +89,9 @@ class RolloutEngine(abc.ABC):
     #: generates on a sharded module with every rank stepping together (``synced``; HF's ``synced_gpus``), so
     #: ``rollout.gather_full_params: false`` works; else it needs the gathered full weights
     generates_sharded: ClassVar[bool] = False
+    #: takes the trained module as it is (sharded or not) and gathers its weights itself, bucket by bucket (the
+    #: remote engine of a separate placement): the rollout gathers nothing for it
+    gathers_weights: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod

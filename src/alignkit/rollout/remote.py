@@ -21,7 +21,16 @@ import torch
 from torch import nn
 
 from alignkit.distributed import comm
-from alignkit.distributed.placement import Placement, push_weights, recv_object
+from alignkit.distributed.placement import (
+    Gather,
+    Placement,
+    as_is,
+    check_base,
+    frozen_tensors,
+    push_weights,
+    recv_object,
+    sync_tensors,
+)
 from alignkit.metrics import MetricSums
 from alignkit.rollout.engine import Generations, Prompt, RolloutEngine, SamplingParams, as_prompts
 from alignkit.rollout.experience import Sample
@@ -72,6 +81,7 @@ class Received:
     generator_generate_s: float = 0.0
     wait_s: float = 0.0
     sync_s: float = 0.0
+    sync_bytes: int = 0
 
 
 class RemoteEngine(RolloutEngine):
@@ -79,9 +89,16 @@ class RemoteEngine(RolloutEngine):
     rank), whether it holds some of this trainer's completions each iteration (it sends them in generator order)."""
 
     name = "remote"
+    #: the rollout hands it the trained module as it is (sharded or not): it gathers it bucket by bucket itself
+    gathers_weights = True
 
-    def __init__(self, tokenizer: Any, placement: Placement, parts: list[int]) -> None:
+    def __init__(self, tokenizer: Any, placement: Placement, parts: list[int], gather: Gather | None = None,
+                 lora: bool = False) -> None:
+        """``gather``: the trainers' Strategy's ``gathered`` (whole tensors from shards, collectively); ``lora``:
+        the policy is a LoRA model: only its adapters are sent, its base checked once (:func:`check_base`)."""
         self.tokenizer, self.placement, self.parts = tokenizer, placement, parts
+        self.gather = gather or as_is
+        self.lora, self.base_checked = lora, False
         self.received = Received()
         self._scores: dict[str, dict[str, list[float]]] = {}
 
@@ -94,13 +111,15 @@ class RemoteEngine(RolloutEngine):
                          "tokenizer generates in an algorithm with its own rollout: use placement: colocated)")
 
     def sync_weights(self, model: nn.Module) -> bool:
-        """Trainer rank 0 broadcasts ``model``'s weights to the generators (they take every version in order)."""
-        if self.placement.env.rank != 0:
-            return False
+        """Every trainer takes part in gathering ``model``'s weights (the adapters of a LoRA policy) bucket by
+        bucket; trainer rank 0 broadcasts them to the generators (they take every version in order)."""
         start = time.perf_counter()
-        push_weights(model, self.placement)
-        self.received.sync_s = time.perf_counter() - start
-        return True
+        if self.lora and not self.base_checked:
+            check_base(frozen_tensors(model), self.placement, self.gather)
+            self.base_checked = True
+        sent = push_weights(sync_tensors(model, lora=self.lora), self.placement, self.gather)
+        self.received.sync_s, self.received.sync_bytes = time.perf_counter() - start, sent
+        return self.placement.env.rank == 0
 
     def generate(self, model: nn.Module, prompts: Sequence[Prompt] | Sequence[list[int]], params: SamplingParams,
                  *, synced: bool = False, progress: str | None = None) -> Generations:
@@ -135,7 +154,8 @@ class RemoteEngine(RolloutEngine):
         logps = [lp for d in parts for lp in (d.logps or [])] if all(d.logps is not None for d in parts) else None
         self.received = Received([d.version for d in parts for _ in d.seeds], logps,
                                  max((d.idle_s for d in parts), default=0.0),
-                                 max((d.generate_s for d in parts), default=0.0), wait, self.received.sync_s)
+                                 max((d.generate_s for d in parts), default=0.0), wait, self.received.sync_s,
+                                 self.received.sync_bytes)
         return parts
 
 

@@ -36,7 +36,17 @@ from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config import RunConfig
 from alignkit.data.sampler import GlobalOrder
 from alignkit.distributed.env import DistEnv, read_launch_env
-from alignkit.distributed.placement import Placement, broadcast_start, pull_weights, send_object, split_world
+from alignkit.distributed.placement import (
+    Placement,
+    broadcast_start,
+    check_base,
+    frozen_tensors,
+    pull_weights,
+    send_object,
+    split_world,
+    sync_tensors,
+)
+from alignkit.distributed.strategy import build_strategy
 from alignkit.distributed.strategy.base import pick_backend, pick_compute_dtype, pick_device
 from alignkit.errors import ConfigError
 from alignkit.logging import setup_console
@@ -52,22 +62,24 @@ from alignkit.train.online_loop import iteration_requests, online_steps
 from alignkit.train.run_plan import RunPlan, plan_run
 from alignkit.train.step import TrainState
 
-#: strategies whose trainers keep the whole policy on every rank (what a bucketed broadcast sends as it is)
-SEPARATE_STRATEGIES = ("single", "ddp")
+#: strategies whose trainers can send the policy: whole on every rank (single, ddp, ZeRO 0-2) or gathered bucket by
+#: bucket over the trainers' group (fsdp, ZeRO-3)
+SEPARATE_STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
 
 
 def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy: str, generators: int,
                    global_batch: int) -> None:
     """What ``placement: separate`` supports so far, each refusal one line: an algorithm whose rollout splits
-    (``OnlineAlgorithm.split_rollout``: the default one, grpo_agent's), a full-weight token policy (no LoRA, kind lm) under single / ddp, and an
-    iteration's completions that split evenly over the generators."""
+    (``OnlineAlgorithm.split_rollout``: the default one, grpo_agent's), a token policy (kind lm; full weights or
+    LoRA, whose adapters alone travel) under single / ddp / fsdp / deepspeed, and an iteration's completions that
+    split evenly over the generators."""
     why = None
     policy = next(s for s in workload.specs if s.trainable)
     if not issubclass(algo_cls, OnlineAlgorithm) or algo_cls.split_rollout(cfg) is None:
         why = (f"the {cfg.algorithm} algorithm (as configured: e.g. grpo.dynamic_sampling) has a rollout of its own "
                "(split so far: the default rollout and grpo_agent's; not red teaming, flow, dynamic sampling)")
-    elif policy.kind != "lm" or policy.lora:
-        why = "the policy must be a full-weight language model (kind lm, no LoRA) for now"
+    elif policy.kind != "lm":
+        why = f"the policy must be a language model (kind lm) for now, not kind {policy.kind}"
     elif strategy not in SEPARATE_STRATEGIES:
         why = f"the trainers' strategy must be one of {', '.join(SEPARATE_STRATEGIES)} for now, not {strategy}"
     elif global_batch % generators:
@@ -102,8 +114,13 @@ class Generator:
         self.r, self.device = r, pick_device(placement.env)
         self.compute_dtype = pick_compute_dtype(cfg.model.dtype, self.device)
         spec = next(s for s in workload.specs if s.trainable)
-        # fp32 like the trainer's master weights: the broadcast copies them as they are
-        self.policy = build_model(spec, cfg.model, torch.float32, algo.tokenizer).to(self.device).eval()
+        # in the trainers' dtype (fp32 master weights; a LoRA base in theirs): the broadcast copies them as they are
+        trainers = build_strategy(plan.strategy, plan.distributed, trainer_view(placement), cfg.model.dtype,
+                                  compute_weights=cfg.model.compute_weights)
+        self.policy = build_model(spec, cfg.model, trainers.policy_dtype(lora=spec.lora), algo.tokenizer)
+        self.policy = self.policy.to(self.device).eval()
+        self.sync = sync_tensors(self.policy, lora=spec.lora)  # what a version brings (a LoRA's adapters only)
+        self.base = frozen_tensors(self.policy) if spec.lora else None  # checked against the trainers' once
         self.policy.requires_grad_(False)
         self.kind = KINDS.get(spec.kind)  # generates as the trainers' rollout does: through the policy's kind
         self.pad = algo.tokenizer.pad_token_id
@@ -121,6 +138,8 @@ class Generator:
 
     def run(self) -> None:
         start = broadcast_start(None, self.placement)
+        if self.base is not None:  # the trainers check it before their first push
+            check_base(self.base, self.placement)
         state = TrainState(start["step"], start["epoch"], start["consumed"])
         spi = self.r.steps_per_iteration
         first, last = state.step // spi, math.ceil(self.plan.steps.total / spi)
@@ -152,7 +171,7 @@ class Generator:
         """Receive the pushed versions up to ``version``; the seconds it waited."""
         start = time.perf_counter()
         while self.version < version:
-            pull_weights(self.policy, self.placement)
+            pull_weights(self.sync, self.placement)
             self.version += 1
         return time.perf_counter() - start
 

@@ -81,7 +81,8 @@ class OnlineTrainer:
         #: evaluation still generates here, greedily)
         self.placement = placement
         self.remote = None if placement is None else RemoteEngine(
-            algo.tokenizer, placement, trainer_sources(placement, b.global_batch, self.strategy.dp_rank))
+            algo.tokenizer, placement, trainer_sources(placement, b.global_batch, self.strategy.dp_rank),
+            self.strategy.gathered, models.specs[models.primary].lora)
         self.out = Path(cfg.output_dir)
         #: seconds of the last iteration's logging and evaluation + checkpointing (logged with the next one)
         self._tail_s: dict[str, float] = {}
@@ -225,6 +226,7 @@ class OnlineTrainer:
             experience.samples = tag_staleness(experience.samples, got.versions, version, r.max_staleness,
                                                experience.stats)
             for name, seconds in (("trainer_wait_s", got.wait_s), ("weight_sync_s", got.sync_s),
+                                  ("weight_sync_bytes", float(got.sync_bytes)),
                                   ("generator_idle_s", got.generator_idle_s),
                                   ("generator_generate_s", got.generator_generate_s)):
                 experience.stats.add(f"async/{name}", seconds, 1)

@@ -50,6 +50,31 @@ def test_weight_buckets_keep_one_dtype_and_a_size_bound(monkeypatch: pytest.Monk
     ts = [torch.zeros(10), torch.zeros(10), torch.zeros(40), torch.zeros(3, dtype=torch.float64), torch.zeros(2)]
     # 40 + 40 bytes fit; 160 alone (larger than a bucket); a dtype change starts a bucket
     assert list(_buckets(ts)) == [[0, 1], [2], [3], [4]]
+    # bf16 travels as fp32 (40 bytes each: one bucket with an fp32 tensor); a ZeRO-3 parameter counts its full size
+    zero3 = torch.nn.Parameter(torch.zeros(0))
+    zero3.ds_numel = 20  # 80 bytes: with the 40 before it, over the bound
+    ts = [torch.zeros(10, dtype=torch.bfloat16), torch.zeros(10), zero3]
+    assert list(_buckets(ts)) == [[0, 1], [2]]
+
+
+def test_what_a_version_sends_and_the_base_check() -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from alignkit.distributed.placement import frozen_tensors, sync_tensors
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2))
+    whole = sync_tensors(base, lora=False)
+    assert len(whole) == len(list(base.parameters())) + len(list(base.buffers()))
+    model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    adapters = sync_tensors(model, lora=True)
+    # q and v of the one layer, A and B each: 4 tensors, 2 x (2 x 16 + 16 x 2) = 128 numbers
+    assert len(adapters) == 4 and sum(t.numel() for t in adapters) == 128
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all("lora_" in names[id(t)] for t in adapters)
+    assert all("lora_" not in names[id(t)] for t in frozen_tensors(model)) and frozen_tensors(model)
 
 
 def test_config_cross_checks() -> None:
@@ -65,8 +90,7 @@ def test_config_cross_checks() -> None:
 
 @pytest.mark.parametrize(("overrides", "why"), [
     (["algorithm=redteam", "redteam.target.model=x"], "rollout of its own"),
-    (["model.lora={r: 4}"], "no LoRA"),
-    (["distributed.strategy=fsdp"], "strategy must be one of single, ddp"),
+    (["model.kind=vlm"], "kind lm"),
 ])
 def test_what_separate_refuses(overrides: list[str], why: str) -> None:
     from alignkit.algorithms import ALGORITHMS, workload_of
@@ -77,6 +101,9 @@ def test_what_separate_refuses(overrides: list[str], why: str) -> None:
         check_separate(cfg, ALGORITHMS.get(cfg.algorithm), workload_of(cfg), cfg.distributed.strategy, 1, 8)
     ok = load_config(None, ["algorithm=grpo", "model.name_or_path=x", "data.train=x.jsonl", "training.per_device_batch_size=8", "rollout.placement=separate"])
     check_separate(ok, ALGORITHMS.get("grpo"), workload_of(ok), "ddp", 2, 8)
+    lora = load_config(None, ["algorithm=grpo", "model.name_or_path=x", "data.train=x.jsonl", "training.per_device_batch_size=8", "rollout.placement=separate", "model.lora={r: 4}"])
+    for strategy in ("single", "fsdp", "deepspeed"):  # LoRA (its adapters travel) and the FSDP2 trainers (gathered in buckets)
+        check_separate(lora, ALGORITHMS.get("grpo"), workload_of(lora), strategy, 1, 8)
     with pytest.raises(ConfigError, match="split evenly"):
         check_separate(ok, ALGORITHMS.get("grpo"), workload_of(ok), "ddp", 3, 8)
 

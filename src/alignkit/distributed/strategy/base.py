@@ -220,6 +220,13 @@ class Strategy(ABC):
         to call (``generate``, forward), on every rank at the same time."""
         yield self.unwrap(module)
 
+    @contextlib.contextmanager
+    def gathered(self, tensors: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
+        """Some of a module's parameters (or buffers) whole for the duration, on every rank at the same time (a
+        collective over the data-parallel group under the sharding engines, which override it): for sending them
+        in buckets (``distributed/placement.py`` ``push_weights``). Here every rank holds them whole already."""
+        yield [t.data for t in tensors]
+
     def local_params(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """The storage this rank holds of ``module``'s trainable parameters by name (of the unwrapped module):
         tensors that share it (an in-place write changes the parameter), whole here, this rank's shard under the

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from alignkit.config.loader import BatchPlan
+from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.distributed.strategy.deepspeed_config import (
     build_deepspeed_config,
@@ -35,6 +36,7 @@ from alignkit.distributed.strategy.deepspeed_config import (
     frozen_model_config,
     offloads_params,
 )
+from alignkit.distributed.strategy.deepspeed_group import use_trainers_group
 from alignkit.distributed.strategy.sharded import ensure_process_group, save_hf_state_dict
 from alignkit.errors import ConfigError
 from alignkit.models.loading import hf_model, split_lm
@@ -98,6 +100,8 @@ class DeepSpeedStrategy(Strategy):
         ensure_process_group(self.backend, self.cfg.timeout_minutes)
         os.environ.setdefault("LOCAL_RANK", str(self.env.local_rank))  # a plain `python` run has none
         ds.init_distributed(dist_backend=self.backend, auto_mpi_discovery=False)
+        if comm.group() is not None:  # rollout.placement: separate: the trainers' group is DeepSpeed's world
+            use_trainers_group(comm.group())
 
     # ------------------------------------------------------------------ models
     def policy_dtype(self, *, lora: bool) -> torch.dtype:
@@ -157,6 +161,17 @@ class DeepSpeedStrategy(Strategy):
                 yield self.unwrap(engine)
         else:
             yield self.unwrap(module)
+
+    @contextlib.contextmanager
+    def gathered(self, tensors: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
+        """ZeRO-3: the partitioned parameters among ``tensors`` gathered together (every rank takes part) and
+        released after; other stages hold them whole."""
+        params = [t for t in tensors if hasattr(t, "ds_id")]
+        if not params:
+            yield [t.data for t in tensors]
+            return
+        with import_deepspeed().zero.GatheredParameters(params, modifier_rank=None):
+            yield [t.data for t in tensors]
 
     def local_params(self, module: nn.Module) -> dict[str, torch.Tensor]:
         if self.zero_stage == 3:  # ZeRO-3 partitions each parameter: ds_tensor is this rank's flat partition

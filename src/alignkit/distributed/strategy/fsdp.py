@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from alignkit.distributed import comm
 from alignkit.distributed.strategy.base import Handle, OptimizerFactory, Strategy
 from alignkit.distributed.strategy.sharded import decoder_blocks, ensure_process_group, save_hf_state_dict
 from alignkit.errors import ModelError
@@ -44,7 +45,13 @@ class FSDPStrategy(Strategy):
         ensure_process_group(self.backend, self.cfg.timeout_minutes)
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.mesh = init_device_mesh(self.device.type, (self.env.world_size,), mesh_dim_names=("dp",))
+        group = comm.group()  # the trainers' group under rollout.placement: separate (generators are not in it)
+        if group is not None:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            self.mesh = DeviceMesh.from_group(group, self.device.type, mesh_dim_names=("dp",))
+        else:
+            self.mesh = init_device_mesh(self.device.type, (self.env.world_size,), mesh_dim_names=("dp",))
 
     # ------------------------------------------------------------------ models
     def _mp_policy(self) -> Any:
@@ -126,6 +133,13 @@ class FSDPStrategy(Strategy):
                 u.reshard()
                 u.set_reshard_after_forward(before, recurse=False)
 
+    @contextlib.contextmanager
+    def gathered(self, tensors: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
+        """Each DTensor all-gathered over the mesh (every rank takes part), the others as they are."""
+        from torch.distributed.tensor import DTensor
+
+        yield [t.full_tensor() if isinstance(t, DTensor) else t.data for t in tensors]
+
     def local_params(self, module: nn.Module) -> dict[str, torch.Tensor]:
         from torch.distributed.tensor import DTensor
 
@@ -168,7 +182,7 @@ class FSDPStrategy(Strategy):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         msd, osd = get_state_dict(handle.module, handle.optimizer, options=_options())
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(out_dir / DCP_DIR))
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(out_dir / DCP_DIR), process_group=comm.group())
         if handle.scaler is not None and self.is_main:  # out_dir is the role's own folder
             torch.save({"scaler": handle.scaler.state_dict()}, out_dir / "scaler.pt")
         self.barrier()
@@ -187,7 +201,7 @@ class FSDPStrategy(Strategy):
         # get_state_dict initialises the optimizer state, so DCP has tensors to load into.
         msd, osd = get_state_dict(model, optimizer, options=_options())
         state = {"model": msd, "optim": osd}
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, checkpoint_id=str(path), process_group=comm.group())
         # strict=False only because frozen weights are absent on purpose; anything else missing is an error.
         result = set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_options(False)
