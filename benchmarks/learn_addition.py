@@ -52,7 +52,7 @@ RESULT_TAG = "BENCH_RESULT "
 THREADS = 1
 G = 8
 BATCH = 64
-LR = 1e-3
+LR = 1e-4
 ITERATIONS = 30
 MAX_NEW = 6
 SFT_STEPS = 600
@@ -379,13 +379,18 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=SFT_STEPS)
     ap.add_argument("--lr", type=float, default=LR)
     ap.add_argument("--jobs", type=int, default=2, help="processes at once (a 2-process variant's run counts 2)")
-    ap.add_argument("--trl-python", default="/tmp/h4trlenv/bin/python", help="the interpreter with TRL installed")
+    ap.add_argument("--trl-python", default="", help="an interpreter with TRL installed (default: the virtualenv "
+                    "bench_sft_dpo.py builds in OUT/.venv-trl)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--result", type=Path, default=None, help="merge into this result JSON (default: today's)")
     ap.add_argument("--sft-only", action="store_true", help="build and evaluate the starting policy only")
     ap.add_argument("--report", type=Path, default=None, help="only rewrite the .md of this result JSON")
     a = ap.parse_args()
     a.variants = [v for v in a.variants.split(",") if v]
+    if "trl" in a.variants and not a.trl_python:
+        from bench_sft_dpo import ensure_trl_venv
+
+        a.trl_python = str(ensure_trl_venv(a.out / ".venv-trl"))
     if a.report:
         result = json.loads(a.report.read_text())
         a.report.with_suffix(".md").write_text(markdown(result), encoding="utf-8")

@@ -1,4 +1,10 @@
-"""Does alignkit's GRPO learn at least as well as TRL's GRPOTrainer? (issue 24) Same SFT'd policy, prompts,
+"""SUPERSEDED by ``learn_addition.py`` (issue 47): this task mostly measures whether a policy learns to answer "0"
+(a constant "0" policy scores 0.19 with the shared evaluator, the trained finals 0.08-0.22; on the 64 products
+without a 0 or 1 factor every policy, either side, is right 0-2% of the time), its per-seed numbers change with
+the thread count, and its recorded alignkit lead came from one collapsed TRL seed (16 seeds: equal within noise).
+Kept for its ``--probe`` (do both sides sample alike at iteration 0?) and the earlier results it produced.
+
+Does alignkit's GRPO learn at least as well as TRL's GRPOTrainer? (issue 24) Same SFT'd policy, prompts,
 reward, group size, batch, lr and iteration count, over N seeds per side; each side in its own subprocess
 (TRL 1.16 in its own virtualenv ``results/.venv-trl``, never a dependency of alignkit).
 
