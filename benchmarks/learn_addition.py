@@ -150,24 +150,11 @@ def paired(xs: list[float], ys: list[float]) -> dict[str, Any]:
 
 # ====================================================================== children (``--child KIND SPEC``)
 def child_sft(spec: dict[str, Any]) -> dict[str, Any]:
-    """Build the micro Llama and SFT it on bare answers (alignkit, seed 0): the shared starting policy."""
-    sys.path.insert(0, str(REPO / "src"))
-    import torch
+    """Build the micro Llama and SFT it on bare answers (alignkit, seed 0, 1 thread, cosine lr 3e-3 with 20 warm-up
+    steps, batch 32 packed to 64 tokens): ``learn_grpo_vs_trl.child_sft`` with this task's steps."""
+    import learn_grpo_vs_trl
 
-    torch.set_num_threads(THREADS)
-    from alignkit.config import load_config
-    from alignkit.models.tiny import build_tiny_model
-    from alignkit.train.runner import run_train
-
-    base = build_tiny_model(Path(spec["dir"]) / "base", size="micro", seed=0)
-    cfg = load_config(None, [
-        "algorithm=sft", f"model.name_or_path={base}", f"output_dir={spec['dir']}/sft", f"data.train={spec['sft']}",
-        "data.max_length=64", "data.packing=true", "training.per_device_batch_size=32",
-        "training.learning_rate=3e-3", "training.lr_scheduler=cosine", "training.warmup_steps=20",
-        f"training.max_steps={spec['steps']}", "training.seed=0", "logging.logging_steps=100", "logging.plot=false",
-    ])
-    run_train(cfg)
-    return {"policy": str(Path(spec["dir"]) / "sft" / "final")}
+    return learn_grpo_vs_trl.child_sft({**spec, "warmup": 20, "threads": THREADS})
 
 
 def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
