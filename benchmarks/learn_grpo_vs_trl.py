@@ -1,4 +1,10 @@
-"""Does alignkit's GRPO learn at least as well as TRL's GRPOTrainer? (issue 24) Same SFT'd policy, prompts,
+"""SUPERSEDED by ``learn_addition.py`` (issue 47): this task mostly measures whether a policy learns to answer "0"
+(a constant "0" policy scores 0.19 with the shared evaluator, the trained finals 0.08-0.22; on the 64 products
+without a 0 or 1 factor every policy, either side, is right 0-2% of the time), its per-seed numbers change with
+the thread count, and its recorded alignkit lead came from one collapsed TRL seed (16 seeds: equal within noise).
+Kept for its ``--probe`` (do both sides sample alike at iteration 0?) and the earlier results it produced.
+
+Does alignkit's GRPO learn at least as well as TRL's GRPOTrainer? (issue 24) Same SFT'd policy, prompts,
 reward, group size, batch, lr and iteration count, over N seeds per side; each side in its own subprocess
 (TRL 1.16 in its own virtualenv ``results/.venv-trl``, never a dependency of alignkit).
 
@@ -109,11 +115,12 @@ def write_task_data(work: Path) -> dict[str, str]:
 
 
 def child_sft(spec: dict[str, Any]) -> dict[str, Any]:
-    """Build the micro Llama and SFT it (alignkit, seed 0): the shared starting policy."""
+    """Build the micro Llama and SFT it (alignkit, seed 0): the shared starting policy (``spec``'s ``steps``,
+    ``warmup`` and ``threads`` override ``SFT_STEPS``, 10 and ``THREADS``: ``learn_addition.py`` uses it too)."""
     sys.path.insert(0, str(REPO / "src"))
     import torch
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(spec.get("threads", THREADS))
     from alignkit.config import load_config
     from alignkit.models.tiny import build_tiny_model
     from alignkit.train.runner import run_train
@@ -122,8 +129,9 @@ def child_sft(spec: dict[str, Any]) -> dict[str, Any]:
     cfg = load_config(None, [
         "algorithm=sft", f"model.name_or_path={base}", f"output_dir={spec['dir']}/sft", f"data.train={spec['sft']}",
         "data.max_length=64", "data.packing=true", "training.per_device_batch_size=32",
-        "training.learning_rate=3e-3", "training.lr_scheduler=cosine", "training.warmup_steps=10",
-        f"training.max_steps={SFT_STEPS}", "training.seed=0", "logging.logging_steps=50", "logging.plot=false",
+        "training.learning_rate=3e-3", "training.lr_scheduler=cosine", f"training.warmup_steps={spec.get('warmup', 10)}",
+        f"training.max_steps={spec.get('steps', SFT_STEPS)}", "training.seed=0", "logging.logging_steps=50",
+        "logging.plot=false",
     ])
     run_train(cfg)
     return {"policy": str(Path(spec["dir"]) / "sft" / "final")}

@@ -25,17 +25,22 @@ def products() -> list[tuple[str, str]]:
     return [(f"What is {x}*{y}?", str(x * y)) for x in range(10) for y in range(10)]
 
 
-def evaluate(path: str, *, samples: int, max_new: int, seed: int) -> dict[str, Any]:
+def evaluate(path: str, *, samples: int, max_new: int, seed: int, rows: list[tuple[str, str]] | None = None,
+             greedy: bool = False) -> dict[str, Any]:
     """The mean exact-match reward of ``samples`` sampled completions per product of the policy at ``path``,
     with its standard error (over products: sampling noise and which products it knows), the reward per product,
-    and the share of completions in the bare-number form (the form the reward asks for, right or wrong)."""
+    and the share of completions in the bare-number form (the form the reward asks for, right or wrong).
+    ``rows``: other (question, answer) pairs than the 100 products (``learn_addition.py``'s held-out sums);
+    ``greedy``: one greedy completion per row instead of ``samples`` sampled ones."""
     import bench_rewards
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    rows = products()
+    rows = rows or products()
+    samples = 1 if greedy else samples
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
     ids = [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
                add_special_tokens=False)["input_ids"] for q, _ in rows]
     groups: dict[int, list[int]] = {}  # prompts of one length generate together, without padding
@@ -46,8 +51,8 @@ def evaluate(path: str, *, samples: int, max_new: int, seed: int) -> dict[str, A
         batch = torch.tensor([ids[i] for i in members])
         torch.manual_seed(seed * 1000 + g)  # the same draws for every policy: common random numbers
         with torch.no_grad():
-            out = model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=True, temperature=1.0, top_k=0,
-                                 top_p=1.0, max_new_tokens=max_new, num_return_sequences=samples,
+            out = model.generate(batch, attention_mask=torch.ones_like(batch), **sampling, max_new_tokens=max_new,
+                                 num_return_sequences=samples,
                                  pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
         texts = tok.batch_decode(out[:, length:], skip_special_tokens=True)
         for j, i in enumerate(members):  # num_return_sequences repeats each prompt in place
