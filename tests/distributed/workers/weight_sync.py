@@ -64,7 +64,7 @@ def main() -> None:
         refused = str(e)
     # refused on trainer rank 0 and the generator (the weight-sync group); trainer 1 only helps gather
     assert ("base weights differ" in refused) == (where.env.rank in (0, 2)), (where.env.rank, refused)
-    print("OK", where.env.rank, sent, flush=True)
+    print(f"OK {where.env.rank} {sent}", flush=True)  # one write: three processes share the pipe
 
 
 if __name__ == "__main__":
