@@ -99,17 +99,17 @@ class AgentGRPO(GroupRelative):
         return run_trajectories(self.env, self.renderer, rows, generate, limits, seconds, seeds)
 
     def trajectories(self, ctx: RolloutContext) -> tuple[list[Trajectory], dict[str, float]]:
-        """One trajectory per row of ``ctx.rows``, sampled with ``ctx.params`` here, or received from a separate
-        placement's generators (the remote engine); and the seconds by phase of where they were made."""
-        if ctx.engine.name == "remote":
-            trajs, seconds = ctx.delivered()
-            return trajs, seconds
+        """One trajectory per row of ``ctx.rows``, sampled with ``ctx.params`` (:meth:`RolloutContext.items`), and
+        the seconds by phase of where they were made."""
 
         def generate(prompts: list[Any], max_new: int) -> Any:
             return ctx.generate("policy", prompts, replace(ctx.params, max_new_tokens=max_new))
 
-        seeds = None if ctx.seeds is None else with_stream(ctx.seeds, "policy")
-        return self.run(ctx.rows, seeds, generate, ctx.params.max_new_tokens, ctx.seconds), ctx.seconds
+        def make() -> tuple[list[Trajectory], dict[str, float]]:
+            seeds = None if ctx.seeds is None else with_stream(ctx.seeds, "policy")
+            return self.run(ctx.rows, seeds, generate, ctx.params.max_new_tokens, ctx.seconds), ctx.seconds
+
+        return ctx.items(make)
 
     def rollout(self, ctx: RolloutContext) -> Experience:
         trajs, seconds = self.trajectories(ctx)

@@ -141,10 +141,14 @@ class RolloutContext:
         return [replace(p, seed=s) if isinstance(p, Prompt) else Prompt(list(p), seed=s)
                 for p, s in zip(prompts, with_stream(self.seeds, role))]
 
-    def delivered(self, role: str = "policy") -> tuple[list[Any], dict[str, float]]:
-        """What a separate placement's generators made of :attr:`rows` in the algorithm's own split rollout
-        (``grpo_agent``: trajectories; ``rollout/remote.py`` ``RemoteEngine.delivered``) and their seconds by phase,
-        in one generation phase of the remote engine (trainer rank 0 pushes ``role``'s weights first)."""
+    def items(self, make: Callable[[], tuple[list[Any], dict[str, float]]],
+              role: str = "policy") -> tuple[list[Any], dict[str, float]]:
+        """An algorithm's own split rollout (``split_rollout`` "items"; ``grpo_agent``: trajectories) of :attr:`rows`
+        and their seconds by phase: ``make()`` here, or under a separate placement what its generators made of the
+        rows (``rollout/remote.py`` ``RemoteEngine.delivered``), in one generation phase of the remote engine
+        (trainer rank 0 pushes ``role``'s weights first). The algorithm does not see where they were made."""
+        if self.engine.name != "remote":
+            return make()
         with self.timed("generate"), ExitStack() as stack:
             plain = stack.enter_context(self.strategy.full_params(self.models[role]))
             stack.enter_context(generation_phase(self.engine, plain))
