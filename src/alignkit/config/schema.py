@@ -70,6 +70,13 @@ class ModelConfig:
     )
     trust_remote_code: bool = f(False, "Allow model code from the hub/local dir to run. Off by default.")
     lora: Optional[LoraConfig] = f(None, "LoRA adapters through peft; null = full fine-tuning.")
+    freeze: list[str] = f(
+        [], "Parameters of the trained policy kept frozen (full fine-tuning): regular expressions searched in each "
+        "parameter's name, e.g. ['embed_tokens', 'layers\\.0\\.'] freezes the input embeddings and the first block. "
+        "A frozen parameter gets no gradient and no optimizer state and is saved unchanged (LLaMA-Factory's "
+        "finetuning_type: freeze). An expression that matches no parameter, or one with model.lora (LoRA already "
+        "freezes the base), is an error naming the key."
+    )
     ref_name_or_path: Optional[str] = f(None, "Reference model for DPO/PPO; defaults to the policy start.")
     kind: str = f("auto", "The policy's model kind (models/kinds.py): lm, vlm, diffusion, or one a plugin registers; "
                   "auto = the algorithm's (diffusion for flow_sft; vlm for a vision-language model, else lm).")

@@ -140,7 +140,35 @@ def _for_training(auto_class: Any, cfg: ModelConfig, name_or_path: str | None, d
             enable_checkpointing(model)
         if cfg.lora is not None:
             model = apply_lora(model, cfg)
+        if cfg.freeze:
+            freeze_parameters(model, cfg)
     return model
+
+
+def freeze_parameters(model: nn.Module, cfg: ModelConfig) -> None:
+    """``model.freeze``: every parameter whose name one of the expressions finds (``re.search``) stops training;
+    an expression that finds none, or freezing beside LoRA, is one line naming the key."""
+    import re
+
+    if cfg.lora is not None:
+        raise ModelError("model.freeze: not with model.lora (LoRA trains only its adapters already); set one of them")
+    names = [n for n, _ in model.named_parameters()]
+    for pattern in cfg.freeze:
+        try:
+            found = [n for n in names if re.search(pattern, n)]
+        except re.error as e:
+            raise ModelError(f"model.freeze: {pattern!r} is not a regular expression ({e})") from None
+        if not found:
+            tops = sorted({n.split(".")[0] if not n.startswith("model.") else ".".join(n.split(".")[:2]) for n in names})
+            raise ModelError(f"model.freeze: {pattern!r} matches no parameter of this {type(model).__name__}; its "
+                             f"parameters start with {', '.join(tops)}")
+        for n, p in model.named_parameters():
+            if n in found:
+                p.requires_grad_(False)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ModelError("model.freeze: the expressions freeze every parameter; nothing would train")
+    if cfg.gradient_checkpointing:  # checkpointed blocks behind frozen embeddings would see inputs without grad
+        model.enable_input_require_grads()
 
 
 def enable_checkpointing(model: nn.Module) -> None:
