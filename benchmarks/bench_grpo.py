@@ -113,7 +113,17 @@ def make_trl_trainer(spec: dict[str, Any], reward: Any, *, batch: int, max_new: 
     rows = [json.loads(x) for x in Path(spec["prompts"]).read_text().splitlines()]
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
                                  for r in rows])
-    model = spec.get("policy") or spec["model"]
+    path = spec.get("policy") or spec["model"]
+    model: Any = path
+    if spec.get("freeze"):  # alignkit's model.freeze: the named parameters get no gradient and no optimizer state
+        import re
+
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path)
+        for name, param in model.named_parameters():
+            if any(re.search(x, name) for x in spec["freeze"]):
+                param.requires_grad_(False)
     fields = {
         "output_dir": spec["run_dir"], "per_device_train_batch_size": batch, "gradient_accumulation_steps": 1,
         "num_generations": G, "max_completion_length": max_new, "temperature": 1.0, "beta": 0.0,
@@ -123,7 +133,7 @@ def make_trl_trainer(spec: dict[str, Any], reward: Any, *, batch: int, max_new: 
     }
     args = trl.GRPOConfig(**{**fields, **spec.get("trl_overrides", {})})  # an override replaces a field above
     return trl.GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                           processing_class=AutoTokenizer.from_pretrained(model), callbacks=callbacks)
+                           processing_class=AutoTokenizer.from_pretrained(path), callbacks=callbacks)
 
 
 #: TRL GRPOTrainer methods timed per iteration (phase name -> method); a method TRL lacks is left out

@@ -52,8 +52,10 @@ RESULT_TAG = "BENCH_RESULT "
 THREADS = 1
 G = 8
 BATCH = 64
-LR = 1e-4
-ITERATIONS = 30
+LR = 1e-3
+ITERATIONS = 60
+#: parameters both sides keep frozen (``model.freeze``; TRL: requires_grad off before the trainer is built)
+FREEZE = ["embed_tokens", r"layers\.0\."]
 MAX_NEW = 6
 SFT_STEPS = 600
 HELD_OUT = 200
@@ -174,7 +176,7 @@ def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
         rewards.append(sum(scores) / len(scores))  # one call per generation batch = per iteration
         return scores
 
-    spec = {**spec, "trl_overrides": {"loss_type": "grpo"}}
+    spec = {**spec, "trl_overrides": {"loss_type": "grpo"}, "freeze": FREEZE}
     trainer = make_trl_trainer(spec, reward, batch=BATCH, max_new=MAX_NEW, lr=spec["lr"], steps=spec["iterations"],
                                seed=spec["seed"])
     trainer.train()
@@ -193,7 +195,8 @@ def child_eval(spec: dict[str, Any]) -> dict[str, Any]:
     for path in spec["paths"]:
         sampled = policy_eval.evaluate(path, samples=EVAL_SAMPLES, max_new=MAX_NEW, seed=EVAL_SEED, rows=rows)
         greedy = policy_eval.evaluate(path, samples=1, max_new=MAX_NEW, seed=EVAL_SEED, rows=rows, greedy=True)
-        out[path] = {"sampled": sampled["reward"], "greedy": greedy["reward"], "bare_form": sampled["bare_form"]}
+        out[path] = {"sampled": sampled["reward"], "greedy": greedy["reward"], "bare_form": sampled["bare_form"],
+                     "expected": policy_eval.expected_accuracy(path, rows)}
     return out
 
 
@@ -257,7 +260,7 @@ def alignkit_cmd(variant: str, policy: str, prompts: str, run_dir: Path, seed: i
         f"training.per_device_batch_size={BATCH}", f"training.learning_rate={lr}", "training.lr_scheduler=constant",
         "training.warmup_steps=0", f"training.max_steps={iterations}", f"training.seed={seed}",
         "logging.report_to=[jsonl]", "logging.logging_steps=1", "logging.plot=false", "distributed.strategy=single",
-        *overrides,
+        "model.freeze=[" + ", ".join(f"'{x}'" for x in FREEZE) + "]", *overrides,
     ]
     head = [sys.executable, "-m", "alignkit", "train"]
     if nproc > 1:
@@ -314,7 +317,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         if not ok:
             continue
         s = {"n_ok": len(ok), "n_failed": len(runs) - len(ok), "minutes_per_run": sum(r["wall_s"] for r in ok) / len(ok) / 60}
-        for key in ("sampled", "greedy"):
+        for key in ("expected", "sampled", "greedy"):
+            if any(key not in r["eval"] for r in ok) or key not in start:
+                continue
             s[key] = t_interval([r["eval"][key] for r in ok])
             s[f"{key}_rise"] = t_interval([r["eval"][key] - start[key] for r in ok])
             both = [r for r in ok if r["seed"] in base]
@@ -332,24 +337,24 @@ def markdown(result: dict[str, Any]) -> str:
     setup, start, summ = result["setup"], result["start"], result["summary"]
     lines = [f"# GRPO learning on two-digit addition ({result['stamp']})", "",
              (f"Start (micro Llama, {setup['sft_steps']} SFT steps), held-out accuracy on {setup['held_out']} sums: "
-              f"sampled {start['sampled']:.3f}, greedy {start['greedy']:.3f}. Best constant answer "
+              f"expected {start['expected']:.3f}, sampled {start['sampled']:.3f}, greedy {start['greedy']:.3f}. Best constant answer "
               f"(\"{setup['constant_policy']['answer']}\"): {setup['constant_policy']['accuracy']:.3f}."),
              (f"Each run: {setup['batch']} completions per iteration (G {setup['G']}), {setup['iterations']} "
               f"iterations, lr {setup['lr']:g}, max_new_tokens {setup['max_new_tokens']}, {setup['threads']} thread "
               "per process. ± = 95% t interval over seeds; paired = variant - sync seed by seed."), "",
-             ("| variant | seeds | sampled final | sampled rise | paired vs sync (sampled) | higher / lower | "
-              "greedy final | paired vs sync (greedy) | min/run |"), "|---|---|---|---|---|---|---|---|---|"]
+             ("| variant | seeds | expected final | expected rise | paired vs sync (expected) | higher / lower | "
+              "sampled final | greedy final | paired vs sync (greedy) | min/run |"), "|" + "---|" * 10]
     for variant, s in summ.items():
-        p, pg = s.get("sampled_vs_sync"), s.get("greedy_vs_sync")
+        p, pg = s.get("expected_vs_sync"), s.get("greedy_vs_sync")
         hl = f"{p['higher']} / {p['lower']}" if p else "-"
-        lines.append(f"| {variant} | {s['n_ok']} | {fmt(s['sampled'])} | {fmt(s['sampled_rise'], True)} | "
-                     f"{fmt(p, True) if p else '-'} | {hl} | "
+        lines.append(f"| {variant} | {s['n_ok']} | {fmt(s['expected'])} | {fmt(s['expected_rise'], True)} | "
+                     f"{fmt(p, True) if p else '-'} | {hl} | {fmt(s['sampled'])} | "
                      f"{fmt(s['greedy'])} | {fmt(pg, True) if pg else '-'} | {s['minutes_per_run']:.1f} |")
-    lines += ["", "Per seed, sampled held-out accuracy of the final policy:", "",
+    lines += ["", "Per seed, expected held-out accuracy of the final policy:", "",
               "| seed | " + " | ".join(summ) + " |", "|---|" + "---|" * len(summ)]
     per = {v: {r["seed"]: r for r in result["runs"][v]} for v in summ}
     for seed in sorted({s for v in per.values() for s in v}):
-        cells = [f"{per[v][seed]['eval']['sampled']:.3f}" if per[v].get(seed, {}).get("eval") else "-" for v in summ]
+        cells = [f"{per[v][seed]['eval']['expected']:.3f}" if per[v].get(seed, {}).get("eval") else "-" for v in summ]
         lines.append(f"| {seed} | " + " | ".join(cells) + " |")
     lines += ["", "sync vs trl, what differs besides the trainers' code:", ""] + [f"- {d}" for d in DIFFERENCES]
     return "\n".join(lines) + "\n"
@@ -398,7 +403,7 @@ def main() -> None:
     result.update(stamp=time.strftime("%Y-%m-%d %H:%M"), start=ev[policy], setup={
         "task": "two-digit addition, operands 10..99", "held_out": HELD_OUT, "train_prompts": TRAIN_PROMPTS,
         "sft_steps": a.sft_steps, "G": G, "batch": BATCH, "lr": a.lr, "iterations": a.iterations,
-        "max_new_tokens": MAX_NEW, "threads": THREADS, "jobs": a.jobs, "eval_samples": EVAL_SAMPLES,
+        "max_new_tokens": MAX_NEW, "threads": THREADS, "freeze": FREEZE, "jobs": a.jobs, "eval_samples": EVAL_SAMPLES,
         "constant_policy": constant_policy(held_out_rows()), "variants": {k: v[0] for k, v in VARIANTS.items()},
         "differences": DIFFERENCES, "cpu_count": os.cpu_count()})
     result["runs"].update(run_variants(a, policy, data, work / time.strftime("%H%M%S")))
