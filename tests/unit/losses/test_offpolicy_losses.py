@@ -110,3 +110,29 @@ def test_sequence_ratio_of_the_surrogate_averages_the_policy_tokens_only():
     _, w = decoupled_surrogate(OLD, OLD, BEHAV, torch.ones(5), eps_low=0.2, eps_high=0.2, correction="sequence_truncate",
                                cap=10.0, seq=AGENT_SEQ, num_seqs=2, level="sequence", mask=AGENT_MASK)[1:]
     assert close(w, [0.5, 0.5, 0.5, 6.0, 6.0])
+
+
+def test_the_loss_caller_passes_the_loss_mask_to_sequence_weights():
+    """``TokenRollout.sampler_weights`` (what GRPO's and PPO's losses multiply by) on a collated micro-batch of the two
+    agent trajectories above (``P E P`` and ``P E``), ``off_policy.correction: sequence_truncate`` with cap 5:
+    seq 0 min(1 x 0.5, 5) = 0.5, seq 1 min(6, 5) = 5 (over every id: 1.5 and 4.5); the logged ratio before the cap
+    is the kept tokens' mean (0.5 + 0.5 + 6) / 3."""
+    import alignkit.algorithms  # noqa: F401  (registers the sections)
+    from alignkit.algorithms.token_rollout import TokenRollout
+    from alignkit.config import load_config
+    from alignkit.metrics import MetricSums
+    from alignkit.rollout.experience import collate_samples, flat
+
+    cfg = load_config(None, ["algorithm=grpo_agent", "model.name_or_path=none", "training.per_device_batch_size=2",
+                             "data.train=builtin:calculator_prompts_train.jsonl", "off_policy.correction=sequence_truncate",
+                             "off_policy.cap=5.0", "off_policy.low=0.1"])
+    old, behav, mask = OLD.tolist(), BEHAV.tolist(), AGENT_MASK.tolist()
+    samples = [{"prompt_ids": [7], "completion_ids": [1, 2, 3], "old_logps": old[:3], "sampler_logps": behav[:3],
+                "loss_mask": mask[:3]},
+               {"prompt_ids": [7], "completion_ids": [4, 5], "old_logps": old[3:], "sampler_logps": behav[3:],
+                "loss_mask": mask[3:]}]
+    batch = collate_samples(samples, 0)
+    m = MetricSums()
+    w = TokenRollout(cfg).sampler_weights(batch, flat(batch, "old_logps"), flat(batch, "loss_mask"), m)
+    assert close(w, [0.5, 0.5, 0.5, 5.0, 5.0])
+    assert m.means()["sampler_is_ratio"] == pytest.approx(7.0 / 3, abs=1e-5)
