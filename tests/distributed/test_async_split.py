@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from tests.conftest import assert_ok, child_env, run_cli, write_config
 from tests.distributed.runs import final_weights, max_delta
@@ -77,3 +78,29 @@ def test_agent_trajectories_made_on_the_generator(micro_model: Path, tmp_path: P
         assert b["staleness/0"] == 8 and b["staleness/dropped"] == 0
         assert b["agent/env_time_share"] > 0  # the generator's environment seconds
     assert max_delta(final_weights(tmp_path / "colocated"), final_weights(tmp_path / "separate")) == 0.0
+
+
+@pytest.mark.slow(seconds=60)
+def test_ppo_agent_trajectories_made_on_the_generator(micro_model: Path, tmp_path: Path) -> None:
+    """``ppo_agent`` split as grpo_agent's (issue 48): the generator runs the environments, the critic stays on the
+    trainer (values of the received ids); every logged number and the final policy and value weights equal the
+    colocated run's exactly."""
+    from tests.integration.test_agent_cli import ppo_config
+
+    for name, extra, nproc in (("colocated", [], 1), ("separate", ["rollout.placement=separate"], 2)):
+        cfg = {**ppo_config(micro_model, tmp_path / name), "checkpoint": {"save_final": True}}
+        assert_ok(run_cli(["train", str(write_config(tmp_path / f"{name}.yaml", cfg)), *extra], nproc=nproc,
+                          timeout=300))
+    colocated, separate = _rows(tmp_path / "colocated"), _rows(tmp_path / "separate")
+    assert len(colocated) == len(separate) == 2
+    for a, b in zip(colocated, separate):
+        assert a["grad_norm"] > 0 and a["value_loss"] > 0  # the policy loss of whitened advantages is ~0
+        for key in ("loss", "grad_norm", "value_loss", "kl", "clip_fraction", "reward_mean", "reward_std",
+                    "reward_advantage_std_raw", "agent/turns", "agent/tool_calls", "agent/tool_valid",
+                    "completion_length", "agent/env_token_fraction"):
+            assert a[key] == b[key], (key, a[key], b[key])
+        assert (b["reward_mean"], b["agent/turns"]) == (0.5, 1.5)
+        assert b["staleness/0"] == 4 and b["agent/env_time_share"] > 0
+    for folder in ("final", "final_value"):  # the policy and the critic
+        a, b = (load_file(str(tmp_path / run / folder / "model.safetensors")) for run in ("colocated", "separate"))
+        assert max_delta(a, b) == 0.0, folder

@@ -50,19 +50,24 @@ def test_resume_is_exact(micro_model: Path, tmp_path: Path) -> None:
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= 1e-6
 
 
+def ppo_config(micro_model: Path, out: Path) -> dict:
+    """The scripted ``ppo_agent`` run (2 iterations of 4 trajectories) the smoke, 2-process and separate-placement
+    tests share."""
+    return {"algorithm": "ppo_agent", "output_dir": str(out), "plugins": ["tests.plugins.scripted_agent_engine"],
+            "model": {"name_or_path": str(micro_model)},
+            "data": {"train": "builtin:calculator_prompts_train.jsonl", "max_length": 200},
+            "rollout": {"engine": "scripted_agent", "num_generations": 2, "max_new_tokens": 72},
+            "agent": {"max_turns": 3, "max_total_tokens": 128},
+            "ppo": {"kl_coef": 0.05, "vf_coef": 0.1},
+            "training": {"per_device_batch_size": 4, "max_steps": 2, "learning_rate": 1e-3, "seed": 0},
+            "logging": {"logging_steps": 1, "plot": False}, "checkpoint": {"save_final": False}}
+
+
 def test_ppo_agent_smoke(micro_model: Path, tmp_path: Path) -> None:
     """``algorithm: ppo_agent`` (issue 48, C): the agent rollout with PPO's critic; the value head trains on the
     policy's ids, the logged advantages are GAE's (whitened: nonzero), the agent metrics are there."""
     out = tmp_path / "ppo"
-    cfg = {"algorithm": "ppo_agent", "output_dir": str(out), "plugins": ["tests.plugins.scripted_agent_engine"],
-           "model": {"name_or_path": str(micro_model)},
-           "data": {"train": "builtin:calculator_prompts_train.jsonl", "max_length": 200},
-           "rollout": {"engine": "scripted_agent", "num_generations": 2, "max_new_tokens": 72},
-           "agent": {"max_turns": 3, "max_total_tokens": 128},
-           "ppo": {"kl_coef": 0.05, "vf_coef": 0.1},
-           "training": {"per_device_batch_size": 4, "max_steps": 2, "learning_rate": 1e-3, "seed": 0},
-           "logging": {"logging_steps": 1, "plot": False}, "checkpoint": {"save_final": False}}
-    assert_ok(run_cli(["train", str(write_config(tmp_path / "ppo.yaml", cfg))]))
+    assert_ok(run_cli(["train", str(write_config(tmp_path / "ppo.yaml", ppo_config(micro_model, out)))]))
     rows = logged(out)
     assert sorted(rows) == [1, 2]
     for r in rows.values():

@@ -27,7 +27,7 @@ from alignkit.distributed import comm
 from alignkit.metrics import MetricSums
 from alignkit.rewards.signals import gather_scores
 from alignkit.rollout.agents import calculator  # noqa: F401  (registers the shipped environment)
-from alignkit.rollout.agents.credit import turn_advantages
+from alignkit.rollout.agents.credit import turn_advantages, turn_token_values
 from alignkit.rollout.agents.env import ENVIRONMENTS
 from alignkit.rollout.agents.parsers import TOOL_CALL_PARSERS
 from alignkit.rollout.agents.render import MessageRenderer
@@ -143,14 +143,6 @@ class AgentGRPO(GroupRelative):
         """Greedy trajectories of ``ctx.rows`` (this rank's): (sum of their returns, how many, completion ids)."""
         trajs, _ = self.trajectories(ctx)
         return sum(t.reward for t in trajs), float(len(trajs)), float(sum(len(t.completion_ids) for t in trajs))
-
-
-def turn_token_values(t: Trajectory, per_turn: list[float]) -> list[float]:
-    """One value per completion id: turn k's value on its policy ids, 0 on the environment's (masked anyway)."""
-    out = [0.0] * len(t.completion_ids)
-    for (start, end), v in zip(t.turn_spans, per_turn):
-        out[start:end] = [v] * (end - start)
-    return out
 
 
 #: the per-trajectory counts summed over ranks into the metrics

@@ -38,10 +38,14 @@ class AgentPPO(PPO):
     sample = AgentGRPO.sample
     evaluate = AgentGRPO.evaluate
 
+    generator_items = AgentGRPO.generator_items
+
     @classmethod
     def split_rollout(cls, cfg: RunConfig) -> str | None:
-        """Not split over a separate placement's generators yet (refused there in one line; grpo_agent is)."""
-        return None
+        """Split as grpo_agent's under ``placement: separate``: the generators run the environments and the turns
+        (:meth:`generator_items`) and send the finished trajectories; the critic stays on the trainers, whose
+        :meth:`make_experience` takes the values (and old / reference log-probs) of the received token ids."""
+        return "items"
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)

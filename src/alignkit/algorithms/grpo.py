@@ -114,10 +114,11 @@ class GroupUpdate:
         logps, entropy = models.logps("policy", batch, temperature=self.tokens.temperature, with_entropy=True)
         old = flat(batch, "old_logps") if "old_logps" in batch else logps.detach()
         seq, S = token_seq(batch), int(batch["response_lengths"].shape[0])
-        per_token, clipped = policy_loss(g, logps, old, flat(batch, "advantages"), seq, S)
-        m = MetricSums()
-        # rollout.mask_truncated_completions: cut completions carry no loss and are out of the metrics (as TRL)
+        # rollout.mask_truncated_completions: cut completions carry no loss and are out of the metrics (as TRL);
+        # an agent's environment ids carry none and are out of GSPO's sequence ratio too
         keep = flat(batch, "loss_mask") if "loss_mask" in batch else torch.ones_like(logps)
+        per_token, clipped = policy_loss(g, logps, old, flat(batch, "advantages"), seq, S, keep)
+        m = MetricSums()
         per_token = per_token * self.tokens.sampler_weights(batch, old, keep, m)  # vLLM rollouts: pi_old / pi_vllm
         if "ref_logps" in batch:
             kl = kl_estimate(logps, flat(batch, "ref_logps"), g.kl_estimator)
@@ -137,13 +138,14 @@ class GroupUpdate:
 
 
 def policy_loss(g: GRPOConfig, logps: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, seq: torch.Tensor,
-                num_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``grpo.objective``'s per-token loss and clipped flag, ``(N,)`` each."""
+                num_seqs: int, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``grpo.objective``'s per-token loss and clipped flag, ``(N,)`` each (``keep``: the tokens a sequence-level
+    ratio averages over)."""
     eps_high = g.epsilon_high or g.epsilon
     if g.objective == "cispo":  # no lower bound: eps_low 1 clamps at 0, below every ratio
         return cispo_loss(logps, old, advantages, eps_low=1.0, eps_high=eps_high)
     return clipped_surrogate(logps, old, advantages, eps_low=g.epsilon, eps_high=eps_high, seq=seq,
-                             num_seqs=num_seqs, level=g.importance_sampling_level)
+                             num_seqs=num_seqs, level=g.importance_sampling_level, mask=keep)
 
 
 class GroupUpdated:

@@ -131,11 +131,9 @@ class PPO(OnlineAlgorithm):
         old = self.tokens.logps(ctx, batches)
         ref = self.tokens.logps(ctx, batches, role="reference")
         m = MetricSums()
-        kl_all: list[float] = []
         for s, o, r in zip(samples, old, ref):
             s["old_logps"], s["ref_logps"] = o, r
             s["kl"] = kl_estimate(torch.tensor(o), torch.tensor(r), p.kl_estimator).tolist()
-            kl_all += s["kl"]
         signals = [("reward", "", "value", -1.0)] + ([("cost", "cost_", "cost_value", 1.0)] if self.constrained else [])
         # scorable = every signal scored the completion; the others carry loss_mask 0 (no gradient, not counted)
         scored = torch.stack([~torch.isnan(scores[sig][ctx.mine]) for sig, *_ in signals]).all(0).tolist()
@@ -158,8 +156,7 @@ class PPO(OnlineAlgorithm):
             m.add(f"{signal}_advantage_std_raw", math.sqrt(moments[name][1]), 1)
         mean, std, _ = nan_stats(scores["reward"])
         m.add("reward_std", std, 1)
-        kl_sum = comm.all_reduce_sum(torch.tensor([sum(kl_all), len(kl_all)], dtype=torch.float64))
-        m.add("kl", float(kl_sum[0]) / max(1.0, float(kl_sum[1])), 1)
+        m.add("kl", masked_token_mean(samples, "kl"), 1)
         return m
 
     @torch.no_grad()
@@ -232,6 +229,14 @@ class PPO(OnlineAlgorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.constrained:
             self.multiplier.load_state_dict(state)
+
+
+def masked_token_mean(samples: list[Sample], name: str) -> float:
+    """The mean of per-token field ``name`` over every rank's tokens with ``loss_mask`` > 0 (the trained tokens, as
+    GRPO's loss logs its kl: an agent's policy ids, not the environment's), in one all-reduce (0 without any)."""
+    kept = [v for s in samples for v, k in zip(s[name], s["loss_mask"]) if k > 0]
+    total = comm.all_reduce_sum(torch.tensor([sum(kept), len(kept)], dtype=torch.float64))
+    return float(total[0]) / max(1.0, float(total[1]))
 
 
 def token_moments(samples: list[Sample], names: list[str]) -> dict[str, tuple[float, float]]:

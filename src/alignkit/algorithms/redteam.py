@@ -123,6 +123,13 @@ class RedTeamConfig(CVaRConfig):
     turn_risk: Literal["max", "last"] = f(
         "max", "turns > 1: the conversation is scored at its riskiest turn (max: a harm said at any turn counts) or "
         "at its last answer (last).")
+    turn_credit: Literal["conversation", "turn"] = f(
+        "conversation", "turns > 1: conversation = every attacker turn carries its conversation's advantage (the "
+        "reward at its scored turn); turn = turn k's ids carry the advantage of its own return G_k = r_k + "
+        "turn_discount x G_(k+1), r_k the reward of the target's answer at turn k (toxicity, CVaR bonus over every "
+        "gathered turn, quality), the conversation's return being G_1 (algorithms/redteam_multiturn.py).")
+    turn_discount: float = f(1.0, "turn_credit turn: the discount of a later turn's reward in a turn's return.",
+                             ge=0, le=1)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -132,6 +139,9 @@ class RedTeamConfig(CVaRConfig):
         if self.turns > 1 and self.target.name == "t2i_vlm":
             raise ConfigError("redteam.turns: a t2i_vlm target answers single attacks; multi-turn needs a text target "
                               "(lm or module:function)")
+        if self.turn_credit == "turn" and self.w_diversity:
+            raise ConfigError("redteam.turn_credit: turn needs redteam.w_diversity: 0 (the novelty penalty is the whole "
+                              "conversation's, not a turn's)")
 
 
 class RedTeamPrompts(PromptData):
@@ -214,10 +224,11 @@ class RedTeam(GroupUpdated, OnlineAlgorithm):
         return gens, samples
 
     def experience(self, ctx: RolloutContext, gens: Generations, samples: list[Sample], batch: Judged,
-                   scores: dict[str, torch.Tensor] | None = None) -> Experience:
+                   scores: dict[str, torch.Tensor] | None = None, returns: torch.Tensor | None = None) -> Experience:
         """The answered ``batch`` (``answers_per_attack`` rows per attack) -> scores (placed; or the gathered
         ``scores`` of its rows, already computed: a multi-turn conversation's) -> gathered reward terms ->
-        advantages of this rank's samples; every rank's attacks as the records of attacks.jsonl."""
+        advantages of this rank's samples (of ``returns``, ``(global,)``, in place of the reward when given: the
+        multi-turn turn credit's conversation returns); every rank's attacks as the records of attacks.jsonl."""
         rt, k = self.cfg.section(RedTeamConfig), self.answers_per_attack
         if scores is None:
             scores = gather_scores(self.scorers.judge(batch, ctx.strategy.device, rt.placement))
@@ -228,7 +239,7 @@ class RedTeam(GroupUpdated, OnlineAlgorithm):
                                tau=rt.tau, w_cvar=rt.w_cvar, w_quality=rt.w_quality, w_diversity=rt.w_diversity)
         scores.update({name: v for name, v in terms.items() if isinstance(v, torch.Tensor)})
         reward = scores["reward"].view(-1, k).nanmean(1) if k > 1 else scores["reward"]  # per attack
-        stats, adv = self.group.experience(ctx, samples, ctx.batches(samples), reward)
+        stats, adv = self.group.experience(ctx, samples, ctx.batches(samples), reward if returns is None else returns)
         stats.add("var", terms["var"], 1)
         for name, v in attack_stats(attacks, scores["toxicity"], rt.success_threshold, k).items():
             stats.add(name, v, 1)

@@ -12,6 +12,13 @@ gathered conversations), the diversity penalty (over the conversations' attacks 
 are the single-turn red team's (``RedTeam.experience``); ``attacks.jsonl`` holds one row per conversation, its
 ``attack`` the turns' attacks joined by " / ", ``output`` the scored answer, ``turn`` the scored turn (1-based) and
 ``turns`` every turn's attack, answer and toxicity.
+
+``redteam.turn_credit: turn`` gives each attacker turn its own return, as ``agent.credit: turn`` does for agents
+(``rollout/agents/credit.py``): turn k's reward r_k is the red-team reward of the target's answer at turn k
+(``redteam_reward`` over every gathered turn: toxicity, CVaR bonus against the VaR of all turns, quality), its
+return G_k = r_k + ``turn_discount`` x G_(k+1); the conversation's return G_1 replaces the scored turn's reward in
+the group advantages, and turn k's ids carry the advantage the estimator gives the conversation with its return
+replaced by G_k. An unscorable (NaN) turn makes the returns up to it NaN: advantage 0 there.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ from typing import Any
 import torch
 
 from alignkit.distributed import comm
+from alignkit.rewards.cvar import redteam_reward
 from alignkit.rewards.scorers import Judged, ScorerSet
 from alignkit.rewards.signals import gather_scores
+from alignkit.rollout.agents.credit import rewards_to_go, turn_advantages, turn_token_values
 from alignkit.rollout.config import RolloutConfig
 from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.experience import Sample
@@ -72,6 +81,30 @@ def conversation_scores(scorers: ScorerSet, scores: dict[str, torch.Tensor], tur
     return {name: v[rows] for name, v in scores.items()}, pick
 
 
+def turn_rewards(scorers: ScorerSet, scores: dict[str, torch.Tensor], turns: int, rt: Any) -> torch.Tensor:
+    """``(N, turns)`` the reward of each turn's answer from the ``(N * turns,)`` gathered per-turn ``scores``
+    (conversation-major): toxicity + w_cvar x CVaR bonus (VaR over every turn) + w_quality x quality."""
+    terms = redteam_reward(scorers.term(scores, "toxicity"), scorers.term(scores, "quality"), None, tau=rt.tau,
+                           w_cvar=rt.w_cvar, w_quality=rt.w_quality)
+    return terms["reward"].view(-1, turns)  # type: ignore[union-attr]  # the reward is a tensor
+
+
+def conversation_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``(N,)`` each conversation's return G_1 = sum_k gamma^k r_k of its ``(N, turns)`` turn ``rewards``."""
+    return torch.tensor([rewards_to_go(r, gamma)[0] for r in rewards.tolist()], dtype=torch.float64)
+
+
+def credit_turns(estimator: Any, samples: list[Sample], convs: list[Conversation], rewards: torch.Tensor, first: int,
+                 gamma: float) -> None:
+    """This rank's ``samples`` (conversations ``convs``, the first at global position ``first``): turn k's ids get
+    the advantage ``estimator`` gives the conversation with its return replaced by G_k (``rewards``: ``(N, turns)``,
+    every rank's; the others' returns are their G_1)."""
+    returns = conversation_returns(rewards, gamma)
+    for j, (s, c) in enumerate(zip(samples, convs)):
+        per_turn = turn_advantages(estimator, returns, first + j, rewards[first + j].tolist(), gamma)
+        s["advantages"] = turn_token_values(c, per_turn)
+
+
 def multiturn_rollout(algo: Any, ctx: RolloutContext, rt: Any) -> Experience:
     """Conversations -> every turn scored -> each conversation's scores at its scored turn -> the red team's
     experience of the conversations (module docstring). ``algo``: the ``RedTeam``; ``rt``: its section."""
@@ -82,7 +115,11 @@ def multiturn_rollout(algo: Any, ctx: RolloutContext, rt: Any) -> Experience:
     mine = pick[ctx.mine]
     batch = Judged([JOIN.join(c.attacks) for c in convs], [c.answers[int(k)] for c, k in zip(convs, mine)],
                    [row["prompt"] for row in ctx.rows], [row["fields"] for row in ctx.rows], [None] * len(convs))
-    exp = algo.experience(ctx, attacker_generations(convs), samples, batch, scores=scores)
+    by_turn = turn_rewards(algo.scorers, per_turn, rt.turns, rt) if rt.turn_credit == "turn" else None
+    returns = None if by_turn is None else conversation_returns(by_turn, rt.turn_discount)
+    exp = algo.experience(ctx, attacker_generations(convs), samples, batch, scores=scores, returns=returns)
+    if by_turn is not None:
+        credit_turns(algo.group.advantages, samples, convs, by_turn, ctx.mine.start, rt.turn_discount)
     if exp.records:  # every rank's turns, for attacks.jsonl
         everyone = [x for share in comm.all_gather_object([(c.attacks, c.answers) for c in convs]) for x in share]
         tox = algo.scorers.term(per_turn, "toxicity").view(-1, rt.turns)

@@ -79,15 +79,16 @@ class TokenRollout:
         """``(N,)`` the importance weights of the tokens a behaviour policy sampled (``sampler_logps`` in the batch:
         pi_old / pi_behav, truncated or masked per :meth:`importance_sampling`: with ``old_logps`` the trainer's
         proximal policy this makes the update the decoupled objective, losses/rl.py ``decoupled_surrogate``), logged
-        over the ``keep`` tokens: the ratio before the cap, the weight, the share the cap changed
+        over the ``keep`` tokens (also the tokens a sequence mode's log-ratio sums): the ratio before the cap, the weight, the share the cap changed
         (``sampler_is_capped``) and the share zeroed (``sampler_is_masked``); all ones without ``sampler_logps``."""
         v = self.importance_sampling() if "sampler_logps" in batch else None  # no config read for a plain batch
         if v is None:
             return torch.ones_like(old_logps)
         behav, seq, S = flat(batch, "sampler_logps"), token_seq(batch), int(batch["response_lengths"].shape[0])
         level = "sequence_truncate" if v.mode.startswith("sequence") else "token_truncate"  # the plain ratio's level
-        ratio = sampler_is_weights(old_logps, behav, cap=float("inf"), mode=level, seq=seq, num_seqs=S)
-        w = sampler_is_weights(old_logps, behav, cap=v.cap, mode=v.mode, seq=seq, num_seqs=S, low=v.low)
+        # a sequence mode's sums run over the kept tokens: an agent's policy ids, never the environment's
+        ratio = sampler_is_weights(old_logps, behav, cap=float("inf"), mode=level, seq=seq, num_seqs=S, mask=keep)
+        w = sampler_is_weights(old_logps, behav, cap=v.cap, mode=v.mode, seq=seq, num_seqs=S, low=v.low, mask=keep)
         m.add_masked_mean("sampler_is_ratio", ratio, keep)  # before the cap: how far the two samplers differ
         m.add_masked_mean("sampler_is_weight", w, keep)
         changed = (w == 0) if v.mode == "sequence_geo_mask" else (w != ratio)  # geo: weights are 0 / 1, not r

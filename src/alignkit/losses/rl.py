@@ -37,16 +37,17 @@ AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
 
 
 def clipped_surrogate(logps: Tensor, old_logps: Tensor, advantages: Tensor, *, eps_low: float, eps_high: float,
-                      seq: Tensor | None = None, num_seqs: int = 0, level: str = "token") -> tuple[Tensor, Tensor]:
+                      seq: Tensor | None = None, num_seqs: int = 0, level: str = "token",
+                      mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Per-token clipped policy loss ``(N,)`` and a per-token "was clipped" flag ``(N,)`` (float).
 
-    logps, old_logps, advantages: ``(N,)``. ``level="sequence"`` needs ``seq`` and ``num_seqs``."""
+    logps, old_logps, advantages: ``(N,)``. ``level="sequence"`` needs ``seq`` and ``num_seqs``; its mean log-ratio
+    is over the tokens ``mask`` ``(N,)`` keeps (an agent's policy tokens: not the environment's), all without one."""
     log_ratio = logps - old_logps
     if level == "sequence":
         if seq is None:
             raise ValueError("sequence-level ratios need the token -> sequence map")
-        lengths = segment_sum(torch.ones_like(log_ratio), seq, num_seqs).clamp_min(1)
-        seq_mean = segment_sum(log_ratio, seq, num_seqs) / lengths  # (S,)
+        seq_mean = masked_segment_mean(log_ratio, seq, num_seqs, mask)  # (S,)
         # the sequence ratio, with each token's gradient flowing through its own term (GSPO-token form)
         log_ratio = seq_mean[seq].detach() + log_ratio - log_ratio.detach()
     elif level != "token":
@@ -64,23 +65,27 @@ SAMPLER_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "seq
 
 
 def sampler_is_weights(old_logps: Tensor, sampler_logps: Tensor, *, cap: float, mode: str = "token_truncate",
-                       seq: Tensor | None = None, num_seqs: int = 0, low: float = 0.0) -> Tensor:
+                       seq: Tensor | None = None, num_seqs: int = 0, low: float = 0.0,
+                       mask: Tensor | None = None) -> Tensor:
     """``(N,)`` importance weights (no gradient) of tokens sampled by another engine or an older policy:
     ``pi_old / pi_sampler`` with ``old_logps`` the trainer's log-probs of the sampled tokens and ``sampler_logps``
     the sampler's (vLLM's, or the behaviour policy's), both ``(N,)``. ``mode`` = granularity x constraint:
     ``token_*`` one ratio per token, ``sequence_*`` exp of the sequence's summed log-ratio shared by its tokens
     (needs ``seq``, ``num_seqs``); ``*_truncate`` min(ratio, cap), ``*_mask`` 0 where the ratio exceeds ``cap``;
     ``icepop`` the token ratio where ``low <= ratio <= cap``, else 0; ``sequence_geo_mask`` 1, or 0 on every token
-    of a sequence whose exp(mean_t log ratio) lies outside ``[low, cap]``."""
+    of a sequence whose exp(mean_t log ratio) lies outside ``[low, cap]``. ``mask`` ``(N,)``: the tokens a sequence
+    mode sums or averages over (an agent's policy tokens; the environment's ids are no draw of either policy); all
+    without one. A sequence with no kept token gets ratio 1."""
     if mode not in SAMPLER_CORRECTIONS:
         raise ValueError(f"sampler correction mode must be one of {SAMPLER_CORRECTIONS}, got {mode!r}")
     log_ratio = (old_logps - sampler_logps).detach().float()
     if mode.startswith("sequence"):
         if seq is None:
             raise ValueError("sequence-level weights need the token -> sequence map")
-        summed = segment_sum(log_ratio, seq, num_seqs)
         if mode == "sequence_geo_mask":  # the per-token geometric mean of the sequence's ratio
-            summed = summed / segment_sum(torch.ones_like(log_ratio), seq, num_seqs).clamp_min(1)
+            summed = masked_segment_mean(log_ratio, seq, num_seqs, mask)
+        else:
+            summed = segment_sum(log_ratio if mask is None else log_ratio * mask, seq, num_seqs)
         log_ratio = summed[seq]
     ratio = torch.exp(log_ratio.clamp(max=20.0))  # exp(20) is far past any cap: no overflow
     if mode.endswith("truncate"):
@@ -90,18 +95,25 @@ def sampler_is_weights(old_logps: Tensor, sampler_logps: Tensor, *, cap: float, 
     return kept.masked_fill(outside, 0.0)
 
 
+def masked_segment_mean(x: Tensor, seq: Tensor, num_seqs: int, mask: Tensor | None) -> Tensor:
+    """``(S,)`` each sequence's mean of ``x`` ``(N,)`` over its tokens ``mask`` keeps (all without one; 0 if none)."""
+    kept = torch.ones_like(x) if mask is None else mask.to(x.dtype)
+    return segment_sum(x * kept, seq, num_seqs) / segment_sum(kept, seq, num_seqs).clamp_min(1)
+
+
 def decoupled_surrogate(logps: Tensor, prox_logps: Tensor, behav_logps: Tensor, advantages: Tensor, *,
                         eps_low: float, eps_high: float, correction: str, cap: float, low: float = 0.0,
-                        seq: Tensor | None = None, num_seqs: int = 0,
-                        level: str = "token") -> tuple[Tensor, Tensor, Tensor]:
+                        seq: Tensor | None = None, num_seqs: int = 0, level: str = "token",
+                        mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The decoupled PPO objective (Hilton et al. 2022, "Batch size-invariance for policy optimization"; AReaL):
     ``w * clipped_surrogate(logps, prox_logps)`` with the clip against the proximal policy ``prox_logps`` (the
     trainer's recomputed old log-probs) and ``w`` = :func:`sampler_is_weights` (pi_prox / pi_behav by
     ``correction``, ``cap``, ``low``) to the behaviour policy that sampled (``behav_logps``); all ``(N,)``.
-    Returns the per-token loss, the clipped flag and the weights ``w``."""
+    ``mask``: the policy's tokens of the sequence-level sums. Returns the per-token loss, the clipped flag and ``w``."""
     loss, clipped = clipped_surrogate(logps, prox_logps, advantages, eps_low=eps_low, eps_high=eps_high, seq=seq,
-                                      num_seqs=num_seqs, level=level)
-    w = sampler_is_weights(prox_logps, behav_logps, cap=cap, mode=correction, seq=seq, num_seqs=num_seqs, low=low)
+                                      num_seqs=num_seqs, level=level, mask=mask)
+    w = sampler_is_weights(prox_logps, behav_logps, cap=cap, mode=correction, seq=seq, num_seqs=num_seqs, low=low,
+                           mask=mask)
     return loss * w, clipped, w
 
 

@@ -14,7 +14,7 @@ What a generator makes of its rows is the algorithm's split (``OnlineAlgorithm.s
 function_scores``, the code the trainers' scoring runs colocated), and sends the scores with them; the trainers run
 the algorithm's rollout on the received completions, taking the functions' scores as received (``RolloutContext.
 score``; a reward MODEL still scores on the trainers, which hold it), then old / reference log-probs and advantages,
-so an algorithm sees the same experience as colocated. ``items`` (``grpo_agent``): it runs the algorithm's
+so an algorithm sees the same experience as colocated. ``items`` (``grpo_agent``, ``ppo_agent``): it runs the algorithm's
 ``generator_items`` (the environments and the multi-turn loop, every running trajectory's turn in one engine call)
 and sends the finished trajectories; the trainers' rollout takes them (``RolloutContext.delivered``). Either way
 the behaviour log-probs go with them (the engine's, or a forward of the sampling weights). The generators never
@@ -70,14 +70,15 @@ SEPARATE_STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
 def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy: str, generators: int,
                    global_batch: int) -> None:
     """What ``placement: separate`` supports so far, each refusal one line: an algorithm whose rollout splits
-    (``OnlineAlgorithm.split_rollout``: the default one, grpo_agent's), a token policy (kind lm; full weights or
+    (``OnlineAlgorithm.split_rollout``: the default one, grpo_agent's and ppo_agent's), a token policy (kind lm; full weights or
     LoRA, whose adapters alone travel) under single / ddp / fsdp / deepspeed, and an iteration's completions that
     split evenly over the generators."""
     why = None
     policy = next(s for s in workload.specs if s.trainable)
     if not issubclass(algo_cls, OnlineAlgorithm) or algo_cls.split_rollout(cfg) is None:
         why = (f"the {cfg.algorithm} algorithm (as configured: e.g. grpo.dynamic_sampling) has a rollout of its own "
-               "(split so far: the default rollout and grpo_agent's; not red teaming, flow, dynamic sampling)")
+               "(split so far: the default rollout, grpo_agent's and ppo_agent's; not red teaming, flow, dynamic "
+               "sampling)")
     elif policy.kind != "lm":
         why = f"the policy must be a language model (kind lm) for now, not kind {policy.kind}"
     elif strategy not in SEPARATE_STRATEGIES:

@@ -147,3 +147,39 @@ def test_the_context_targets_sft_rows_follow_the_rule() -> None:
             earlier.append(attack)
     assert min(kinds.values()) >= 50, kinds  # every kind of answer is taught, toxic ones only after a context
     assert kinds["after_context"] == kinds["toxic"]
+
+
+def test_turn_credit_gives_each_attacker_turn_its_own_return() -> None:
+    """``redteam.turn_credit: turn``, 2 conversations x 2 turns, turn_discount 0.5, a centred estimator (A = R -
+    mean R) standing in for the group's. Turn rewards (toxicity + w_quality x quality): conversation 0 [0.2 + 0.1,
+    1.0], conversation 1 [0, 0]. Returns G: conversation 0 G_1 = 0.3 + 0.5 x 1.0 = 0.8, G_2 = 1.0; conversation 1
+    0, 0. Conversation 0's turn 1: returns [0.8, 0] -> 0.4; turn 2: [1.0, 0] -> 0.5. Conversation 1 (its G_k = 0
+    against conversation 0's G_1 = 0.8): -0.4 on both turns. Each on its turn's attacker ids, 0 on the target's."""
+    from alignkit.algorithms.redteam_multiturn import conversation_returns, credit_turns, turn_rewards
+
+    scorers = SimpleNamespace(term=lambda scores, use: scores.get(use))
+    per_turn = {"toxicity": torch.tensor([0.2, 1.0, 0.0, 0.0], dtype=torch.float64),
+                "quality": torch.tensor([0.1, 0.0, 0.0, 0.0], dtype=torch.float64)}
+    rt = SimpleNamespace(tau=0.5, w_cvar=0.0, w_quality=1.0)
+    rewards = turn_rewards(scorers, per_turn, 2, rt)  # type: ignore[arg-type]
+    assert rewards.flatten().tolist() == pytest.approx([0.3, 1.0, 0.0, 0.0]) and rewards.shape == (2, 2)
+    assert conversation_returns(rewards, 0.5).tolist() == pytest.approx([0.8, 0.0])
+    assert conversation_returns(rewards, 1.0).tolist() == pytest.approx([1.3, 0.0])  # undiscounted: the sum
+    convs = [Conversation([1], completion_ids=[5, 6, 9, 7, 8], turn_spans=[(0, 2), (3, 5)]),
+             Conversation([1], completion_ids=[5, 9, 7], turn_spans=[(0, 1), (2, 3)])]
+    samples: list[dict] = [{}, {}]
+    credit_turns(lambda r: r - r.mean(), samples, convs, rewards, 0, 0.5)
+    assert samples[0]["advantages"] == pytest.approx([0.4, 0.4, 0.0, 0.5, 0.5])
+    assert samples[1]["advantages"] == pytest.approx([-0.4, 0.0, -0.4])
+    # a rank holding only conversation 1 (global position 1) gives it the same values
+    alone: list[dict] = [{}]
+    credit_turns(lambda r: r - r.mean(), alone, convs[1:], rewards, 1, 0.5)
+    assert alone[0]["advantages"] == samples[1]["advantages"]
+
+
+def test_turn_credit_refuses_the_conversation_wide_novelty_penalty() -> None:
+    tox = [RedTeamScorerConfig(name="toxic_words")]
+    assert RedTeamConfig(scorers=tox).turn_credit == "conversation"
+    assert RedTeamConfig(scorers=tox, turns=2, turn_credit="turn").turn_discount == 1.0
+    with pytest.raises(ConfigError, match="redteam.turn_credit"):
+        RedTeamConfig(scorers=tox, turns=2, turn_credit="turn", w_diversity=0.1)

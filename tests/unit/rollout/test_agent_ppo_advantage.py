@@ -50,3 +50,29 @@ def test_gae_of_a_single_turn_is_plain_gae_and_no_policy_ids_is_zero() -> None:
     a, g = gae(torch.tensor([r]), torch.tensor([v]), torch.ones(1, 3), gamma=1.0, lam=0.95)
     assert adv == pytest.approx(a[0].tolist()) and ret == pytest.approx(g[0].tolist())
     assert policy_token_gae(r, v, [0, 0, 0], gamma=1.0, lam=0.95) == ([0.0] * 3, v)
+
+
+def test_logged_kl_of_make_experience_counts_the_policy_ids_only() -> None:
+    """Issue 48: ``ppo_agent``'s experience logs kl (k1 = old - ref) over the policy's ids. Trajectory 1 ``P E P``:
+    old [0, -1, 0], ref [-0.1, -3, -0.3] -> KL [0.1, 2.0, 0.3]; trajectory 2 ``P E``: old [0, 0], ref [-0.4, -7]
+    -> KL [0.4, 7.0]. Logged: (0.1 + 0.3 + 0.4) / 3 = 0.2667 (over every id it would be 9.8 / 5 = 1.96). The
+    models' forwards are stand-ins (the numbers above); the rest is the algorithm's own code."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import alignkit.algorithms  # noqa: F401  (registers the algorithms and their sections)
+    from alignkit.algorithms.agent_ppo import AgentPPO
+    from alignkit.config import load_config
+
+    algo = object.__new__(AgentPPO)
+    algo.cfg = load_config(None, ["algorithm=ppo_agent", "model.name_or_path=none", "ppo.kl_coef=0.1",
+                                  "data.train=builtin:calculator_prompts_train.jsonl", "training.per_device_batch_size=2"])
+    forwards = {"policy": [[0.0, -1.0, 0.0], [0.0, 0.0]], "reference": [[-0.1, -3.0, -0.3], [-0.4, -7.0]]}
+    algo.tokens = SimpleNamespace(logps=lambda ctx, batches, role="policy": forwards[role])
+    algo._values = lambda ctx, role, batches: [[0.0] * 3, [0.0] * 2]
+    samples = [{"completion_ids": [1, 2, 3], "loss_mask": [1.0, 0.0, 1.0], "turn_rewards": [0.0, 0.0, 1.0]},
+               {"completion_ids": [1, 2], "loss_mask": [1.0, 0.0], "turn_rewards": [0.0, 0.0]}]
+    stats = algo.make_experience(SimpleNamespace(mine=slice(0, 2)), samples, [], {"reward": torch.tensor([1.0, 0.0])})
+    assert stats.means()["kl"] == pytest.approx(0.8 / 3, abs=1e-7)  # KL in float32
+    assert samples[0]["kl"] == pytest.approx([0.1, 2.0, 0.3])  # the env id's KL is there, just not counted

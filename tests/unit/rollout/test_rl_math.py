@@ -180,3 +180,15 @@ def test_reward_function_errors_name_the_function():
         call(WeightedFunction("oops", 1.0, raises), ["p"], ["a"], {})
     with pytest.raises(RewardFunctionError, match="returned 'x'"):
         call(WeightedFunction("s", 1.0, lambda p, c, **_: ["x"]), ["p"], ["a"], {})
+
+
+def test_ppo_kl_metric_counts_the_trained_tokens_only():
+    """Issue 48: ppo_agent's logged kl is over the policy's ids (``loss_mask`` 1), not the environment's:
+    (0.1 + 0.3 + 0.4) / 3, the env ids' 5.0 and 7.0 and a masked trajectory's 9.0 left out (over all: 22.8 / 6)."""
+    from alignkit.algorithms.ppo import masked_token_mean
+
+    samples = [{"kl": [0.1, 5.0, 0.3], "loss_mask": [1.0, 0.0, 1.0]},
+               {"kl": [0.4, 7.0], "loss_mask": [1.0, 0.0]},
+               {"kl": [9.0], "loss_mask": [0.0]}]
+    assert masked_token_mean(samples, "kl") == pytest.approx(0.8 / 3, abs=1e-12)
+    assert masked_token_mean([{"kl": [3.0], "loss_mask": [0.0]}], "kl") == 0.0

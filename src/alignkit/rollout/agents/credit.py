@@ -5,6 +5,7 @@ R_i = sum_k r_{i,k} (the estimator of the run: grpo / rloo / dr_grpo).
 ``turn``: the tokens of turn k carry the advantage the estimator gives trajectory i when its return is the
 reward-to-go G_{i,k} = sum_{j >= k} r_{i,j} (the other trajectories' returns unchanged): a turn is credited only
 with the rewards at or after it. With only a final reward G_{i,k} = R_i and the two coincide.
+The multi-turn red team's ``redteam.turn_credit: turn`` is ``turn`` with discounted returns (``gamma``).
 ``ppo_agent`` (a critic): GAE over the policy's ids with the environment's ids left out, turn k's reward at its
 last policy id (:func:`turn_token_rewards`, :func:`policy_token_gae`).
 """
@@ -12,6 +13,7 @@ last policy id (:func:`turn_token_rewards`, :func:`policy_token_gae`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -20,24 +22,33 @@ from alignkit.rollout.advantages import gae
 CREDITS = ("trajectory", "turn")
 
 
-def rewards_to_go(rewards: list[float]) -> list[float]:
-    """``[sum(rewards[k:]) for k]``."""
+def rewards_to_go(rewards: list[float], gamma: float = 1.0) -> list[float]:
+    """``G_k = rewards[k] + gamma G_{k+1}`` for every k (gamma 1: ``sum(rewards[k:])``)."""
     out, acc = [], 0.0
     for r in reversed(rewards):
-        acc += r
+        acc = r + gamma * acc
         out.append(acc)
     return out[::-1]
 
 
 def turn_advantages(estimator: Callable[[torch.Tensor], torch.Tensor], returns: torch.Tensor, index: int,
-                    turn_rewards: list[float]) -> list[float]:
+                    turn_rewards: list[float], gamma: float = 1.0) -> list[float]:
     """Per turn of trajectory ``index`` (global position in the ``(N,)`` gathered ``returns``), the advantage
-    ``estimator`` gives it with its return replaced by the turn's reward-to-go."""
+    ``estimator`` gives it with its return replaced by the turn's (``gamma``-discounted) reward-to-go."""
     out = []
-    for g in rewards_to_go(turn_rewards):
+    for g in rewards_to_go(turn_rewards, gamma):
         r = returns.clone()
         r[index] = g
         out.append(float(estimator(r)[index]))
+    return out
+
+
+def turn_token_values(t: Any, per_turn: list[float]) -> list[float]:
+    """One value per completion id of ``t`` (an agent's trajectory or a red-team conversation: its ``completion_ids``
+    and ``turn_spans``): turn k's value on its policy ids, 0 on the environment's (masked anyway)."""
+    out = [0.0] * len(t.completion_ids)
+    for (start, end), v in zip(t.turn_spans, per_turn):
+        out[start:end] = [v] * (end - start)
     return out
 
 
