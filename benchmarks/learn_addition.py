@@ -17,7 +17,7 @@ embeddings and block 0 frozen on both sides (``FREEZE``: alignkit's ``model.free
 ``requires_grad=False`` before its trainer is built).
 
 Why frozen: the micro Llama SFT'd at lr 3e-3 has small input embeddings (digit rows of norm 0.15-0.44) behind RMSNorm
-gains of ~10, so its input side is very sharp. Measured on 64 training sums (2026-11-29, ``/work/diag``-style probe:
+gains of ~10, so its input side is very sharp. Measured on 64 training sums (2026-11-29, ``probe_sharpness.py``:
 the exact gradient of the mean P(right answer), teacher forced): a step along the exact gradient of norm 0.003 /
 0.01 / 0.03 / 0.1 moves the mean from 0.496 to 0.504 / 0.511 / 0.475 / 0.179; the same steps with the embeddings and
 block 0 left out give 0.498 / 0.501 / 0.510 / 0.533 (0.543 at 0.3). Adam's step at lr 1e-4 is already ~0.04 in norm
