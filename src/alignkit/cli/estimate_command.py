@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Any
 
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.algorithms.token_rollout import run_engine
@@ -13,7 +14,7 @@ from alignkit.config.loader import resolve_batch
 from alignkit.config.schema import RunConfig
 from alignkit.distributed.env import read_env
 from alignkit.errors import ConfigError
-from alignkit.models.roles import ModelSpec
+from alignkit.models.roles import ModelSpec, Workload
 from alignkit.planner.auto import (
     _dims_of as dims_of,
 )
@@ -68,16 +69,12 @@ def estimate_command(config: str, overrides: list[str], *, gpus: int | None = No
     n = gpus or env.world_size
     if n < 1:
         raise ConfigError(f"--gpus must be >= 1, got {n}")
-    split = separate_split(cfg, n)  # (trainers, generators) under rollout.placement: separate
-    workload = workload_of(cfg)
-    algo = ALGORITHMS.get(cfg.algorithm)(cfg, None) if split else None  # its signals: the generators' reward models
-    trainer_work = separate_workload(algo, workload, False) if split else workload
+    split, trainer_work, scorers = placed_workload(cfg, n)
     n_train = split[0] if split else n
     inputs = memory_inputs(cfg, trainer_work, n_gpus=n_train, device="cuda",
                            policy=PRESETS[preset] if preset else None, frozen=frozen or [])
     drawn, why_not = drawn_batches(cfg, n_train) if preset is None else (None, "--preset: the run's data is not read")
-    if drawn is not None:
-        inputs = dataclasses.replace(inputs, drawn_tokens=drawn.tokens)
+    inputs = dataclasses.replace(inputs, drawn_tokens=drawn.tokens) if drawn is not None else inputs
     memory = parse_memory(gpu_memory) if gpu_memory else None
     if memory is None:
         probed = probe_device_memory(env)
@@ -101,25 +98,40 @@ def estimate_command(config: str, overrides: list[str], *, gpus: int | None = No
         lines.append(f"frozen models counted sharded under {', '.join(s for s in estimates if s in SHARDS_FROZEN)}: "
                      f"distributed.shard_frozen={str(setting).lower()}"
                      + (" shards them only where replicated copies would not fit" if setting == "auto" else ""))
-    if memory is not None:
-        ok = [s for s, e in estimates.items() if fits(e, memory, HEADROOM)]
-        lines.append(f"fits in {memory / GB:.1f} GB per GPU ({HEADROOM * memory / GB:.1f} GB usable): "
-                     + (", ".join(ok) if ok else "none (lower the per-device batch or max_length, enable "
-                        "gradient checkpointing or LoRA, or add GPUs)"))
-    else:
-        lines.append("device memory unknown: pass --gpu-memory (e.g. 80GB) to see which strategies fit")
+    lines.append(fit_line(estimates, memory))
     pick, why = choose_strategy(inputs, memory, available=("ddp", "zero2", "zero3", "zero3_offload"),
                                 headroom=HEADROOM)
     _, _, engine = strategy_for_plan(pick, "cuda", cfg.distributed)
     lines.append(f"distributed.strategy=auto on {n_train} trainer GPU(s) would run {engine} ({why})" if split else
                  f"distributed.strategy=auto on {n} GPU(s) would run {engine} ({why})")
     if split:
-        scorers = [s for s in workload.frozen if s.role in generator_scored_roles(algo)]
         lines += generator_lines(cfg, scorers, inputs, split, memory)
     text = "\n".join(lines)
     print(text)
     return text
 
+
+def fit_line(estimates: dict[str, Any], memory: int | None) -> str:
+    """Which strategies fit in ``memory`` per GPU (or how to learn it)."""
+    if memory is None:
+        return "device memory unknown: pass --gpu-memory (e.g. 80GB) to see which strategies fit"
+    ok = [s for s, e in estimates.items() if fits(e, memory, HEADROOM)]
+    return (f"fits in {memory / GB:.1f} GB per GPU ({HEADROOM * memory / GB:.1f} GB usable): "
+            + (", ".join(ok) if ok else "none (lower the per-device batch or max_length, enable "
+               "gradient checkpointing or LoRA, or add GPUs)"))
+
+
+def placed_workload(cfg: RunConfig, n: int) -> tuple[tuple[int, int] | None, Workload, list[ModelSpec]]:
+    """(trainer and generator processes of ``n`` under ``rollout.placement: separate``, else None; the trainers'
+    workload; the reward model roles the generators load instead)."""
+    split = separate_split(cfg, n)
+    workload = workload_of(cfg)
+    algo_cls = ALGORITHMS.get(cfg.algorithm)
+    if split is None or algo_cls.split_rollout(cfg) != "completions":  # an algorithm's own items score elsewhere
+        return split, workload, []
+    algo = algo_cls(cfg, None)  # its signals name the roles; the default rollout's algorithms need no tokenizer here
+    roles = generator_scored_roles(algo)
+    return split, separate_workload(algo, workload, False), [s for s in workload.frozen if s.role in roles]
 
 
 def generator_lines(cfg: RunConfig, scorers: list[ModelSpec], inputs: MemoryInputs, split: tuple[int, int],
