@@ -124,3 +124,32 @@ def test_killed_and_resumed_async_run(micro_model: Path, tmp_path: Path, k: int)
             assert got["staleness/mean"] == row["staleness/mean"]
     if k == 0:
         assert max_delta(final_weights(tmp_path / "straight"), final_weights(run)) == 0.0
+
+
+@pytest.mark.slow(seconds=90)
+def test_reward_model_scores_on_the_generator_and_k0_equals_colocated(micro_model: Path, tmp_path: Path) -> None:
+    """``reward.model`` (a tiny scalar model beside a reward function) under ``placement: separate``: the generator
+    (global rank 1) loads the ``reward`` role and scores with it (``async/reward_model_rank`` 1, the trainer says it
+    does not load it), and with k = 0 every logged loss, reward and model score and the final weights equal the
+    colocated run's, where the one process scores."""
+    from alignkit.config.schema import ModelConfig
+    from alignkit.models.scalar import load_scalar_model
+
+    rm = tmp_path / "rm"
+    load_scalar_model(ModelConfig(name_or_path=str(micro_model)), trainable=False).save_pretrained(rm)
+    for f in micro_model.glob("tokenizer*"):
+        (rm / f.name).write_bytes(f.read_bytes())
+    cfg = _config(micro_model, tmp_path, steps=2)
+    common = ["train", str(cfg), "distributed.strategy=single", f"reward.model={rm}", "reward.model_weight=2.0"]
+    assert_ok(run_cli([*common, f"output_dir={tmp_path / 'colocated'}"], timeout=300))
+    proc = run_cli([*common, f"output_dir={tmp_path / 'k0'}", "rollout.placement=separate"], nproc=2, timeout=300)
+    assert_ok(proc)
+    assert "reward model roles reward score on the generators, not loaded on the trainers" in proc.stderr
+    colocated, k0 = _rows(tmp_path / "colocated"), _rows(tmp_path / "k0")
+    assert len(colocated) == len(k0) == 2
+    for a, b in zip(colocated, k0):
+        assert "async/reward_model_rank" not in a and b["async/reward_model_rank"] == 1
+        for key in ("loss", "reward_mean", "reward/model", "reward/length", "grad_norm", "advantage_std"):
+            assert a[key] == b[key], (key, a[key], b[key])
+    assert colocated[0]["reward/model"] != 0.0  # the model scored something
+    assert max_delta(final_weights(tmp_path / "colocated"), final_weights(tmp_path / "k0")) == 0.0

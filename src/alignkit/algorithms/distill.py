@@ -2,9 +2,11 @@
 completions of the prompts, and each sampled position's full next-token distribution is pulled toward a frozen
 ``teacher``'s at the same position by GKD's generalised JSD (losses/distill.py): ``distill.beta: 1`` (default)
 the reverse KL(student || teacher) per token, ``0`` the forward KL, in between the JSD mixture (TRL GKDTrainer's
-convention). The divergence is the FULL sum over the vocabulary (exact, no sampling noise), so the forwards
-build ``(tokens, vocab)`` log-probs: sized for vocabularies that fit (the per-token sampled estimator
-log p_s - log p_t, which would not need them, is not offered). The loss is a token mean over the step's
+convention). The divergence is the FULL sum over the vocabulary (exact, no sampling noise): by default the
+forwards build ``(tokens, vocab)`` log-probs (sized for vocabularies that fit); ``distill.chunk_tokens: N`` takes
+the chunked path instead (``chunked_generalized_jsd``: both models' final hidden states at the completion
+positions, N at a time through the LM heads, nothing of the vocabulary's size kept for the backward; the same
+values). The per-token sampled estimator log p_s - log p_t is not offered. The loss is a token mean over the step's
 completion tokens (the global normaliser); rewards of ``reward.functions`` are scored and logged (the task's
 score) but train nothing. Teacher and student must share a tokenizer: token ids are compared position by
 position, so another vocabulary is refused in one line before the first rollout.
@@ -21,9 +23,10 @@ from alignkit.algorithms.online import OnlineAlgorithm
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.errors import ConfigError, ModelError
-from alignkit.losses.distill import generalized_jsd
+from alignkit.losses.distill import chunked_generalized_jsd, generalized_jsd
 from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models, ModelSpec, same_vocabulary
+from alignkit.ops.logprobs import chunked_token_logps
 from alignkit.rewards.signals import nan_stats
 from alignkit.rollout.context import RolloutContext
 from alignkit.rollout.experience import Sample, flat
@@ -36,6 +39,10 @@ class DistillConfig:
     beta: float = f(1.0, "GKD's generalised JSD interpolation (TRL GKDTrainer's convention): 1 = reverse "
                     "KL(student || teacher), on-policy distillation's loss; 0 = forward KL(teacher || student); "
                     "in between the JSD to the mixture beta teacher + (1 - beta) student.", ge=0, le=1)
+    chunk_tokens: int = f(0, "0 = the divergence from (tokens, vocab) log-probs of both models (exact, for vocabularies "
+                          "that fit); N > 0 = the chunked path (losses/distill.py chunked_generalized_jsd): each model's "
+                          "final hidden states, N positions at a time through the LM heads, nothing of the vocabulary's "
+                          "size kept for the backward (the same values; for large vocabularies).", ge=0)
 
 
 class OnPolicyDistill(OnlineAlgorithm):
@@ -68,23 +75,59 @@ class OnPolicyDistill(OnlineAlgorithm):
         return m
 
     def loss(self, models: Models, batch: Batch, *, normalizer: float) -> tuple[torch.Tensor, MetricSums]:
+        section = self.cfg.section(DistillConfig)
+        per_token, teacher_logp = (self.chunked(models, batch, section) if section.chunk_tokens
+                                   else self.full(models, batch, section.beta))
+        keep = flat(batch, "loss_mask") if "loss_mask" in batch else torch.ones_like(per_token)
+        m = MetricSums()
+        m.add_masked_mean("distill_divergence", per_token.detach(), keep)
+        m.add_masked_mean("teacher_logp", teacher_logp, keep)
+        return (per_token * keep).sum() / normalizer, m
+
+    def full(self, models: Models, batch: Batch, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(N,)`` divergences and teacher log-probs of the sampled tokens from both models' ``(N, V)`` log-probs."""
         t = self.tokens.temperature
         student = models.logps("policy", batch, temperature=t, full_vocab=True)  # (N, V)
         with torch.no_grad():
             teacher = models.logps("teacher", batch, temperature=t, full_vocab=True)
-        if student.shape != teacher.shape:
-            raise ModelError(f"distill.teacher scores {teacher.shape[-1]} tokens, the student {student.shape[-1]}: "
-                             "the two models must share one vocabulary")
-        per_token = generalized_jsd(student, teacher, beta=self.cfg.section(DistillConfig).beta)  # (N,)
-        keep = flat(batch, "loss_mask") if "loss_mask" in batch else torch.ones_like(per_token)
-        m = MetricSums()
-        m.add_masked_mean("distill_divergence", per_token.detach(), keep)
-        m.add_masked_mean("teacher_logp", teacher.gather(-1, flat_targets(batch)).squeeze(-1), keep)
-        return (per_token * keep).sum() / normalizer, m
+        check_vocab(teacher.shape[-1], student.shape[-1])
+        return generalized_jsd(student, teacher, beta=beta), teacher.gather(-1, flat_targets(batch)).squeeze(-1)
+
+    def chunked(self, models: Models, batch: Batch, section: DistillConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same as :meth:`full` through :func:`chunked_generalized_jsd`: the teacher's ``(N, H)`` hidden states
+        and head weight, the student's divergence computed inside its own forward, ``chunk_tokens`` at a time."""
+        t = self.tokens.temperature
+        with torch.no_grad():
+            hidden, head = models.logps("teacher", batch, on_hidden=lambda h, w: (h.detach(), w.detach()))
+        if type(head) is not torch.Tensor or head.numel() == 0:  # a DTensor (FSDP) or a ZeRO-3 placeholder
+            raise ModelError("distill.chunk_tokens reads the teacher's LM head outside its forward, which a sharded "
+                             "teacher does not allow: set distributed.shard_frozen: false (or distill.chunk_tokens: 0)")
+        targets = flat_targets(batch)
+
+        def teacher_logits(start: int, end: int) -> torch.Tensor:
+            return hidden[start:end] @ head.T
+
+        def divergence(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            check_vocab(head.shape[0], w.shape[0])
+            return chunked_generalized_jsd(h, w, teacher_logits, beta=section.beta, temperature=t,
+                                           chunk_tokens=section.chunk_tokens)
+
+        per_token = models.logps("policy", batch, on_hidden=divergence)
+        with torch.no_grad():
+            teacher_logp = chunked_token_logps(hidden, head, targets.squeeze(-1), temperature=t,
+                                               chunk_size=section.chunk_tokens)
+        return per_token, teacher_logp
 
     def units(self, batch: Batch) -> int:
         """Completion tokens (those ``loss_mask`` keeps): the loss is a token mean over the step."""
         return int(batch["loss_mask"].sum()) if "loss_mask" in batch else int(batch["response_lengths"].sum())
+
+
+def check_vocab(teacher: int, student: int) -> None:
+    """Refuse, in one line, a teacher whose LM head scores another number of tokens than the student's."""
+    if teacher != student:
+        raise ModelError(f"distill.teacher scores {teacher} tokens, the student {student}: the two models must share "
+                         "one vocabulary")
 
 
 def flat_targets(batch: Batch) -> torch.Tensor:

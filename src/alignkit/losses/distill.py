@@ -49,7 +49,7 @@ def chunked_generalized_jsd(student_hidden: Tensor, student_head: Tensor, teache
     ``saved_bytes``), N = 256, V = 32,000, float32 (N x V = 31 MiB): unchunked 102 MiB kept at beta 1 and 227 MiB
     at beta 0.5; chunked (32 tokens) 7.9 MiB, i.e. its inputs (the head). The transient peak is a few
     ``(chunk, V)`` tensors: at V = 151,936 and 512-token chunks ~4 x 0.31 GB, against >= 1.24 GB (2 x 0.62 GB) kept per
-    1,024 tokens unchunked. Not wired into ``algorithm: distill`` yet (its forwards return ``(N, V)`` log-probs)."""
+    1,024 tokens unchunked. ``algorithm: distill`` takes this path with ``distill.chunk_tokens`` > 0."""
     from torch.utils.checkpoint import checkpoint
 
     def wide(x: Tensor) -> Tensor:  # bf16 / fp16 logits: the log-probs in float32 (float64 stays)

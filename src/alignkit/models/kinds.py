@@ -122,9 +122,11 @@ class CausalLMKind(ModelKind):
         return CausalLMLogps(lm, chunk_size=spec.chunk_size)
 
     def logps(self, module: nn.Module, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
-              full_vocab: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """With ``full_vocab``: ``(N, V)`` log-probs of the whole distribution at each target position."""
-        return forward_logps(module, batch, temperature=temperature, with_entropy=with_entropy, full_vocab=full_vocab)
+              full_vocab: bool = False, on_hidden: Any = None) -> Any:
+        """With ``full_vocab``: ``(N, V)`` log-probs of the whole distribution at each target position; with
+        ``on_hidden`` its value on the final hidden states there and the LM head's weight (``CausalLMLogps``)."""
+        return forward_logps(module, batch, temperature=temperature, with_entropy=with_entropy, full_vocab=full_vocab,
+                             on_hidden=on_hidden)
 
     def generate(self, module: nn.Module, engine: TokenGenerator, prompts: list[Any], params: SamplingParams, *,
                  synced: bool = False) -> Generations:

@@ -13,6 +13,7 @@ needs no new path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from alignkit.constants import IGNORE_INDEX
 from alignkit.data.batch import Batch, at_targets, model_inputs, select_targets
+from alignkit.errors import ModelError
 from alignkit.models.attention import packed_model_inputs
 from alignkit.models.liger import liger_nll_sum
 from alignkit.models.loading import split_lm
@@ -49,7 +51,8 @@ class CausalLMLogps(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
                 with_entropy: bool = False, liger_nll: bool = False, target_index: torch.Tensor | None = None,
-                full_vocab: bool = False, **inputs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                full_vocab: bool = False, on_hidden: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
+                **inputs: Any) -> Any:
         """log p(targets) at every position whose target is not IGNORE_INDEX, under ``softmax(logits / temperature)``.
 
         input_ids, targets: (B, T); ``inputs``: any other model inputs (attention_mask,
@@ -61,13 +64,20 @@ class CausalLMLogps(nn.Module):
         With ``liger_nll`` instead the scalar float32 sum of ``-log p(targets)`` through Liger-Kernel's fused
         linear cross-entropy (``training.liger_kernel``; temperature 1). With ``full_vocab`` the ``(N, V)`` float32
         log-probs of the whole tempered distribution at those positions (on-policy distillation; builds the
-        (N, V) logits, so for vocabularies that fit).
+        (N, V) logits, so for vocabularies that fit). With ``on_hidden`` whatever ``on_hidden(hidden, head_weight)``
+        returns, given the ``(N, H)`` final hidden states at those positions and the LM head's ``(V, H)`` weight,
+        inside this forward (so DDP sees the head's use): on-policy distillation's chunked divergence.
         """
         backbone, head = split_lm(self.hf_model)
         hidden = final_hidden(backbone, self.hf_model, input_ids, inputs)  # (B, T, H)
         hidden, targets = (select_targets(x, targets, target_index) for x in (hidden, targets))
         if full_vocab:
             return torch.log_softmax(head(hidden).float() / temperature, dim=-1)
+        if on_hidden is not None:
+            if getattr(head, "bias", None) is not None:
+                raise ModelError(f"{type(self.hf_model).__name__}: its LM head has a bias, which the hidden-state path "
+                                 "(distill.chunk_tokens) does not apply; set distill.chunk_tokens: 0")
+            return on_hidden(hidden, head.weight)
         if liger_nll:
             return liger_nll_sum(hidden, head.weight, targets, bias=getattr(head, "bias", None))
         return chunked_token_logps(
@@ -77,11 +87,14 @@ class CausalLMLogps(nn.Module):
 
 
 def forward_logps(model: nn.Module, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
-                  full_vocab: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                  full_vocab: bool = False, on_hidden: Callable[[torch.Tensor, torch.Tensor], Any] | None = None) -> Any:
     """``(N,)`` log-probs of the batch's targets (row-major over non-ignored positions) under ``logits /
     temperature``; with ``with_entropy`` the pair (log-probs, ``(N,)`` entropies); with ``full_vocab`` the
-    ``(N, V)`` log-probs of every token there (``CausalLMLogps.forward``)."""
-    extra = {"full_vocab": True} if full_vocab else {}  # only where asked: wrappers of other forwards need not know it
+    ``(N, V)`` log-probs of every token there; with ``on_hidden`` its value on the hidden states and the head's
+    weight (``CausalLMLogps.forward``)."""
+    extra: dict[str, Any] = {"full_vocab": True} if full_vocab else {}  # only where asked: other forwards need not know it
+    if on_hidden is not None:
+        extra["on_hidden"] = on_hidden
     return model(targets=batch["targets"], temperature=temperature, with_entropy=with_entropy,
                  target_index=batch.get("target_index"), **extra, **model_inputs(batch))
 

@@ -5,7 +5,8 @@ penalty; then gathering the scores of every rank in global order.
 and row fields of every rank are gathered to rank 0, scored there (one call of each function over
 the whole iteration, e.g. a judge that batches), and each rank receives the scores of ITS OWN samples
 (the seed's broadcast of rank 0's scores to every rank is the bug this avoids). A trained reward or
-cost model always scores locally: every rank holds it.
+cost model always scores locally: every rank holds it (under ``rollout.placement: separate`` the generators hold it
+and score, and send its part with the completions: ``Signal.score``'s ``functions``).
 """
 
 from __future__ import annotations
@@ -67,16 +68,18 @@ class Signal:
               functions: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
         """Per component (function name, ``model``) this rank's scores, and ``total`` (NaN = masked).
         ``placement`` (``local`` | ``main``) overrides the scorer's own for this call (evaluation runs
-        locally: ranks may hold different counts there). ``functions``: the functions' scores computed already
-        (:meth:`function_scores` where the completions were generated: a separate placement's generators); the
-        model, the weights and the penalties are applied here all the same."""
+        locally: ranks may hold different counts there). ``functions``: the parts computed already where the
+        completions were generated (a separate placement's generators: every function's, and ``model`` where
+        they hold the model role); the model where not among them, the weights and the penalties are applied here
+        all the same."""
         parts = dict(functions) if functions is not None else self.function_scores(inputs, placement)
-        if functions is not None and (sorted(parts) != sorted(f.name for f in self.functions) or any(
+        expected = sorted(f.name for f in self.functions) + (["model"] if self.model_role and "model" in parts else [])
+        if functions is not None and (sorted(parts) != sorted(expected) or any(
                 len(v) != len(inputs.completions) for v in parts.values())):
             raise RuntimeError(f"{self.signal}: scores received for {sorted(parts)} of "
                                f"{[len(v) for v in parts.values()]} completions, expected the functions "
                                f"{sorted(f.name for f in self.functions)} of {len(inputs.completions)}")
-        if self.model_role:
+        if self.model_role and "model" not in parts:
             parts["model"] = self._model_scores(models, inputs, strategy)
         weights = {f.name: f.weight for f in self.functions} | {"model": self.model_weight}
         total = combine(parts, weights) if parts else [0.0] * len(inputs.completions)

@@ -5,7 +5,7 @@ A trainer's rollout runs the algorithm's own ``rollout`` unchanged (ARCHITECTURE
 :class:`RemoteEngine`, whose ``sync_weights`` sends the trainer's weights to the generators (trainer rank 0; the
 others have nothing to send) and whose ``generate`` receives this rank's completions from every generator
 (``train/generator_loop.py`` sends them), checking that they answer exactly the requests asked (the same rows and
-per-completion seeds, ``rollout/seeds.py``). The reward functions' scores the generators computed come with them
+per-completion seeds, ``rollout/seeds.py``). The scores the generators computed (reward functions and models) come with them
 (:meth:`RemoteEngine.scored`, read by ``RolloutContext.score``); an algorithm whose generators make items of their
 own (``grpo_agent``'s trajectories) takes them by :meth:`RemoteEngine.delivered`. What the generators report beside
 them (the policy version that sampled, their idle and sync seconds) is kept on the engine for the loop to log.
@@ -58,6 +58,9 @@ class Delivery:
     items: list[Any] | None = None
     #: the generator's seconds by phase (``score``; an agent's ``generate``, ``env`` and ``render``)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: the generator's global rank when a reward / cost MODEL scored the completions there (their ``model`` part
+    #: is in ``scores``), else -1
+    scored_by: int = -1
 
     def part(self, cut: slice) -> Delivery:
         """The delivery of the rows at ``cut`` (one trainer's part of a generator's share)."""
@@ -82,6 +85,8 @@ class Received:
     wait_s: float = 0.0
     sync_s: float = 0.0
     sync_bytes: int = 0
+    #: the highest global rank of a generator whose reward / cost model scored these completions (-1: none did)
+    scored_by: int = -1
 
 
 class RemoteEngine(RolloutEngine):
@@ -155,7 +160,7 @@ class RemoteEngine(RolloutEngine):
         self.received = Received([d.version for d in parts for _ in d.seeds], logps,
                                  max((d.idle_s for d in parts), default=0.0),
                                  max((d.generate_s for d in parts), default=0.0), wait, self.received.sync_s,
-                                 self.received.sync_bytes)
+                                 self.received.sync_bytes, max((d.scored_by for d in parts), default=-1))
         return parts
 
 

@@ -10,11 +10,12 @@ position is broadcast), with the checkpoint's weights: the first k iterations af
 checkpoint's version (their staleness is lower than in the uninterrupted run; with k = 0 nothing differs).
 
 What a generator makes of its rows is the algorithm's split (``OnlineAlgorithm.split_rollout``): ``completions``
-(the default rollout): it samples them and runs the reward / cost functions of every signal on them (``Signal.
-function_scores``, the code the trainers' scoring runs colocated), and sends the scores with them; the trainers run
-the algorithm's rollout on the received completions, taking the functions' scores as received (``RolloutContext.
-score``; a reward MODEL still scores on the trainers, which hold it), then old / reference log-probs and advantages,
-so an algorithm sees the same experience as colocated. ``items`` (``grpo_agent``, ``ppo_agent``): it runs the algorithm's
+(the default rollout): it samples them and scores them by every signal (``Signal.score``, the code the trainers'
+scoring runs colocated): the reward / cost functions and the signals' reward / cost MODELS (``reward.model``: the
+generator loads those roles, :func:`generator_scored_roles`; the trainers then do not, unless they evaluate), and
+sends the scores with them; the trainers run the algorithm's rollout on the received completions, taking the
+scores as received (``RolloutContext.score``), then old / reference log-probs and advantages, so an algorithm sees
+the same experience as colocated. ``items`` (``grpo_agent``, ``ppo_agent``): it runs the algorithm's
 ``generator_items`` (the environments and the multi-turn loop, every running trajectory's turn in one engine call)
 and sends the finished trajectories; the trainers' rollout takes them (``RolloutContext.delivered``). Either way
 the behaviour log-probs go with them (the engine's, or a forward of the sampling weights). The generators never
@@ -49,11 +50,12 @@ from alignkit.distributed.placement import (
 from alignkit.distributed.strategy import build_strategy
 from alignkit.distributed.strategy.base import pick_backend, pick_compute_dtype, pick_device
 from alignkit.errors import ConfigError
-from alignkit.logging import setup_console
+from alignkit.logging import log, setup_console
 from alignkit.models.kinds import KINDS
-from alignkit.models.roles import Workload, build_model
+from alignkit.models.roles import Models, Workload, build_model, role_tokenizer
 from alignkit.rewards.signals import ScoreInputs
 from alignkit.rollout.config import RolloutConfig
+from alignkit.rollout.context import LazyBatches
 from alignkit.rollout.engine import Prompt, SamplingParams, build_engine, generation_phase
 from alignkit.rollout.experience import collate_samples, micro_batches, per_sequence
 from alignkit.rollout.remote import Delivery, generator_parts
@@ -88,6 +90,36 @@ def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy:
                f"({generators})")
     if why:
         raise ConfigError(f"rollout.placement: separate: {why}; use placement: colocated")
+
+
+def generator_scored_roles(algo: Any) -> list[str]:
+    """The model roles of ``algo``'s signals (``reward.model``'s ``reward``, a cost model's ``cost``) that score on
+    the generators under ``placement: separate``: those of a split ``completions`` rollout (none otherwise). The
+    generators load them whole, with no sharding strategy: ``distributed.shard_frozen: true`` is refused."""
+    if not isinstance(algo, OnlineAlgorithm) or type(algo).split_rollout(algo.cfg) != "completions":
+        return []
+    roles = sorted({s.model_role for s in algo.signals().values() if s.model_role})
+    if roles and algo.cfg.distributed.shard_frozen is True:
+        raise ConfigError(f"rollout.placement: separate: the generators load the reward model roles ({', '.join(roles)})"
+                          " whole, without a sharding strategy, so distributed.shard_frozen: true cannot hold for "
+                          "them; set it to auto or false")
+    return roles
+
+
+def separate_workload(algo: Any, workload: Workload, is_main: bool) -> Workload:
+    """The trainers' workload under ``placement: separate``: without the roles the generators score with
+    (:func:`generator_scored_roles`), unless the run evaluates (the trainers' greedy evaluation scores with them);
+    rank 0 says which in one line."""
+    roles = generator_scored_roles(algo)
+    if not roles:
+        return workload
+    if is_main:
+        log.info(f"rollout.placement: separate: the reward model roles {', '.join(roles)} score on the generators"
+                 + ("; the trainers load them too, for evaluation (data.eval)" if algo.cfg.data.eval
+                    else ", not loaded on the trainers"))
+    if algo.cfg.data.eval:
+        return workload
+    return dataclasses.replace(workload, specs=tuple(s for s in workload.specs if s.role not in roles))
 
 
 def trainer_processes(cfg: RunConfig, processes: int) -> int:
@@ -128,6 +160,8 @@ class Generator:
         self.engine = build_engine(r.engine, algo.tokenizer, cfg, max_new_tokens=r.max_new_tokens)
         self.algo, self.split = algo, type(algo).split_rollout(cfg)
         self.signals = algo.signals() if self.split == "completions" else {}
+        self.trainers = trainers  # not set up: its device and autocast score the reward models as the trainers' did
+        self.models = self._scoring_models(workload, algo.tokenizer)
         self.params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.generation_batch_size)
         self.autocast = (torch.autocast(self.device.type, dtype=self.compute_dtype)
                          if self.compute_dtype != torch.float32 and self.engine.runs_in_caller
@@ -136,6 +170,19 @@ class Generator:
         self.per_iteration = plan.batch.global_batch // r.num_generations
         self.parts = generator_parts(plan.batch.global_batch, len(placement.generators), placement.trainers)
         self.version = -1  # the last version received
+
+    def _scoring_models(self, workload: Workload, tokenizer: Any) -> Models:
+        """The roles the signals score with (:func:`generator_scored_roles`), frozen and whole as a trainer holds
+        them colocated (``build_models``: the compute dtype, ``prepare_frozen``), beside the policy's tokenizer."""
+        roles = generator_scored_roles(self.algo)
+        specs = {s.role: s for s in workload.specs if s.role in roles or s.trainable}
+        models = Models(specs=specs, tokenizers={"policy": tokenizer})
+        for role in roles:
+            spec = specs[role]
+            models.tokenizers[role] = role_tokenizer(spec, tokenizer, self.cfg.model)
+            models.frozen[role] = self.trainers.prepare_frozen(
+                build_model(spec, self.cfg.model, self.trainers.compute_dtype, tokenizer))
+        return models
 
     def run(self) -> None:
         start = broadcast_start(None, self.placement)
@@ -201,11 +248,20 @@ class Generator:
         logps = gens.logps if gens.logps is not None else self._behaviour_logps([p.ids for p in requests],
                                                                                  gens.completion_ids)
         began = time.perf_counter()
+        samples = [{"prompt_ids": p.ids, "completion_ids": list(c)} for p, c in zip(requests, gens.completion_ids)]
         inputs = ScoreInputs([row["prompt"] for row in rows], gens.texts, [len(c) for c in gens.completion_ids],
-                             [row["fields"] for row in rows], [])
-        scores = {name: signal.function_scores(inputs) for name, signal in self.signals.items()}
+                             [row["fields"] for row in rows], LazyBatches(lambda: self._batches(samples)))
+        # the trainers apply the weights and penalties to the parts: only the parts travel
+        scores = {name: {k: v for k, v in signal.score(self.models, inputs, self.trainers).items() if k != "total"}
+                  for name, signal in self.signals.items()}
+        scored_by = self.placement.env.rank if any(s.model_role for s in self.signals.values()) else -1
         return Delivery(-1, -1, seeds, gens.completion_ids, gens.finish_reasons, gens.texts, logps, scores=scores,
-                        seconds={"score": time.perf_counter() - began})
+                        seconds={"score": time.perf_counter() - began}, scored_by=scored_by)
+
+    def _batches(self, samples: list[dict[str, Any]]) -> list[Any]:
+        """``samples`` collated in ``per_device`` micro-batches on the device, as a trainer's
+        ``RolloutContext.batches`` (a reward model's inputs)."""
+        return [self.algo.collate(mb).to(self.device) for mb in micro_batches(samples, self.plan.batch.per_device)]
 
     def _items(self, rows: list[dict[str, Any]], seeds: list[int]) -> Delivery:
         """The algorithm's items of the rows (``grpo_agent``: finished trajectories) and their behaviour log-probs."""
@@ -257,3 +313,16 @@ def run_generator(cfg: RunConfig, placement: Placement) -> TrainResult:
     plan = online_steps(len(prompts), plan, cfg)
     Generator(cfg, placement, algo, workload, plan, prompts).run()
     return TrainResult(None, {}, {}, [])
+
+
+def separate_split(cfg: RunConfig, processes: int) -> tuple[int, int] | None:
+    """(trainer, generator) process counts of ``processes`` launched under ``rollout.placement: separate`` (None:
+    not separate); fewer than one trainer is refused in one line."""
+    if not issubclass(ALGORITHMS.get(cfg.algorithm), OnlineAlgorithm) or \
+            cfg.section(RolloutConfig).placement != "separate":
+        return None
+    generators = cfg.section(RolloutConfig).generator_processes
+    if processes <= generators:
+        raise ConfigError(f"rollout.placement: separate: {processes} processes leave no trainer beside "
+                          f"rollout.generator_processes={generators}")
+    return processes - generators, generators

@@ -228,7 +228,8 @@ class OnlineTrainer:
             for name, seconds in (("trainer_wait_s", got.wait_s), ("weight_sync_s", got.sync_s),
                                   ("weight_sync_bytes", float(got.sync_bytes)),
                                   ("generator_idle_s", got.generator_idle_s),
-                                  ("generator_generate_s", got.generator_generate_s)):
+                                  ("generator_generate_s", got.generator_generate_s),
+                                  ("reward_model_rank", float(got.scored_by))):
                 experience.stats.add(f"async/{name}", seconds, 1)
         return experience, time.perf_counter() - start
 

@@ -45,7 +45,7 @@ from alignkit.planner.plan_report import format_table
 from alignkit.planner.preflight import preflight
 from alignkit.plot import plot_after_run
 from alignkit.train.checkpoint import resolve_resume, role_dir
-from alignkit.train.generator_loop import check_separate, run_generator, split_placement
+from alignkit.train.generator_loop import check_separate, run_generator, separate_workload, split_placement
 from alignkit.train.hub_push import check_at_start, publish
 from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
@@ -104,10 +104,12 @@ class Session:
                            plan.batch.global_batch)
         elif env.is_distributed:  # every rank reachable, same versions and decision, before any model is built
             checked = preflight(strategy.backend, plan.strategy, cfg.distributed.preflight_timeout_s)
-        strategy.decide_frozen_sharding(frozen_roles(workload), functools.partial(frozen_sharding, cfg, workload))
         set_seed(cfg.training.seed)
         first = workload.trainable[0] if workload.trainable else workload.specs[0]  # the policy's kind reads the data
         algo = algo_cls(cfg, KINDS.get(first.kind).tokenizer(cfg.model))
+        if separate:  # the generators' reward models are not loaded here (the plan counted them: it stays)
+            workload = separate_workload(algo, workload, env.is_main)
+        strategy.decide_frozen_sharding(frozen_roles(workload), functools.partial(frozen_sharding, cfg, workload))
         return cls(cfg, env, algo, workload, plan, strategy, checked)
 
     def announce(self, logger: RunLogger) -> None:

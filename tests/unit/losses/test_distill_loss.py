@@ -75,3 +75,18 @@ def test_chunked_from_hidden_states_equals_the_full_vocabulary_path(beta):
     assert low.dtype == torch.float32  # bf16 logits: the divergence in float32
     assert full_saved >= 2 * n * v * 8  # float64 here: the student's and the teacher's (N, V) at least
     assert chunk_saved <= hidden.numel() * 8 + head.numel() * 8, (chunk_saved, full_saved)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_chunked_path_against_the_hand_computed_values(beta):
+    """The chunked path with an identity head (hidden states = the student's log-probs, V = H = 2), one position per
+    chunk, against the hand-computed divergences of the tests above at beta 0, 0.5 and 1."""
+    from alignkit.losses.distill import chunked_generalized_jsd
+
+    m = [0.375, 0.625]
+    want = {1.0: 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75),
+            0.0: 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5),
+            0.5: 0.5 * (0.25 * math.log(0.25 / m[0]) + 0.75 * math.log(0.75 / m[1]))
+            + 0.5 * (0.5 * math.log(0.5 / m[0]) + 0.5 * math.log(0.5 / m[1]))}[beta]
+    got = chunked_generalized_jsd(S.clone(), torch.eye(2), lambda a, b: T[a:b], beta=beta, chunk_tokens=1)
+    assert torch.allclose(got, torch.tensor([want, 0.0]), atol=1e-6), (got, want)

@@ -163,3 +163,36 @@ def test_a_trainer_takes_the_generators_function_scores() -> None:
 def constant_one(prompts: list, completions: list[str], **_: object) -> list[float]:
     """A reward function of 1 (the test above names it ``module:function``)."""
     return [1.0] * len(completions)
+
+
+def test_reward_models_score_on_the_generators() -> None:
+    """Under ``placement: separate`` the ``reward`` role of ``reward.model`` scores on the generators: the trainers'
+    workload drops it (not with an evaluation set: their greedy evaluation scores with it), a sharded one is
+    refused in one line, and a trainer takes a received ``model`` part instead of scoring (no models are passed:
+    reading one would fail)."""
+    from alignkit.algorithms import ALGORITHMS, workload_of
+    from alignkit.rewards.signals import ScoreInputs, Signal
+    from alignkit.train.generator_loop import generator_scored_roles, separate_workload
+
+    base = ["algorithm=grpo", "model.name_or_path=x", "data.train=x.jsonl", "training.per_device_batch_size=8",
+            "rollout.placement=separate"]
+
+    def algo(*extra: str):
+        cfg = load_config(None, [*base, *extra])
+        return ALGORITHMS.get("grpo")(cfg, None), workload_of(cfg)
+
+    plain, plain_work = algo()
+    assert generator_scored_roles(plain) == [] and separate_workload(plain, plain_work, False) is plain_work
+    rm, work = algo("reward.model=rm")
+    assert generator_scored_roles(rm) == ["reward"] and "reward" in [s.role for s in work.specs]
+    assert "reward" not in [s.role for s in separate_workload(rm, work, False).specs]
+    evaluating, work = algo("reward.model=rm", "data.eval=[e.jsonl]")
+    assert "reward" in [s.role for s in separate_workload(evaluating, work, False).specs]
+    with pytest.raises(ConfigError, match="shard_frozen"):
+        generator_scored_roles(algo("reward.model=rm", "distributed.shard_frozen=true")[0])
+    signal = Signal("reward", [type("F", (), {"name": "length", "weight": 0.5})], model_role="reward", model_weight=2.0)
+    inputs = ScoreInputs(["p"] * 2, ["a b", "a"], [2, 1], [{}] * 2, [])
+    got = signal.score(None, inputs, None, functions={"length": [2.0, 1.0], "model": [0.25, -1.0]})  # type: ignore[arg-type]
+    assert got["total"] == pytest.approx([0.5 * 2.0 + 2.0 * 0.25, 0.5 * 1.0 - 2.0])
+    with pytest.raises(RuntimeError, match="expected the functions"):
+        signal.score(None, inputs, None, functions={"length": [2.0, 1.0], "model": [0.0], "x": [0.0]})  # type: ignore[arg-type]
