@@ -1,10 +1,10 @@
 """The typed run configuration: one dataclass per YAML section.
 
-Every field has a docstring-like ``help`` in its metadata and, where it matters, a range
-(``ge`` / ``gt`` / ``le``). Choices are ``Literal`` types. Cross-field rules (batch arithmetic,
-algorithm needs) live in :mod:`alignkit.config.loader` and run once at load time. The sections of
-single algorithms (``dpo``, ``reward``, ``sft``, ...) live next to their algorithm files and are
-registered in :mod:`alignkit.config.sections` and read with ``cfg.section(DPOConfig)``.
+Every field has a docstring-like ``help`` in its metadata and, where it matters, a range (``ge`` / ``gt`` / ``le``).
+Choices are ``Literal`` types. Cross-field rules (batch arithmetic, algorithm needs) live in
+:mod:`alignkit.config.loader` and run once at load time. The sections of single algorithms (``dpo``, ``reward``,
+``sft``, ...) live next to their algorithm files, registered in :mod:`alignkit.config.sections`, read with
+``cfg.section(DPOConfig)``.
 """
 
 from __future__ import annotations
@@ -38,9 +38,7 @@ class LoraConfig:
     r: int = f(16, "LoRA rank.", gt=0)
     alpha: float = f(32.0, "LoRA alpha (scaling = alpha / r).", gt=0)
     dropout: float = f(0.05, "Dropout on the LoRA branch.", ge=0, le=1)
-    target_modules: list[str] = f(
-        ["q_proj", "k_proj", "v_proj", "o_proj"], "Module names (suffixes) that get adapters."
-    )
+    target_modules: list[str] = f(["q_proj", "k_proj", "v_proj", "o_proj"], "Module names (suffixes) that get adapters.")
 
 
 @dataclass
@@ -70,13 +68,10 @@ class ModelConfig:
     )
     trust_remote_code: bool = f(False, "Allow model code from the hub/local dir to run. Off by default.")
     lora: Optional[LoraConfig] = f(None, "LoRA adapters through peft; null = full fine-tuning.")
-    freeze: list[str] = f(
-        [], "Parameters of the trained policy kept frozen (full fine-tuning): regular expressions searched in each "
-        "parameter's name, e.g. ['embed_tokens', 'layers\\.0\\.'] freezes the input embeddings and the first block. "
-        "A frozen parameter gets no gradient and no optimizer state and is saved unchanged (LLaMA-Factory's "
-        "finetuning_type: freeze). An expression that matches no parameter, or one with model.lora (LoRA already "
-        "freezes the base), is an error naming the key."
-    )
+    freeze: list[str] = f([], "Parameters kept frozen (full fine-tuning): regular expressions searched in each "
+                          "parameter's name, e.g. ['embed_tokens', 'layers\\.0\\.']; no gradient, no optimizer state, "
+                          "saved unchanged (LLaMA-Factory's finetuning_type: freeze). One matching nothing, or beside "
+                          "model.lora, is an error.")
     ref_name_or_path: Optional[str] = f(None, "Reference model for DPO/PPO; defaults to the policy start.")
     kind: str = f("auto", "The policy's model kind (models/kinds.py): lm, vlm, diffusion, or one a plugin registers; "
                   "auto = the algorithm's (diffusion for flow_sft; vlm for a vision-language model, else lm).")
@@ -119,9 +114,8 @@ class DataConfig:
     num_workers: int = f(0, "DataLoader worker processes.", ge=0)
     max_train_examples: Optional[int] = f(None, "Use only the first N training rows.", gt=0)
     max_eval_examples: Optional[int] = f(None, "Use only the first N evaluation rows.", gt=0)
-    image_root: Optional[str] = f(
-        None, "Image-text rows (vlm_sft): folder their relative image paths start from; null = the data file's folder."
-    )
+    image_root: Optional[str] = f(None, "Image-text rows (vlm_sft): folder their relative image paths start from; "
+                                  "null = the data file's folder.")
 
     @classmethod
     def read_raw(cls, raw: dict[str, Any], prefix: str) -> dict[str, Any]:
@@ -173,9 +167,8 @@ class TrainingConfig:
         1e-5, "Peak learning rate (before lr_scaling); at most 1.0: fine-tuning uses ~1e-7 .. 1e-3, and a far "
         "larger value overflows AdamW's update (1e38 does in fp32).", gt=0, le=1.0
     )
-    lr_scaling: Literal["none", "linear", "sqrt"] = f(
-        "none", "Scale learning_rate by (global batch / reference_batch_size) or its square root."
-    )
+    lr_scaling: Literal["none", "linear", "sqrt"] = f("none", "Scale learning_rate by (global batch / "
+                                                      "reference_batch_size) or its square root.")
     reference_batch_size: Optional[int] = f(None, "Global batch the learning_rate was tuned for.", gt=0)
     lr_scheduler: Literal["constant", "linear", "cosine"] = f("cosine", "Decay after warmup.")
     warmup_steps: int = f(0, "Linear warmup in optimizer steps.", ge=0)
