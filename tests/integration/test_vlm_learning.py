@@ -30,9 +30,9 @@ random tower layers: 0.68-0.89). The pretrain stage alone teaches the frozen ran
 
 Where the time goes (CPU s of the runs below): model + data 2-3, projector pretrain 4-7 (500-1000 rows, 1
 epoch), evaluation 1 (200 rows, batched greedy), the sft stage the rest (~95%): the cost is the number of sft
-examples (~4 ms each at batch 16, ~6 ms at batch 8). Cheaper recipes tried for a ~150 s test (2026-11-29, seed 5, the slowest above; batch 8, whose step costs 0.59x
-batch 16's; 3000 question rows, 3000 steps = ~24k examples against the 120k here; 200 held-out rows; CPU s of
-the whole run):
+examples (~4 ms each at batch 16, ~6 ms at batch 8). Cheaper recipes tried for a ~150 s test (2026-11-29, seed
+5, the slowest above; batch 8, whose step costs 0.59x batch 16's; 3000 question rows, 3000 steps = ~24k examples
+against the 120k here; 200 held-out rows; CPU s of the whole run):
 
     pretrain rows  caption mix  objects  lr     colour_shape  shape  all    CPU
     500            no           1-3      1e-3   0.529         0.362  0.680  156 s
