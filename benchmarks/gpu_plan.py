@@ -14,7 +14,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "0.5b": {"batch": 8, "accum": 1, "steps": 15, "warm": 5, "log": 5, "rows": 512, "max_length": 2048,
              "fill": {"batch": 16, "accum": 2, "steps": 8, "warm": 4, "log": 4},
              "grpo": {"batch": 64, "G": 8, "max_new": 48, "steps": 6, "warm": 2}},
-    "micro": {"batch": 2, "accum": 1, "steps": 6, "warm": 2, "log": 2, "rows": 48, "max_length": 512,
+    # the CPU pipeline check (tests/unit/benchmarks/test_bench_gpu.py): one timed window of 2 steps after 2 warm
+    "micro": {"batch": 2, "accum": 1, "steps": 4, "warm": 2, "log": 2, "rows": 48, "max_length": 256,
               "fill": {"batch": 2, "accum": 2, "steps": 3, "warm": 1, "log": 1},
               "grpo": {"batch": 16, "G": 8, "max_new": 8, "steps": 3, "warm": 1}},
 }

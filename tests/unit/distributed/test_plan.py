@@ -5,10 +5,6 @@ Run ``pytest tests/unit/distributed/test_plan.py -s`` to see the seed-scenario t
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -30,6 +26,7 @@ from alignkit.planner.plan import (
     trainable_params,
 )
 from alignkit.planner.plan_report import format_table
+from tests.unit.distributed.peak_rss import measure
 
 LLAMA7B = PRESETS["llama-7b"]
 RM7B = LLAMA7B.as_score_model()
@@ -314,12 +311,13 @@ def test_input_validation() -> None:
 
 # --------------------------------------------------------------------------- CPU measurement
 _MEASURE = textwrap.dedent("""
-    import json, resource
+    import json
     import psutil, torch
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
                       num_attention_heads=12, vocab_size=8192, attn_implementation="sdpa")
     torch.manual_seed(0)
+    reset_peak()
     baseline = psutil.Process().memory_info().rss
     model = LlamaForCausalLM(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -328,19 +326,14 @@ _MEASURE = textwrap.dedent("""
         model(input_ids=ids, labels=ids).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=False)  # persistent grads, like DDP buckets / ZeRO buffers
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"baseline": baseline, "peak": peak}))
+    print(json.dumps({"baseline": baseline, "peak": peak_bytes()}))
 """)
 
 
 @pytest.mark.slow
 def test_cpu_estimate_matches_measured_peak_rss() -> None:
-    # glibc otherwise raises its mmap threshold after the first free and keeps freed activations in
-    # the heap (~+0.3 GB RSS here); pinning it makes RSS track live tensors, which is what we predict.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "2"}
-    out = subprocess.run([sys.executable, "-c", _MEASURE], capture_output=True, text=True, env=env,
-                         timeout=120, check=True)
-    m = json.loads(out.stdout.strip().splitlines()[-1])
+    # peak_rss.measure: a fresh child, its own peak (not the worker's), glibc's mmap threshold pinned
+    m = measure(_MEASURE, threads=2, timeout=120)
     dims = dims_from_hf_config(LlamaConfig(hidden_size=768, intermediate_size=2048,
                                            num_hidden_layers=8, num_attention_heads=12, vocab_size=8192))
     inputs = MemoryInputs(policy=dims, param_dtype="fp32", per_device_batch=4, seq_len=256,

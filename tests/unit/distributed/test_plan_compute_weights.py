@@ -6,10 +6,6 @@ where the estimate says (measured as test_plan.py measures the fp32 path)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -26,6 +22,7 @@ from alignkit.planner.model_dims import dims_from_hf_config
 from alignkit.planner.plan import MemoryInputs, estimate
 from alignkit.planner.plan_report import format_table
 from tests.conftest import write_config
+from tests.unit.distributed.peak_rss import measure
 
 SHAPE = {"hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 6,
          "vocab_size": 8192}
@@ -83,7 +80,7 @@ def test_memory_inputs_follow_model_compute_weights(sft_config: dict[str, Any], 
 
 
 _MEASURE = textwrap.dedent("""
-    import json, resource
+    import json
     import psutil, torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from alignkit.config.schema import DistributedConfig
@@ -93,6 +90,7 @@ _MEASURE = textwrap.dedent("""
     cfg = LlamaConfig(**SHAPE, attn_implementation="sdpa")
     torch.manual_seed(0)
     strategy = SingleStrategy(DistributedConfig(), DistEnv(0, 1, 0, 1, None, None), "bf16", compute_weights="cast")
+    reset_peak()
     baseline = psutil.Process().memory_info().rss
     handle = strategy.prepare(LlamaForCausalLM(cfg).train(),
                               lambda m: torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=False))
@@ -106,8 +104,7 @@ _MEASURE = textwrap.dedent("""
             strategy.backward(loss, handle)
         strategy.clip(handle, 1.0)
         strategy.finish_step(handle, 1.0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"baseline": baseline, "peak": peak}))
+    print(json.dumps({"baseline": baseline, "peak": peak_bytes()}))
 """)
 
 
@@ -115,10 +112,7 @@ _MEASURE = textwrap.dedent("""
 def test_cpu_estimate_of_the_cast_path_matches_measured_peak_rss() -> None:
     """2 micro-batches of 4 x 128 tokens per step (the fp32 master gradients persist across them, as the estimate
     counts them). Measured (2 busy cores): peak - baseline 358 MB, predicted 337 MB (-6.0%); bound 20% (test_plan.py's)."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", f"SHAPE = {SHAPE!r}\n" + _MEASURE], capture_output=True, text=True,
-                         env=env, timeout=300, check=True)
-    m = json.loads(out.stdout.strip().splitlines()[-1])
+    m = measure(f"SHAPE = {SHAPE!r}\n" + _MEASURE, threads=1, timeout=300)
     inputs = _inputs(compute_weights=True, chunked_logits=False, device="cpu", optimizer_impl="for_loop",
                      process_baseline_bytes=m["baseline"])
     est = estimate(inputs, "ddp")
