@@ -214,11 +214,21 @@ STEP_LOGS = ("samples.jsonl",)
 
 
 def peak_memory_mb(device_type: str) -> float:
-    """Peak memory of this process: CUDA allocator peak on GPU, peak RSS on CPU (MiB)."""
+    """Peak memory of this process: CUDA allocator peak on GPU, peak RSS on CPU (MiB). On Linux the peak is
+    ``VmHWM`` (the high-water mark of this process's own memory map), not ``ru_maxrss``, which keeps the peak of
+    the process that started this one across ``exec`` (a run started from a large Python process would log
+    that process's peak)."""
     if device_type == "cuda":
         import torch
 
         return torch.cuda.max_memory_allocated() / 2**20
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:  # not Linux: getrusage below
+        pass
     import resource
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
