@@ -19,6 +19,13 @@ Turns per trajectory 1.96-1.98 throughout (the warm start already calls the tool
 temperature 1.0 and lr 3e-4 (the settings before): sampled success 0.02-0.05 at the start, and GRPO undid the
 warm start (greedy held-out 0.73 -> 0.0 / 0.02 in 20 iterations, seeds 0 / 1). With SFT 200 steps no answer is
 right (greedy 0.0); at 300 (other demonstrations) greedy 0.88 and sampled 0.03 at temperature 1.
+Tried on 2026-11-29 to make the greedy held-out success rise (seed 0 unless said; greedy held-out at the steps
+given), with the input embeddings and block 0 frozen (``model.freeze``: what lets ``benchmarks/learn_addition.py``'s
+GRPO learn on the same micro Llama, see ``benchmarks/probe_sharpness.py``): lr 1e-3 collapses (0.73 -> 0.0 at 10);
+lr 3e-4 0.73 -> 0.61 at 10; lr 3e-4 with 10 warm-up steps 0.73 / 0.56 / 0.75 at 0 / 20 / 40; lr 1e-4 for 60
+iterations, seeds 0 / 1 / 2: 0.73 -> (20, 40, 60) 0.75, 0.77, 0.73 / 0.75, 0.75, 0.70 / 0.73, 0.78, 0.77. The
+training reward rises (first 10 iterations 0.21, last 10 0.32, seed 0 at 40) but the held-out greedy success
+moves by at most 3 of the 64 questions either way: not a rise that can be asserted.
 Thresholds (seed 0): validity rises (min measured rise 0.063) to >= 0.85 (min 0.897), malformed calls fall (min
 drop 0.056), sampled success of the last window >= 0.15 (min 0.225), greedy held-out at the end >= 0.4 (min
 0.55). Cost: SFT 57 CPU-seconds, GRPO 22-25 (one thread each; about 100 s on idle cores with start-ups).
