@@ -88,6 +88,8 @@ VARIANTS: dict[str, tuple[list[str], int]] = {
     "k4_mis": (["rollout.placement=separate", "rollout.max_staleness=4", "off_policy.correction=token_mask"], 2),
     "k4_geo": (["rollout.placement=separate", "rollout.max_staleness=4",
                 "off_policy.correction=sequence_geo_mask"], 2),
+    "k4_gspo": (["rollout.placement=separate", "rollout.max_staleness=4", "grpo.importance_sampling_level=sequence"], 2),
+    "k4_cispo": (["rollout.placement=separate", "rollout.max_staleness=4", "grpo.objective=cispo"], 2),
     "dynamic_sampling": (["grpo.dynamic_sampling=true"], 1),
     "gspo": (["grpo.importance_sampling_level=sequence"], 1),
     "cispo": (["grpo.objective=cispo"], 1),
