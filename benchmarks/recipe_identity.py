@@ -123,26 +123,44 @@ def alignkit(root: Path, args: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
-def build_parts(root: Path, work: Path) -> None:
-    """The tiny models and data every recipe starts from, built by the tree under test."""
+PARTS = ("lm", "llava", "sd3", "shapes", "prompts", "tox", "clip")
+
+
+def parts_used(names: list[str]) -> set[str]:
+    """The parts (``{w}/PART`` in their overrides) that ``names`` start from, with what those are built from (the
+    toxicity classifier from the Llama, the CLIP scorer from the LLaVA's tower)."""
+    text = " ".join(a for n in names for a in RECIPES[n][1])
+    used = {p for p in PARTS if "{w}/" + p in text}
+    return used | ({"lm"} if "tox" in used else set()) | ({"llava"} if "clip" in used else set())
+
+
+def build_parts(root: Path, work: Path, used: set[str]) -> None:
+    """The tiny models and data the recipes start from (``used``, of PARTS), built by the tree under test."""
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     for name, extra in (("lm", []), ("llava", ["--arch", "llava"]), ("sd3", ["--arch", "sd3", "--vae-steps", "0"])):
-        alignkit(root, ["tiny-model", str(work / name), "--size", "micro", "--seed", "0", *extra], logs / f"{name}.log")
+        if name in used:
+            alignkit(root, ["tiny-model", str(work / name), "--size", "micro", "--seed", "0", *extra],
+                     logs / f"{name}.log")
     shapes = work / "shapes"
-    for out, args in (("captions.json", ["--stage", "pretrain", "--split", "train", "--objects", "1", "--n", "16"]),
-                      ("pretrain.json", ["--stage", "pretrain", "--split", "train", "--n", "16"]),
-                      ("sft.json", ["--stage", "sft", "--split", "train", "--n", "16"]),
-                      ("eval.json", ["--stage", "sft", "--split", "eval", "--n", "4", "--seed", "1"])):
+    vlm = (("captions.json", ["--stage", "pretrain", "--split", "train", "--objects", "1", "--n", "16"]),
+           ("pretrain.json", ["--stage", "pretrain", "--split", "train", "--n", "16"]),
+           ("sft.json", ["--stage", "sft", "--split", "train", "--n", "16"]),
+           ("eval.json", ["--stage", "sft", "--split", "eval", "--n", "4", "--seed", "1"]))
+    for out, args in vlm if "shapes" in used else ():
         alignkit(root, ["data", "synth", "--kind", "vlm", *args, "--out", str(shapes / out)], logs / f"{out}.log")
-    for out, n, seed in (("prompts.jsonl", 16, 0), ("prompts_eval.jsonl", 4, 1)):
+    for out, n, seed in (("prompts.jsonl", 16, 0), ("prompts_eval.jsonl", 4, 1)) if "prompts" in used else ():
         alignkit(root, ["data", "synth", "--kind", "prompts", "--n", str(n), "--seed", str(seed), "--out",
                         str(work / out)], logs / f"{out}.log")
-    code = ("import sys; from tests.plugins.redteam_parts import build_classifier, build_clip; "
-            f"build_classifier(sys.argv[1], sys.argv[3], {TOX_LABELS!r}, multi_label=True); "
-            "build_clip(sys.argv[2], sys.argv[4])")
-    subprocess.run([sys.executable, "-c", code, str(work / "tox"), str(work / "clip"), str(work / "lm"),
-                    str(work / "llava")], cwd=root, env=child_env(root), check=True, capture_output=True)
+    code = ["import sys; from tests.plugins.redteam_parts import build_classifier, build_clip"]
+    if "tox" in used:
+        code.append(f"build_classifier(sys.argv[1], sys.argv[3], {TOX_LABELS!r}, multi_label=True)")
+    if "clip" in used:
+        code.append("build_clip(sys.argv[2], sys.argv[4])")
+    if len(code) > 1:
+        subprocess.run([sys.executable, "-c", "; ".join(code), str(work / "tox"), str(work / "clip"),
+                        str(work / "lm"), str(work / "llava")], cwd=root, env=child_env(root), check=True,
+                       capture_output=True)
 
 
 def with_deps(names: list[str]) -> list[str]:
@@ -162,7 +180,7 @@ def untimed(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_recipes(root: Path, names: list[str], work: Path) -> tuple[dict[str, list[dict]], dict[str, float]]:
-    build_parts(root, work)
+    build_parts(root, work, parts_used(names))
     runs, results, seconds = work / "runs", {}, {}
     needed = {d for n in names for d in RECIPES[n][0]}
     for name in names:

@@ -14,18 +14,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import assert_ok, run_cli
+from tests.conftest import assert_ok, run_cli, run_script
 from tests.distributed.runs import final_weights, max_delta
 from tests.distributed.test_async_rl import _config, _rows
 
 pytestmark = pytest.mark.distributed
 
+WORKERS = Path(__file__).parent / "workers"
 KEYS = ("loss", "reward_mean", "grad_norm", "completion_length", "advantage_std")
 
 
@@ -58,18 +60,37 @@ def test_lora_separate_k0_equals_colocated_and_pushes_the_adapters_only(micro_mo
     assert max_delta(final, adapters) == 0.0
 
 
-@pytest.mark.slow(seconds=90)
-@pytest.mark.parametrize("strategy", [["distributed.strategy=fsdp"],
-                                      ["distributed.strategy=deepspeed", "distributed.deepspeed.zero_stage=3"],
-                                      ["distributed.strategy=deepspeed", "distributed.deepspeed.zero_stage=2"]],
-                         ids=["fsdp", "zero3", "zero2"])
-def test_sharded_trainers_separate_k0_equal_colocated(micro_model: Path, tmp_path: Path, strategy: list[str]) -> None:
-    if "deepspeed" in strategy[0]:
-        pytest.importorskip("deepspeed")
-    cfg = _config(micro_model, tmp_path)
-    common = ["train", str(cfg), *strategy]
-    assert_ok(run_cli([*common, f"output_dir={tmp_path / 'colocated'}"], nproc=2, timeout=300))
-    assert_ok(run_cli([*common, f"output_dir={tmp_path / 'k0'}", "rollout.placement=separate"], nproc=3, timeout=300))
+SHARDED = {"fsdp": ["distributed.strategy=fsdp"],
+           "zero3": ["distributed.strategy=deepspeed", "distributed.deepspeed.zero_stage=3"],
+           "zero2": ["distributed.strategy=deepspeed", "distributed.deepspeed.zero_stage=2"]}
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+
+@pytest.fixture(scope="module")
+def sharded_runs(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ROOT/STRATEGY/{colocated,k0} for each of SHARDED, one run after another in a launch (workers/train_many.py:
+    a launch's start-up costs more than these runs): the colocated runs in ONE 2-process launch, the separate ones
+    in 3-process launches of at most one DeepSpeed run each (a second DeepSpeed trainers' group in the same
+    process fails: deepspeed_group.use_trainers_group wraps DeepSpeed's collectives again, and the wrapper it
+    finds has no ``group`` parameter)."""
+    root = tmp_path_factory.mktemp("sharded_async")
+    cfg = _config(micro_model, root)
+    names = [n for n, s in SHARDED.items() if HAS_DEEPSPEED or "deepspeed" not in s[0]]
+    separate = [["fsdp", "zero3"], ["zero2"]] if HAS_DEEPSPEED else [["fsdp"]]
+    for nproc, run, groups in ((2, "colocated", [names]), (3, "k0", separate)):
+        extra = ["rollout.placement=separate"] if run == "k0" else []
+        for group in groups:
+            args = [a for n in group for a in [str(cfg), *SHARDED[n], f"output_dir={root / n / run}", *extra]]
+            assert_ok(run_script(WORKERS / "train_many.py", nproc=nproc, args=args, timeout=600))
+    return root
+
+
+@pytest.mark.slow(seconds=120)  # the fixture (its 3 launches: 113 s at a load average of ~5), at the first case
+@pytest.mark.parametrize("strategy", list(SHARDED))
+def test_sharded_trainers_separate_k0_equal_colocated(micro_model: Path, sharded_runs: Path, strategy: str) -> None:
+    if "deepspeed" in SHARDED[strategy][0] and not HAS_DEEPSPEED:
+        pytest.skip("deepspeed is not installed")
+    tmp_path = sharded_runs / strategy
     colocated, k0 = _rows(tmp_path / "colocated"), _rows(tmp_path / "k0")
     assert len(colocated) == len(k0) == 4
     n_weights = _numbers(micro_model)

@@ -6,6 +6,7 @@ role)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tests.conftest import assert_ok, run_script
 pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).parent / "workers" / "online_rl.py"
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
 def test_statistics_across_ranks(micro_model: Path, tmp_path: Path) -> None:
@@ -42,14 +44,26 @@ CASES = {"ppo_lag-ddp": ("ppo_lag", "ddp", 2, []), "grpo-fsdp": ("grpo", "fsdp",
          "rloo-single": ("rloo", "single", 1, [])}
 
 
-@pytest.mark.slow(seconds=55)  # 26-58 s a case at a load average of ~11 (the file: 228 s there)
+@pytest.fixture(scope="module")
+def cases_root(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every case's runs, in ROOT/CASE: one launch per process count (the 2-process cases one after another in the
+    same process group: a launch's start-up costs more than a case)."""
+    root = tmp_path_factory.mktemp("online_resume")
+    for nproc in sorted({c[2] for c in CASES.values()}):
+        cases = {name: [algo, strategy, extra] for name, (algo, strategy, n, extra) in CASES.items()
+                 if n == nproc and (strategy != "deepspeed" or HAS_DEEPSPEED)}
+        assert_ok(run_script(WORKER, nproc=nproc, timeout=900,
+                             args=[str(micro_model), str(root), "cases", json.dumps(cases)]))
+    return root
+
+
+@pytest.mark.slow(seconds=60)  # the fixture (every case: 55 s at a load average of ~3.6), at the first case
 @pytest.mark.parametrize("case", list(CASES))
-def test_online_resume_is_exact_and_ranks_agree(micro_model: Path, tmp_path: Path, case: str) -> None:
-    algo, strategy, nproc, extra = CASES[case]
-    if strategy == "deepspeed":
-        pytest.importorskip("deepspeed")
-    assert_ok(run_script(WORKER, nproc=nproc, timeout=500,
-                         args=[str(micro_model), str(tmp_path), "resume", algo, strategy, *extra]))
+def test_online_resume_is_exact_and_ranks_agree(cases_root: Path, case: str) -> None:
+    algo, strategy, nproc, _ = CASES[case]
+    if strategy == "deepspeed" and not HAS_DEEPSPEED:
+        pytest.skip("deepspeed is not installed")
+    tmp_path = cases_root / case
     report = json.loads((tmp_path / "report.json").read_text())
     straight, resumed = report["straight"], report["resumed"]
     assert len(straight) == 8 and len(resumed) == 4

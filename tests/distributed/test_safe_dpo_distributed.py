@@ -38,22 +38,25 @@ def test_safe_dpo_sync_invariance_and_resume(micro_model: Path, scorers: tuple[P
 def test_cost_estimate_under_fsdp_and_zero3_matches_ddp(micro_model: Path, scorers: tuple[Path, Path],
                                                        tmp_path: Path) -> None:
     """The on-policy J_C estimate generates inside Strategy.full_params: under FSDP2 and DeepSpeed ZeRO-3 (the
-    policy sharded over 2 processes) every estimate, lambda and the final weights equal DDP's."""
+    policy sharded over 2 processes) every estimate, lambda and the final weights equal DDP's. The three runs
+    share ONE torchrun launch (workers/train_many.py: a launch's start-up costs more than a run)."""
     from safetensors.torch import load_file
 
-    from tests.conftest import REPO, run_cli
+    from tests.conftest import REPO
     from tests.distributed.runs import max_delta, metric
     from tests.unit.algorithms.test_safe_dpo_algorithm import overrides
 
+    strategies = {"ddp": ["distributed.strategy=ddp"], "fsdp": ["distributed.strategy=fsdp"],
+                  "zero3": ["distributed.strategy=deepspeed", "distributed.deepspeed.zero_stage=3"]}
+    args = [a for name, strategy in strategies.items() for a in [
+        str(REPO / "configs" / "safe_dpo.yaml"), *overrides(micro_model, scorers, tmp_path / name),
+        "training.max_steps=4", "safe_dpo.cost_eval_every=1", "training.per_device_batch_size=2",
+        "training.max_grad_norm=0", "logging.logging_steps=1", "checkpoint.save_steps=null",
+        "checkpoint.save_each_epoch=false", "data.eval=[]", "logging.report_to=[jsonl]", *strategy]]
+    assert_ok(run_script(WORKERS / "train_many.py", nproc=2, args=args, timeout=600))
     runs = {}
-    for name, strategy in (("ddp", ["distributed.strategy=ddp"]), ("fsdp", ["distributed.strategy=fsdp"]),
-                           ("zero3", ["distributed.strategy=deepspeed", "distributed.deepspeed.zero_stage=3"])):
+    for name in strategies:
         out = tmp_path / name
-        assert_ok(run_cli(["train", str(REPO / "configs" / "safe_dpo.yaml"), *overrides(micro_model, scorers, out),
-                           "training.max_steps=4", "safe_dpo.cost_eval_every=1", "training.per_device_batch_size=2",
-                           "training.max_grad_norm=0", "logging.logging_steps=1", "checkpoint.save_steps=null",
-                           "checkpoint.save_each_epoch=false", "data.eval=[]", "logging.report_to=[jsonl]", *strategy],
-                          nproc=2, timeout=600))
         runs[name] = {"J_C": metric(out, "J_C"), "lambda": metric(out, "lambda"),
                       "weights": load_file(str(out / "final" / "model.safetensors"))}
     assert len(runs["ddp"]["J_C"]) == 4

@@ -20,24 +20,30 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import assert_ok, run_cli, run_script, write_config
+from tests.distributed.runs import derive_config
 
 pytestmark = pytest.mark.distributed
 
 WORKERS = Path(__file__).parent / "workers"
 
 
+def configure(cfg: dict[str, Any], tmp: Path, name: str, **over: Any) -> Path:
+    """``cfg`` with ``over`` (``section__key=value``), output in ``tmp/name``, written to ``tmp/name.yaml``."""
+    return write_config(tmp / f"{name}.yaml", derive_config(cfg, tmp / name, **over))
+
+
 def train(cfg: dict[str, Any], tmp: Path, name: str, nproc: int = 1, **over: Any) -> Path:
-    c = copy.deepcopy(cfg)
-    for dotted, value in over.items():
-        node = c
-        *parents, last = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    c["output_dir"] = str(tmp / name)
-    proc = run_cli(["train", str(write_config(tmp / f"{name}.yaml", c))], nproc=nproc)
+    proc = run_cli(["train", str(configure(cfg, tmp, name, **over))], nproc=nproc)
     assert_ok(proc)
     return tmp / name
+
+
+def train_two_processes(cfg: dict[str, Any], tmp: Path, runs: dict[str, dict[str, Any]]) -> dict[str, Path]:
+    """Each of ``runs`` (name: overrides) on 2 processes, one after another in ONE torchrun launch
+    (workers/train_many.py: a launch costs ~10 s of process start and imports, more than these runs)."""
+    paths = [str(configure(cfg, tmp, name, **over)) for name, over in runs.items()]
+    assert_ok(run_script(WORKERS / "train_many.py", nproc=2, args=paths, timeout=400))
+    return {name: tmp / name for name in runs}
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
@@ -72,14 +78,15 @@ def test_ddp_equals_single_and_accumulation_invariance(base: dict[str, Any], tmp
     runs = {
         "1x1_ga4_packed": train(base, tmp_path, "1x1ga4", training__per_device_batch_size=1,
                                 training__gradient_accumulation_steps=4, data__packing=True),
-        "2x2_packed": train(base, tmp_path, "2x2", nproc=2, training__per_device_batch_size=2, data__packing=True),
-        # training.fused_layers under DDP equals the plain single-process run too
-        "2x2_packed_fused": train(base, tmp_path, "2x2f", nproc=2, training__per_device_batch_size=2,
-                                  data__packing=True, training__fused_layers=True),
-        "2x1_ga2": train(base, tmp_path, "2x1ga2", nproc=2, training__per_device_batch_size=1,
-                         training__gradient_accumulation_steps=2, data__packing=False),
-        "global_batch": train(base, tmp_path, "g4", nproc=2, training__per_device_batch_size=None,
-                              training__global_batch_size=4),
+        **train_two_processes(base, tmp_path, {
+            "2x2_packed": {"training__per_device_batch_size": 2, "data__packing": True},
+            # training.fused_layers under DDP equals the plain single-process run too
+            "2x2_packed_fused": {"training__per_device_batch_size": 2, "data__packing": True,
+                                 "training__fused_layers": True},
+            "2x1_ga2": {"training__per_device_batch_size": 1, "training__gradient_accumulation_steps": 2,
+                        "data__packing": False},
+            "global_batch": {"training__per_device_batch_size": None, "training__global_batch_size": 4},
+        }),
     }
     w_ref, l_ref = weights(ref), losses(ref)
     assert len(l_ref) == 3

@@ -16,10 +16,12 @@ from safetensors.torch import load_file
 
 from alignkit.data.synth_vlm import generate_vlm
 from alignkit.models.vlm import part_of
-from tests.conftest import REPO, assert_ok, child_env, free_port, run_cli, write_config
+from tests.conftest import REPO, assert_ok, child_env, free_port, run_cli, run_script, write_config
 from tests.distributed.runs import derive_config, final_weights, max_delta
 
 pytestmark = pytest.mark.distributed
+
+WORKERS = Path(__file__).parent / "workers"
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +73,8 @@ def test_train_multi_gpu_script_runs_the_shipped_pretrain_config(micro_llava: Pa
 
 def test_image_dpo_under_ddp_and_deepspeed_equals_single_process(micro_llava: Path, tmp_path: Path) -> None:
     """Image + text preference rows (DPO, frozen reference with images) over 2 processes: DDP and DeepSpeed
-    ZeRO-2 / ZeRO-3 give the one-process weights; the vision tower stays untouched."""
+    ZeRO-2 / ZeRO-3 give the one-process weights; the vision tower stays untouched. The three 2-process runs
+    share ONE torchrun launch (workers/train_many.py: a launch's start-up costs more than a run)."""
     rows = generate_vlm(16, 0, tmp_path / "pairs.jsonl", stage="preference", split="train")
     base: dict[str, Any] = {
         "algorithm": "dpo", "model": {"name_or_path": str(micro_llava)},
@@ -80,13 +83,15 @@ def test_image_dpo_under_ddp_and_deepspeed_equals_single_process(micro_llava: Pa
                      "adam_epsilon": 1e-6, "seed": 0, "max_grad_norm": 0.0},
         "logging": {"logging_steps": 1, "report_to": ["jsonl"], "plot": False},
     }
-    runs = {}
-    for name, nproc, strategy in (("single", 1, {"strategy": "single"}), ("ddp", 2, {"strategy": "ddp"}),
-                                  ("zero2", 2, {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2}}),
-                                  ("zero3", 2, {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}})):
-        cfg = derive_config(base, tmp_path / name, distributed=strategy)
-        assert_ok(run_cli(["train", str(write_config(tmp_path / f"{name}.yaml", cfg))], nproc=nproc, timeout=600))
-        runs[name] = final_weights(tmp_path / name)
+    paths = {}
+    for name, strategy in (("single", {"strategy": "single"}), ("ddp", {"strategy": "ddp"}),
+                           ("zero2", {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2}}),
+                           ("zero3", {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}})):
+        paths[name] = str(write_config(tmp_path / f"{name}.yaml", derive_config(base, tmp_path / name,
+                                                                                distributed=strategy)))
+    assert_ok(run_cli(["train", paths.pop("single")], timeout=600))
+    assert_ok(run_script(WORKERS / "train_many.py", nproc=2, args=list(paths.values()), timeout=600))
+    runs = {name: final_weights(tmp_path / name) for name in ("single", "ddp", "zero2", "zero3")}
     for name in ("ddp", "zero2", "zero3"):
         assert max_delta(runs["single"], runs[name]) < 2e-5, name
     start = load_file(str(micro_llava / "model.safetensors"))

@@ -9,6 +9,9 @@ last), which keeps advantage 0. Writes ``stats_RANK.json``.
 checkpoint-2; every rank writes what it saw (its lambda, the iteration statistics) to
 ``ranks_RUN_RANK.json``; rank 0 compares losses and final weights in ``report.json``.
 
+``cases CASES_JSON`` ({name: [ALGO, STRATEGY, [OVERRIDE ...]]}): ``resume`` for each case, one after another in
+the same launch (a launch's start-up costs more than a case), each in OUT_DIR/name.
+
 Usage: ``[torchrun --nproc_per_node=2] online_rl.py MODEL_DIR OUT_DIR MODE [ALGO] [STRATEGY] [OVERRIDE ...]``
 """
 
@@ -145,6 +148,12 @@ if __name__ == "__main__":
     model_dir, out_dir, mode = sys.argv[1:4]
     if mode == "stats":
         stats_mode(Path(out_dir))
+    elif mode == "cases":
+        for name, (algo, strategy, extra) in json.loads(sys.argv[4]).items():
+            (Path(out_dir) / name).mkdir(parents=True, exist_ok=True)
+            comm_barrier()
+            resume_mode(model_dir, Path(out_dir) / name, algo, strategy, *extra)
+            comm_barrier()
     else:
         resume_mode(model_dir, Path(out_dir), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else "ddp", *sys.argv[6:])
     exit_process(0, barrier=True)

@@ -1,7 +1,8 @@
 """Worker: run several training configs one after another in ONE launched process group.
 
 Each torchrun launch costs ~6-8 s of process start and imports, so the distributed tests put
-several runs (and their checks) into one launch. Usage: ``torchrun ... train_many.py A.yaml B.yaml``.
+several runs (and their checks) into one launch. Usage: ``torchrun ... train_many.py A.yaml B.yaml``;
+a config may be followed by overrides, as ``alignkit train`` takes them: ``A.yaml key=value ... B.yaml``.
 Ends with os._exit after destroy_process_group (gloo can abort at interpreter exit).
 """
 
@@ -16,9 +17,20 @@ from alignkit.config import load_config
 from alignkit.train.runner import run_train
 
 
-def main(paths: list[str]) -> None:
-    for path in paths:
-        run_train(load_config(path))
+def runs(args: list[str]) -> list[tuple[str, list[str]]]:
+    """Each config path with the ``key=value`` overrides that follow it."""
+    out: list[tuple[str, list[str]]] = []
+    for arg in args:
+        if "=" in arg and out:
+            out[-1][1].append(arg)
+        else:
+            out.append((arg, []))
+    return out
+
+
+def main(args: list[str]) -> None:
+    for path, overrides in runs(args):
+        run_train(load_config(path, overrides))
         if dist.is_initialized():
             dist.barrier()
 

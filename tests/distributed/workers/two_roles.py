@@ -4,9 +4,10 @@ The actor is trained with the SFT loss; the critic (a scalar head on its own cop
 regresses each sequence's length / 10. Both are trainable roles: two Strategy handles, two
 optimizers and schedules, two folders per checkpoint. One launch runs the straight run (4 steps,
 checkpoint at 2), then a second run that starts from a copy of checkpoint-2 and resumes to step 4,
-and writes a JSON report (losses of both, final weights of both roles).
+and writes a JSON report (losses of both, final weights of both roles). Several strategies run one after
+another in the same launch (a launch's start-up costs more than the runs), each in OUT_DIR/STRATEGY.
 
-Usage: ``[torchrun --nproc_per_node=2] two_roles.py MODEL_DIR OUT_DIR STRATEGY``
+Usage: ``[torchrun --nproc_per_node=2] two_roles.py MODEL_DIR OUT_DIR STRATEGY [STRATEGY ...]``
 """
 
 from __future__ import annotations
@@ -72,10 +73,16 @@ def config(model_dir: str, out: Path, strategy: str, world: int, *extra: str) ->
     ])
 
 
-def main(model_dir: str, out_dir: str, strategy: str) -> None:
+def main(model_dir: str, out_dir: str, strategies: list[str]) -> None:
     ALGORITHMS.register("actor_critic_test")(ActorCritic)
+    for strategy in strategies:
+        straight_and_resumed(model_dir, Path(out_dir) / strategy, strategy)
+        if dist.is_initialized():
+            dist.barrier()
+
+
+def straight_and_resumed(model_dir: str, root: Path, strategy: str) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    root = Path(out_dir)
     straight = run_train(config(model_dir, root / "straight", strategy, world))
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
@@ -102,5 +109,5 @@ def main(model_dir: str, out_dir: str, strategy: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
     exit_process(0, barrier=True)

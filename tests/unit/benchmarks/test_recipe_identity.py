@@ -25,6 +25,10 @@ def ri() -> SimpleNamespace:
 def test_every_shipped_config_has_a_recipe(ri: SimpleNamespace) -> None:
     assert set(ri.RECIPES) == {p.stem for p in (REPO / "configs").glob("*.yaml")}
     assert ri.with_deps(["vlm_sft", "grpo"]) == ["sft_digits", "grpo", "vlm_pretrain", "vlm_sft"]
+    # a subset builds only the parts it starts from (the end-to-end test below: the Llama alone), every recipe all
+    assert ri.parts_used(ri.with_deps(["orpo"])) == {"lm"} and ri.parts_used(list(ri.RECIPES)) == set(ri.PARTS)
+    assert ri.parts_used(["redteam"]) == {"lm", "prompts", "tox"}
+    assert ri.parts_used(["flow_rtpo"]) == {"lm", "llava", "sd3", "prompts", "tox", "clip"}
 
 
 def test_timing_keys_dropped_numbers_kept(ri: SimpleNamespace) -> None:
@@ -56,7 +60,7 @@ def test_compare_reports_the_first_difference(ri: SimpleNamespace, tmp_path: Pat
     assert "2 rows vs 1" in capsys.readouterr().out
 
 
-@pytest.mark.slow(seconds=90)
+@pytest.mark.slow(seconds=20)
 def test_one_recipe_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "orpo.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--only", "orpo", "--out", str(out),
