@@ -55,9 +55,19 @@ def _defaulting(method: Any, group: Any) -> Any:
 
 def use_trainers_group(group: Any) -> None:
     """Make ``group`` DeepSpeed's world (module docstring); after ``deepspeed.init_distributed``."""
+    redirect(importlib.import_module("deepspeed.comm.comm").cdb, group)
     backend = importlib.import_module("deepspeed.comm.comm").cdb
-    for name in COLLECTIVES:
-        if hasattr(backend, name):
-            setattr(backend, name, _defaulting(getattr(backend, name), group))
     backend.get_world_group = lambda: group
     importlib.import_module("deepspeed.utils.groups")._WORLD_GROUP = group
+
+
+def redirect(backend: Any, group: Any) -> None:
+    """Each of ``backend``'s :data:`COLLECTIVES` defaulting to ``group``; a second call (a second run in one
+    process, with a new group) replaces the first's wrapper instead of wrapping it (which would find no group)."""
+    for name in COLLECTIVES:
+        if hasattr(backend, name):
+            current = getattr(backend, name)
+            original = getattr(current, "_before_trainers_group", current)
+            wrapped = _defaulting(original, group)
+            wrapped._before_trainers_group = original  # type: ignore[attr-defined]
+            setattr(backend, name, wrapped)
