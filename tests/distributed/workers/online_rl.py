@@ -5,8 +5,8 @@ computation on the same samples; ``placement: main`` gives each rank the scores 
 global whitening statistics are the same on every rank and leave out an unscorable sample (rank 1's
 last), which keeps advantage 0. Writes ``stats_RANK.json``.
 
-``resume ALGO``: a straight run (4 iterations, checkpoint at 2) and a run resumed from a copy of
-checkpoint-2; every rank writes what it saw (its lambda, the iteration statistics) to
+``resume ALGO``: a straight run (8 iterations, checkpoint at 4) and a run resumed from a copy of
+checkpoint-4; every rank writes what it saw (its lambda, the iteration statistics) to
 ``ranks_RUN_RANK.json``; rank 0 compares losses and final weights in ``report.json``.
 
 ``cases CASES_JSON`` ({name: [ALGO, STRATEGY, [OVERRIDE ...]]}): ``resume`` for each case, one after another in
