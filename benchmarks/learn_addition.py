@@ -91,6 +91,10 @@ VARIANTS: dict[str, tuple[list[str], int]] = {
     "k4_gspo": (["rollout.placement=separate", "rollout.max_staleness=4", "grpo.importance_sampling_level=sequence"], 2),
     "k4_cispo": (["rollout.placement=separate", "rollout.max_staleness=4", "grpo.objective=cispo"], 2),
     "dynamic_sampling": (["grpo.dynamic_sampling=true"], 1),
+    # two passes over each iteration's samples: the second pass's ratios differ from 1, so clipping acts
+    "sync_e2": (["rollout.update_epochs=2"], 1),
+    "gspo_e2": (["rollout.update_epochs=2", "grpo.importance_sampling_level=sequence"], 1),
+    "cispo_e2": (["rollout.update_epochs=2", "grpo.objective=cispo"], 1),
     "gspo": (["grpo.importance_sampling_level=sequence"], 1),
     "cispo": (["grpo.objective=cispo"], 1),
 }

@@ -23,11 +23,11 @@ Correction = Literal["none", "token_truncate", "token_mask", "sequence_truncate"
 @dataclass
 class OffPolicyConfig:
     correction: Correction = f(
-        "icepop", "Weight of a token sampled by the behaviour policy, from r = pi_old / pi_behav: token_truncate "
-        "min(r, cap) (token TIS); token_mask r, 0 above cap (MIS); sequence_truncate / sequence_mask the same on "
-        "the sequence's product of ratios; icepop r inside [low, cap], 0 outside (IcePop); sequence_geo_mask 1, or "
-        "0 for a sequence whose exp(mean_t log r) is outside [low, cap]; none = weight 1. Default from "
-        "benchmarks/offpolicy_corrections.py (docs/workflows/online-rl.md).")
+        "token_truncate", "Weight of a token sampled by the behaviour policy, from r = pi_old / pi_behav: "
+        "token_truncate min(r, cap) (token TIS); token_mask r, 0 above cap (MIS); sequence_truncate / "
+        "sequence_mask the same on the sequence's product of ratios; icepop r inside [low, cap], 0 outside (IcePop); "
+        "sequence_geo_mask 1, or 0 for a sequence whose exp(mean_t log r) is outside [low, cap]; none = weight 1. "
+        "Default from benchmarks/learn_addition.py, 16 seeds at staleness 4 (docs/workflows/async-rl.md).")
     cap: float = f(2.0, "Upper bound of the ratio (the truncation cap, or the mask's upper edge).", gt=0)
     low: float = f(0.5, "Lower edge of icepop's and sequence_geo_mask's band [low, cap] (the others ignore it).",
                    ge=0)

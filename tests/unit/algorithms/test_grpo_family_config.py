@@ -69,7 +69,8 @@ def test_grpo_update_with_behaviour_logps_is_the_decoupled_objective(tmp_path):
     from alignkit.losses.rl import aggregate, decoupled_surrogate
     from alignkit.rollout.experience import collate_samples
 
-    algo = GRPO(cfg(tmp_path, "rollout.update_epochs=2"), SimpleNamespace(pad_token_id=0, eos_token_id=1))
+    algo = GRPO(cfg(tmp_path, "rollout.update_epochs=2", "off_policy.correction=icepop"),
+                SimpleNamespace(pad_token_id=0, eos_token_id=1))
     samples = [{"prompt_ids": [5, 6], "completion_ids": [7, 8, 9], "advantages": [1.0] * 3,
                 "old_logps": [-1.0, -0.5, -2.0], "sampler_logps": [-1.2, -2.0, -1.9]},
                {"prompt_ids": [5], "completion_ids": [4, 3], "advantages": [-0.5] * 2,
