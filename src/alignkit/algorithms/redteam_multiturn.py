@@ -91,7 +91,7 @@ def turn_rewards(scorers: ScorerSet, scores: dict[str, torch.Tensor], turns: int
 
 def conversation_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     """``(N,)`` each conversation's return G_1 = sum_k gamma^k r_k of its ``(N, turns)`` turn ``rewards``."""
-    return torch.tensor([rewards_to_go(r, gamma)[0] for r in rewards.tolist()], dtype=torch.float64)
+    return rewards_to_go(list(rewards.T), gamma)[0].to(torch.float64)  # the turns' columns: no host read
 
 
 def credit_turns(estimator: Any, samples: list[Sample], convs: list[Conversation], rewards: torch.Tensor, first: int,
@@ -101,7 +101,7 @@ def credit_turns(estimator: Any, samples: list[Sample], convs: list[Conversation
     every rank's; the others' returns are their G_1)."""
     returns = conversation_returns(rewards, gamma)
     for j, (s, c) in enumerate(zip(samples, convs)):
-        per_turn = turn_advantages(estimator, returns, first + j, rewards[first + j].tolist(), gamma)
+        per_turn = turn_advantages(estimator, returns, first + j, rewards[first + j], gamma)
         s["advantages"] = turn_token_values(c, per_turn)
 
 

@@ -22,8 +22,9 @@ from alignkit.rollout.advantages import gae
 CREDITS = ("trajectory", "turn")
 
 
-def rewards_to_go(rewards: list[float], gamma: float = 1.0) -> list[float]:
-    """``G_k = rewards[k] + gamma G_{k+1}`` for every k (gamma 1: ``sum(rewards[k:])``)."""
+def rewards_to_go(rewards: Any, gamma: float = 1.0) -> list[Any]:
+    """``G_k = rewards[k] + gamma G_{k+1}`` for every k (gamma 1: ``sum(rewards[k:])``). ``rewards``: floats, or
+    tensors (a tensor row's 0-d entries, or ``(N,)`` columns for N trajectories at once): tensors stay tensors."""
     out, acc = [], 0.0
     for r in reversed(rewards):
         acc = r + gamma * acc
@@ -32,15 +33,16 @@ def rewards_to_go(rewards: list[float], gamma: float = 1.0) -> list[float]:
 
 
 def turn_advantages(estimator: Callable[[torch.Tensor], torch.Tensor], returns: torch.Tensor, index: int,
-                    turn_rewards: list[float], gamma: float = 1.0) -> list[float]:
+                    turn_rewards: Any, gamma: float = 1.0) -> list[float]:
     """Per turn of trajectory ``index`` (global position in the ``(N,)`` gathered ``returns``), the advantage
-    ``estimator`` gives it with its return replaced by the turn's (``gamma``-discounted) reward-to-go."""
+    ``estimator`` gives it with its return replaced by the turn's (``gamma``-discounted) reward-to-go; read back
+    to the host once (``turn_rewards`` may be a tensor row)."""
     out = []
     for g in rewards_to_go(turn_rewards, gamma):
         r = returns.clone()
         r[index] = g
-        out.append(float(estimator(r)[index]))
-    return out
+        out.append(estimator(r)[index])
+    return torch.stack(out).tolist() if out else []
 
 
 def turn_token_values(t: Any, per_turn: list[float]) -> list[float]:
