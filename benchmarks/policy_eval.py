@@ -68,25 +68,34 @@ def evaluate(path: str, *, samples: int, max_new: int, seed: int, rows: list[tup
 
 
 def expected_accuracy(path: str, rows: list[tuple[str, str]]) -> float:
-    """The exact probability of a right completion at temperature 1, averaged over ``rows``: for each row, the
-    product of the policy's probabilities of the answer's tokens and of the end-of-turn token after them
-    (teacher forcing). What the sampled accuracy estimates, without its sampling noise (the answer is assumed
-    to have one tokenization: digits are single tokens in the tiny tokenizer)."""
+    """The exact probability of a right completion at temperature 1, averaged over ``rows``
+    (:func:`right_probability` of the policy at ``path``): what the sampled accuracy estimates, without its
+    sampling noise."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return right_probability(model, tok, rows).item()
+
+
+def right_probability(model: Any, tok: Any, rows: list[tuple[str, str]]) -> Any:
+    """The mean over ``rows`` of the product of the policy's probabilities of the answer's tokens and of the
+    end-of-turn token after them (teacher forcing; rows of one prompt and answer length in one forward), as a
+    0-d tensor that carries gradients where the caller allows them (``probe_sharpness.py``). The answer is
+    assumed to have one tokenization: digits are single tokens in the tiny tokenizer."""
+    import torch
+
     groups: dict[tuple[int, int], list[list[int]]] = {}
     for q, a in rows:
         prompt = tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                              tokenize=False), add_special_tokens=False)["input_ids"]
         answer = tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         groups.setdefault((len(prompt), len(answer)), []).append(prompt + answer)
-    total = 0.0
-    with torch.no_grad():
-        for (lp, _), seqs in groups.items():
-            x = torch.tensor(seqs)
-            logp = model(x).logits[:, lp - 1:-1].float().log_softmax(-1)
-            total += logp.gather(-1, x[:, lp:, None])[..., 0].sum(-1).exp().sum().item()
+    total = torch.zeros(())
+    for (lp, _), seqs in groups.items():
+        x = torch.tensor(seqs)
+        logp = model(x).logits[:, lp - 1:-1].float().log_softmax(-1)
+        total = total + logp.gather(-1, x[:, lp:, None])[..., 0].sum(-1).exp().sum()
     return total / len(rows)

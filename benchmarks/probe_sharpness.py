@@ -1,7 +1,7 @@
 """How sharp a policy is along its exact reward gradient (``learn_addition.py``'s reason to freeze the input side).
 
 For 64 training sums of ``learn_addition.py``, the mean exact probability of the right answer (teacher forced:
-``policy_eval.expected_accuracy``'s quantity) and its exact gradient; then that mean after a step along the gradient
+``policy_eval.right_probability``) and its exact gradient; then that mean after a step along the gradient
 of each norm in ``STEPS``, once over every parameter and once with the parameters ``learn_addition.FREEZE`` names
 left out. A policy whose mean falls at small step norms cannot be improved by an optimizer whose steps are larger
 (Adam's per-step norm is about lr x sqrt(parameters)). Usage::
@@ -24,19 +24,9 @@ sys.path.insert(0, str(HERE))
 STEPS = [0.003, 0.01, 0.03, 0.1, 0.3]
 
 
-def mean_right(model: torch.nn.Module, tok, rows: list[tuple[str, str]]) -> torch.Tensor:
-    total = torch.zeros(())
-    for q, a in rows:
-        prompt = tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                             tokenize=False), add_special_tokens=False)["input_ids"]
-        answer = tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        logp = model(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1:-1].log_softmax(-1)
-        total = total + logp.gather(-1, torch.tensor(answer)[:, None]).sum().exp()
-    return total / len(rows)
-
-
 def main() -> None:
     import learn_addition as la
+    from policy_eval import right_probability
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(1)
@@ -45,7 +35,7 @@ def main() -> None:
     tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
     rng, train = random.Random(1), la.addition_pairs()[1]
     rows = [(r["prompt"], r["answer"]) for r in (la.row(*rng.choice(train)) for _ in range(64))]
-    value = mean_right(model, tok, rows)
+    value = right_probability(model, tok, rows)
     value.backward()
     print(f"{path}: mean P(right) {value.item():.4f} on 64 training sums")
     names = [n for n, _ in model.named_parameters()]
@@ -60,7 +50,7 @@ def main() -> None:
             with torch.no_grad():
                 for p, x in zip(moved.parameters(), g):
                     p.add_(x, alpha=step / norm.item())
-                after.append(mean_right(moved, tok, rows).item())
+                after.append(right_probability(moved, tok, rows).item())
         print(f"  {label}: gradient norm {norm.item():.3f}; after a step of norm "
               + ", ".join(f"{s:g}: {v:.4f}" for s, v in zip(STEPS, after)))
 
