@@ -152,19 +152,18 @@ def freeze_parameters(model: nn.Module, cfg: ModelConfig) -> None:
 
     if cfg.lora is not None:
         raise ModelError("model.freeze: not with model.lora (LoRA trains only its adapters already); set one of them")
-    names = [n for n, _ in model.named_parameters()]
+    params = dict(model.named_parameters())
     for pattern in cfg.freeze:
         try:
-            found = [n for n in names if re.search(pattern, n)]
+            found = [n for n in params if re.search(pattern, n)]
         except re.error as e:
             raise ModelError(f"model.freeze: {pattern!r} is not a regular expression ({e})") from None
         if not found:
-            tops = sorted({n.split(".")[0] if not n.startswith("model.") else ".".join(n.split(".")[:2]) for n in names})
+            tops = sorted({".".join(n.split(".")[:2 if n.startswith("model.") else 1]) for n in params})
             raise ModelError(f"model.freeze: {pattern!r} matches no parameter of this {type(model).__name__}; its "
                              f"parameters start with {', '.join(tops)}")
-        for n, p in model.named_parameters():
-            if n in found:
-                p.requires_grad_(False)
+        for n in found:
+            params[n].requires_grad_(False)
     if not any(p.requires_grad for p in model.parameters()):
         raise ModelError("model.freeze: the expressions freeze every parameter; nothing would train")
     if cfg.gradient_checkpointing:  # checkpointed blocks behind frozen embeddings would see inputs without grad
