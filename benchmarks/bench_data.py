@@ -7,13 +7,14 @@ one. With the tiny-model tokenizer and its chat template (one user turn, one ass
 the TRL baseline's data had 49-281 (median 152) and 34-244 (median 123). ``python benchmarks/bench_data.py MODEL_DIR`` prints the profile.
 
 Pure and deterministic: ``random.Random(seed)`` drives everything. Depends only on the standard
-library, so both the alignkit and the TRL benchmark children import it.
+library, so both the alignkit and the TRL benchmark children import it (``peak_rss_mib`` too).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import resource
 import statistics
 import sys
 from pathlib import Path
@@ -128,3 +129,17 @@ if __name__ == "__main__":
 
     tok = AutoTokenizer.from_pretrained(sys.argv[1])
     print(json.dumps(length_profile(make_rows(2000, 0), tok), indent=1))
+
+
+def peak_rss_mib() -> float:
+    """This process's own peak RSS (MiB): ``VmHWM`` on Linux. ``ru_maxrss`` keeps the peak of the process that
+    started this one across ``exec`` (a benchmark child would report its parent's peak when that was larger)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:  # not Linux
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 1024 if sys.platform != "darwin" else rss / 2**20

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+import bench_data  # noqa: E402  (stdlib only)
 
 RESULT_TAG = "BENCH_RESULT "
 THREADS = 2
@@ -51,9 +51,6 @@ SHAPES: dict[str, dict[str, Any]] = {
     "micro": {"size": "micro", "batch": 64, "max_new": 8, "steps": (5, 40)},
 }
 
-
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def write_prompts(path: Path, n: int = 400) -> Path:
@@ -97,7 +94,7 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
         "logging.logging_steps=1000", "logging.plot=false", "checkpoint.save_final=false",
     ])
     run_train(cfg)
-    return {"stamps": stamps, "gen_tokens": gen_tokens, "phases": phases, "peak_rss_mib": _peak_rss_mib()}
+    return {"stamps": stamps, "gen_tokens": gen_tokens, "phases": phases, "peak_rss_mib": bench_data.peak_rss_mib()}
 
 
 def make_trl_trainer(spec: dict[str, Any], reward: Any, *, batch: int, max_new: int, lr: float, steps: int,
@@ -187,7 +184,7 @@ def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
                                steps=spec["warmup"] + spec["timed"], seed=0, callbacks=[Stamp()])
     _time_methods(trainer, TRL_PHASES, acc)
     trainer.train()
-    return {"stamps": stamps, "gen_tokens": gen_tokens, "phases": phases, "peak_rss_mib": _peak_rss_mib(),
+    return {"stamps": stamps, "gen_tokens": gen_tokens, "phases": phases, "peak_rss_mib": bench_data.peak_rss_mib(),
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
 
 

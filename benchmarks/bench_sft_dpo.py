@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -121,9 +120,6 @@ def _child_env_setup() -> None:
 
     torch.set_num_threads(THREADS)
 
-
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def _non_embedding_params(model: Any) -> int:
@@ -256,7 +252,7 @@ def child_alignkit(spec: dict[str, Any]) -> dict[str, Any]:
 
     runner.OfflineTrainer = TimedTrainer
     runner.run_train(cfg)
-    rec["peak_rss_mib"] = _peak_rss_mib()
+    rec["peak_rss_mib"] = bench_data.peak_rss_mib()
     rec["heavy_modules"] = sorted(m for m in HEAVY_MODULES if m in sys.modules)
     # alignkit's own view (tokens_per_s of each logged step), as a cross-check of the stamps above
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -344,7 +340,7 @@ def child_trl(spec: dict[str, Any]) -> dict[str, Any]:
     rec["n_params"] = _non_embedding_params(trainer.model)
     rec["trainable_params"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     trainer.train()
-    rec["peak_rss_mib"] = _peak_rss_mib()
+    rec["peak_rss_mib"] = bench_data.peak_rss_mib()
     rec["versions"] = {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}
     rec["trl_optim"] = str(args.optim)
     return rec

@@ -16,12 +16,12 @@ frozen_dtype, liger.
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import bench_data  # the script's folder is on sys.path (stdlib only)
 import torch
 import trl
 from datasets import Dataset
@@ -158,7 +158,7 @@ def main() -> None:
     trainer.train()
     rec["step_tokens"] = [sum(int(x) for x in step) for step in per_step]  # device counts read once, at the end
     rec["peak_mem_mib"] = (torch.cuda.max_memory_allocated() / 2**20 if cuda
-                           else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                           else bench_data.peak_rss_mib())
     rec["peak_mem_kind"] = "cuda max_memory_allocated" if cuda else "CPU peak RSS"
     Path(spec["out"]).write_text(json.dumps(rec), encoding="utf-8")
     print(json.dumps({k: rec[k] for k in ("side", "trl", "peak_mem_mib", "setup_s", "optim", "attention")}))
