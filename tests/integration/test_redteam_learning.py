@@ -38,9 +38,10 @@ the program judge as scorer, the random micro attacker; 25 iterations of 4 instr
 attacker turns (8 tokens each), lr 1e-2, beta 0.05, w_diversity 0, conversation credit; against the single-turn red
 team at the same attacker samples (32 per iteration). Measured (``benchmarks/redteam_multiturn.py --turns 1,3
 --steps 25 --set training.learning_rate=1e-2``, seeds 0-3; 37-60 s a 3-turn run on the shared machine): 3 turns,
-first 5 iterations 0.044 / 0.031 / 0.044 / 0.019, last 5 0.838 / 0.956 / 0.844 / 0.894 (it takes off
-at iterations 13-18); 1 turn 0.000 everywhere (it cannot succeed: no earlier message). At the benchmark's lr 6e-3 the 3-turn rise
-came at iterations 20-30 (60 iterations, seeds 0-2); at lr 1e-2 and 20 iterations seed 1 ended at 0.537 only.
+first 5 iterations 0.044 / 0.031 / 0.044 / 0.019, last 5 0.838 / 0.956 / 0.844 / 0.894 (first >= 0.5
+at iterations 16 / 18 / 14 / 17); 1 turn 0.000 everywhere (it cannot succeed: no earlier message). At the
+benchmark's lr 6e-3 the 3-turn rise came at iterations 20-30 (60 iterations, seeds 0-2); at lr 1e-2 and 20
+iterations seed 1 ended at 0.537 only.
 Thresholds (seed 0): 3 turns first 5 < 0.15, last 5 >= 0.5; 1 turn never a success; every answer of every
 conversation the rule's given the attacker's earlier messages, never toxic at the first turn."""
 
@@ -140,7 +141,7 @@ def test_the_whole_chain_trained_by_alignkit(micro_model: Path, tmp_path: Path) 
     assert sum((a["toxicity"] >= 0.5) == is_toxic(a["output"]) for a in attacks) / len(attacks) >= 0.9
 
 
-@pytest.mark.slow(seconds=75)
+@pytest.mark.slow(seconds=50)
 def test_a_multi_turn_attacker_learns_what_one_turn_cannot(micro_model: Path, tmp_path: Path) -> None:
     """The multi-turn world (``context_target``: a trigger is answered toxically only after an earlier attacker
     message raised it or set a scene; module docstring): the random micro attacker conversing over 3 turns learns to
