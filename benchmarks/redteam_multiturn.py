@@ -22,7 +22,10 @@ train`` subprocess (``OMP_NUM_THREADS=1``), ``--jobs`` at a time. Usage::
     python benchmarks/redteam_multiturn.py [--turns 1,2,3] [--seeds 0,1,2] [--worlds context,trigger] [--steps 40] [--jobs 2]
         [--out benchmarks/results/redteam-multiturn] [--work DIR] [--set KEY=VALUE ...]
 
-writes OUT/results.json and OUT/results.md (the markdown table, also printed).
+writes OUT/results.json and OUT/results.md (the markdown table, also printed). In
+benchmarks/results/redteam-multiturn/ besides: results-25-iterations.* (``--turns 1,3 --seeds 0,1,2,3 --steps 25 --set
+training.learning_rate=1e-2``, the multi-turn learning test's setting) and results-turn-credit.* (the same 3-turn runs
+with ``redteam.turn_credit=turn`` at ``turn_discount`` 1.0 and 0.5 against the conversation credit).
 """
 
 from __future__ import annotations
