@@ -66,6 +66,7 @@ class AgentGRPO(GroupRelative):
 
     name = "grpo_agent"
     config_sections = ("grpo", "agent")
+    eval_sums = ("turns", "tool_ok", "tool_calls")
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         a = cfg.section(AgentConfig)
@@ -139,10 +140,19 @@ class AgentGRPO(GroupRelative):
         return self.group.experience(ctx, samples, batches, scores["reward"])[0]
 
     @torch.no_grad()
-    def evaluate(self, ctx: RolloutContext) -> tuple[float, float, float]:
-        """Greedy trajectories of ``ctx.rows`` (this rank's): (sum of their returns, how many, completion ids)."""
+    def evaluate(self, ctx: RolloutContext) -> tuple[float, ...]:
+        """Trajectories of ``ctx.rows`` (this rank's; greedy, or sampled from ``ctx.seeds``): (sum of their returns,
+        how many, completion ids, then the :attr:`eval_sums`: turns, valid tool calls, tool calls)."""
         trajs, _ = self.trajectories(ctx)
-        return sum(t.reward for t in trajs), float(len(trajs)), float(sum(len(t.completion_ids) for t in trajs))
+        c = trajectory_counts(trajs)
+        calls = sum(v for k, v in c.items() if k.startswith("tool_"))
+        return (sum(t.reward for t in trajs), float(len(trajs)), float(sum(len(t.completion_ids) for t in trajs)),
+                float(c["turns"]), float(c["tool_ok"]), float(calls))
+
+    def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """Turns per trajectory and tool-call validity (valid calls / calls; 0 without calls) of an evaluation."""
+        return {"turns": sums["turns"] / max(1.0, sums["scored"]),
+                "tool_valid": sums["tool_ok"] / sums["tool_calls"] if sums["tool_calls"] else 0.0}
 
 
 #: the per-trajectory counts summed over ranks into the metrics

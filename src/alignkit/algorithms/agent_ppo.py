@@ -37,6 +37,8 @@ class AgentPPO(PPO):
     run = AgentGRPO.run
     sample = AgentGRPO.sample
     evaluate = AgentGRPO.evaluate
+    eval_sums = AgentGRPO.eval_sums
+    eval_metrics = AgentGRPO.eval_metrics
 
     generator_items = AgentGRPO.generator_items
 

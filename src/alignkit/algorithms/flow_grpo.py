@@ -139,6 +139,7 @@ def flow_reference(cfg: RunConfig) -> str:
 class FlowGRPO(StepSeeded, OnlineAlgorithm):
     name = "flow_grpo"
     evaluate_on_every_rank = True  # a rank without eval prompts still joins the sampler's gather of the policy
+    sampled_eval = False  # its evaluation is the ODE sampler's, noise seeded per prompt: no greedy / sampled pair
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)

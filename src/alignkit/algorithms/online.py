@@ -50,6 +50,11 @@ class OnlineAlgorithm(Algorithm):
     #: :meth:`evaluate` runs on every rank, also one with no eval prompt (fewer prompts than ranks): the gathers and
     #: forwards of a sharded policy (FSDP2 / ZeRO-3) are collectives every rank must join
     evaluate_on_every_rank: bool = False
+    #: :meth:`evaluate` samples at the rollout's settings when its context carries seeds (``rollout.eval_samples``)
+    sampled_eval: bool = True
+    #: names of the further sums :meth:`evaluate` returns after its first three, turned into metrics by
+    #: :meth:`eval_metrics` once summed over ranks (an agent's turns and tool calls)
+    eval_sums: tuple[str, ...] = ()
     #: the per-token fields its samples carry into the update (one float per completion token): what
     #: :meth:`collate` puts into a micro-batch; a subclass or plugin adds its own (PPO: values, returns)
     token_fields: tuple[str, ...] = ROLLOUT_TOKEN_FIELDS
@@ -174,10 +179,11 @@ class OnlineAlgorithm(Algorithm):
         micro-batch (on the device). Returns the iteration's statistics (identical on every rank)."""
 
     @torch.no_grad()
-    def evaluate(self, ctx: RolloutContext) -> tuple[float, float, float]:
-        """Greedy completions of ``ctx.rows`` scored by the ``reward`` signal, each rank its own rows
-        (ranks may hold different counts, so the functions run locally): this rank's (sum of the scored
-        rewards, how many were scored, completion tokens)."""
+    def evaluate(self, ctx: RolloutContext) -> tuple[float, ...]:
+        """Completions of ``ctx.rows`` (greedy, or sampled with ``ctx.params`` from ``ctx.seeds``: the online loop's
+        ``_evaluate``) scored by the ``reward`` signal, each rank its own rows (ranks may hold different counts, so
+        the functions run locally): this rank's (sum of the scored rewards, how many were scored, completion
+        tokens, then the :attr:`eval_sums`)."""
         gens = ctx.generate("policy", [row["prompt_ids"] for row in ctx.rows])
         samples = ctx.samples(gens.completion_ids)
         inputs = ctx.score_inputs(samples, gens.texts)
@@ -185,6 +191,10 @@ class OnlineAlgorithm(Algorithm):
                              dtype=torch.float64)
         ok = ~torch.isnan(total)
         return float(total[ok].sum()), float(ok.sum()), float(sum(len(c) for c in gens.completion_ids))
+
+    def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """Metrics of an evaluation's further sums (:attr:`eval_sums`, over every rank); none by default."""
+        return {}
 
     def collate(self, samples: list[Sample]) -> Batch:
         """Samples -> one micro-batch of the log-prob forward (``rollout.experience.collate_samples``) with the

@@ -35,6 +35,11 @@ class RolloutConfig:
         True, "FSDP2 / ZeRO-3: gather the full policy ONCE per rollout for generation; false = generate on the "
         "sharded model (parameters gathered per forward: slow, for models too big to gather).")
     generation_batch_size: int = f(64, "Sequences per generate call.", gt=0)
+    eval_samples: int = f(
+        0, "Held-out evaluation at the rollout's sampling settings (temperature, top_p, top_k): this many sampled "
+        "completions (an agent: trajectories) per eval prompt, logged as eval/sampled_* beside the greedy eval/*; "
+        "their own seeds (the run's seed, the prompt, the sample), so the training's samples do not change; "
+        "0 = greedy only.", ge=0)
     log_samples: int = f(2, "Prompt / completion samples written to the JSONL log per logged iteration.", ge=0)
     mask_truncated_completions: bool = f(
         False, "A completion cut by max_new_tokens carries no loss (TRL's option of the same name): it still counts "

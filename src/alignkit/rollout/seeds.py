@@ -43,3 +43,10 @@ def turn_seed(seed: int, turn: int) -> int:
     ``seed``: the row's own for the first turn, then one derived per turn, so every turn draws fresh numbers and
     the same ones wherever (and with whichever other trajectories) it is generated."""
     return seed if turn == 0 else sample_seed(seed, turn, 0, 0, "turn")
+
+
+def eval_seeds(seed: int, prompts: list[int], samples: int) -> list[int]:
+    """The seeds of a sampled evaluation (``rollout.eval_samples``): ``samples`` per eval-set index of ``prompts``,
+    in that order, on a stream of their own (``"eval"``), the same at every evaluation of a run (the curve then
+    compares the policies on the same draws) and apart from every training completion's."""
+    return [sample_seed(seed, 0, p, k, "eval") for p in prompts for k in range(samples)]

@@ -46,7 +46,7 @@ from alignkit.rollout.context import Experience, RolloutContext
 from alignkit.rollout.engine import RolloutEngine, SamplingParams, build_engine
 from alignkit.rollout.experience import Sample, micro_batches
 from alignkit.rollout.remote import RemoteEngine, keep_behaviour_logps, tag_staleness, trainer_sources
-from alignkit.rollout.seeds import completion_seeds
+from alignkit.rollout.seeds import completion_seeds, eval_seeds
 from alignkit.train.evaluate import evaluate_at_start
 from alignkit.train.interrupt import InterruptWatch, note_late_signal, stop_if_requested
 from alignkit.train.offline_loop import TrainResult
@@ -76,6 +76,8 @@ class OnlineTrainer:
         self.per_iteration = b.global_batch // self.G
         self.order = GlobalOrder(len(prompts), 1, 0, 1, seed=cfg.training.seed)
         r = cfg.section(RolloutConfig)
+        if r.eval_samples and not algo.sampled_eval:
+            raise ConfigError(f"rollout.eval_samples={r.eval_samples}: {algo.name} has no sampled evaluation (set 0)")
         self.engine = build_engine(r.engine, algo.tokenizer, cfg, max_new_tokens=r.max_new_tokens)
         #: rollouts: the engine (colocated), or the generator processes' completions (placement: separate;
         #: evaluation still generates here, greedily)
@@ -247,19 +249,36 @@ class OnlineTrainer:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def _evaluate(self, step: int) -> dict[str, float]:
-        """Greedy completions of every eval prompt exactly once (interleaved shares), scored by the
-        algorithm's ``evaluate``; sums and counts reduced over ranks."""
-        world, rank = self.strategy.dp_size, self.strategy.dp_rank
-        rows = self.eval_prompts[rank::world]
-        params = SamplingParams(self.cfg.section(RolloutConfig).max_new_tokens, 0.0, batch_size=self.cfg.section(RolloutConfig).generation_batch_size)
-        with self.algo.output_weights(Context(self.models, self.strategy, step)):
-            every = rows or self.algo.evaluate_on_every_rank
-            local = self.algo.evaluate(self._context(rows, slice(0, len(rows)), params)) if every else (0.0, 0.0, 0.0)
-        sums = comm.all_reduce_sum(torch.tensor(local, dtype=torch.float64))
-        metrics = {"reward_mean": float(sums[0]) / max(1.0, float(sums[1])),
-                   "completion_length": float(sums[2]) / max(1, len(self.eval_prompts))}
+        """Greedy completions of every eval prompt exactly once (interleaved shares), scored by the algorithm's
+        ``evaluate`` (eval/*); with ``rollout.eval_samples`` n, also n completions per prompt sampled at the
+        rollout's settings from their own seeds (``rollout/seeds.py: eval_seeds``), logged as eval/sampled_*."""
+        r = self.cfg.section(RolloutConfig)
+        mine = list(range(self.strategy.dp_rank, len(self.eval_prompts), self.strategy.dp_size))
+        rows = [self.eval_prompts[i] for i in mine]
+        greedy = SamplingParams(r.max_new_tokens, 0.0, batch_size=r.generation_batch_size)
+        metrics = self._eval_pass(step, rows, greedy, None, len(self.eval_prompts))
+        if r.eval_samples:
+            n, sampled = r.eval_samples, SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k,
+                                                        r.generation_batch_size)
+            seeds = eval_seeds(self.cfg.training.seed, mine, n)
+            more = self._eval_pass(step, [row for row in rows for _ in range(n)], sampled, seeds,
+                                   n * len(self.eval_prompts))
+            metrics |= {f"sampled_{k}": v for k, v in more.items()}
         self.log.log_metrics(step, metrics, prefix="eval/")
         return metrics
+
+    def _eval_pass(self, step: int, rows: list[dict[str, Any]], params: SamplingParams, seeds: list[int] | None,
+                   total: int) -> dict[str, float]:
+        """One evaluation of this rank's ``rows`` (``total`` over every rank): the algorithm's sums reduced over
+        ranks, then the reward mean, the completion length and the algorithm's own :meth:`eval_metrics`."""
+        names = ("reward", "scored", "tokens", *self.algo.eval_sums)
+        with self.algo.output_weights(Context(self.models, self.strategy, step)):
+            every = rows or self.algo.evaluate_on_every_rank
+            local = self.algo.evaluate(self._context(rows, slice(0, len(rows)), params, seeds)) if every \
+                else (0.0,) * len(names)
+        sums = dict(zip(names, comm.all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()))
+        return {"reward_mean": sums["reward"] / max(1.0, sums["scored"]),
+                "completion_length": sums["tokens"] / max(1, total), **self.algo.eval_metrics(sums)}
 
     # ------------------------------------------------------------------ helpers
     def _startup_lines(self) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from alignkit.rollout.engine import HFEngine, InverseCDFSampler, Prompt, SamplingParams, row_seeds
-from alignkit.rollout.seeds import completion_seeds, sample_seed, with_stream
+from alignkit.rollout.seeds import completion_seeds, eval_seeds, sample_seed, with_stream
 
 
 def test_seeds_are_a_function_of_the_tuple() -> None:
@@ -22,6 +22,16 @@ def test_seeds_are_a_function_of_the_tuple() -> None:
     assert completion_seeds(42, 3, [17, 17, 5, 5], 2) == [sample_seed(42, 3, 17, 0), sample_seed(42, 3, 17, 1),
                                                           sample_seed(42, 3, 5, 0), sample_seed(42, 3, 5, 1)]
     assert with_stream([a], "policy") == [a] and with_stream([a], "target") != [a]
+
+
+def test_eval_seeds_are_their_own_stream() -> None:
+    """``rollout.eval_samples``: n per eval prompt, in order, on the "eval" stream (never a training completion's seed:
+    that of iteration 0, the same prompt index and generation, is another), the same for any share of the prompts."""
+    assert eval_seeds(7, [4, 1], 2) == [sample_seed(7, 0, 4, 0, "eval"), sample_seed(7, 0, 4, 1, "eval"),
+                                        sample_seed(7, 0, 1, 0, "eval"), sample_seed(7, 0, 1, 1, "eval")]
+    assert not set(eval_seeds(7, [0, 1, 2], 4)) & set(completion_seeds(7, 0, [0, 0, 0, 0, 1, 1, 1, 1], 4))
+    assert eval_seeds(7, [0, 2], 3) + eval_seeds(7, [1], 3) != eval_seeds(7, [0, 1, 2], 3)  # per prompt, not position
+    assert sorted(eval_seeds(7, [0, 2], 3) + eval_seeds(7, [1], 3)) == sorted(eval_seeds(7, [0, 1, 2], 3))
 
 
 def test_a_row_draws_from_its_own_generator_whatever_shares_its_batch() -> None:
