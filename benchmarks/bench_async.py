@@ -59,7 +59,7 @@ def write_prompts(path: Path, n: int = 400) -> Path:
 def overrides(args: argparse.Namespace, model: Path, prompts: Path, out: Path) -> list[str]:
     return [
         "algorithm=grpo", f"model.name_or_path={model}", f"output_dir={out}", f"data.train={prompts}",
-        "data.max_length=64", f"rollout.num_generations={args.group}", f"rollout.max_new_tokens={args.max_new}",
+        f"data.max_length={max(64, args.max_new + 32)}", f"rollout.num_generations={args.group}", f"rollout.max_new_tokens={args.max_new}",
         "rollout.log_samples=0", "reward.functions=[{name: 'bench_rewards:digit_fraction', weight: 1.0}]",
         f"training.per_device_batch_size={args.batch}", "training.learning_rate=1e-6", "training.lr_scheduler=constant",
         f"training.max_steps={args.warmup + args.timed}", "training.seed=0", "logging.report_to=[jsonl]",
