@@ -119,7 +119,7 @@ def sampling_kwargs(params: SamplingParams, seeds: Sequence[int] | None = None) 
     where ``params.logprobs``), with the generation config's own sampling settings switched off."""
     from transformers import LogitsProcessorList
 
-    off: dict[str, Any] = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    off: dict[str, Any] = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
     if params.temperature <= 0:
         return off
     return {**off, "logits_processor": LogitsProcessorList(
