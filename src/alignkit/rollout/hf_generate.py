@@ -85,14 +85,22 @@ class InverseCDFSampler:
         raw = scores
         for warp in self.warpers:
             scores = warp(input_ids, scores)
-        cdf = torch.softmax(scores.float(), dim=-1).cumsum(dim=-1)
+        probs = torch.softmax(scores.float(), dim=-1)
+        cdf = probs.cumsum(dim=-1)
         # u in (0, 1] times the total: the first index whose cumulative mass reaches it has mass > 0
         u = (1.0 - self._uniform(cdf)) * cdf[:, -1:]
         token = torch.searchsorted(cdf, u).clamp_(max=cdf.shape[1] - 1)
-        if self.steps is not None:  # log softmax(z / T) at the token = z_t / T - logsumexp(z / T)
-            z = raw.float() / self.temperature
-            self.steps.append(z.gather(1, token) - torch.logsumexp(z, dim=-1, keepdim=True))
+        if self.steps is not None:
+            self.steps.append(self._drawn_logps(raw, probs, token))
         return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+
+    def _drawn_logps(self, raw: torch.Tensor, probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        """``(B, 1)`` log softmax(z / T) at the drawn tokens: the sampling softmax's own where only the temperature
+        warped it (a drawn token has mass > 0: no log 0), else z_t / T - logsumexp(z / T) of the raw logits."""
+        if len(self.warpers) <= int(self.temperature != 1.0):
+            return probs.gather(1, token).log()
+        z = raw.float() / self.temperature
+        return z.gather(1, token) - torch.logsumexp(z, dim=-1, keepdim=True)
 
     def logps(self) -> torch.Tensor:
         """``(B, steps)`` the recorded log-probs (``record``), one column per decoding step."""

@@ -64,19 +64,20 @@ def test_hf_engine_samples_the_same_completions_in_any_batching(micro_model: Pat
     assert unseeded[0] != unseeded[1]  # without seeds: the global generator, as before
 
 
-def test_hf_engine_reports_the_drawn_tokens_log_probs_of_a_training_forward(micro_model: Path) -> None:
+@pytest.mark.parametrize("top_k", [0, 5])
+def test_hf_engine_reports_the_drawn_tokens_log_probs_of_a_training_forward(micro_model: Path, top_k: int) -> None:
     """``SamplingParams.logprobs``: the sampler's log-prob of each drawn token, taken off the decoding step's logits
     (a separate placement's stale samples: no extra forward) = log softmax(logits / T) of a full forward of prompt +
-    completion at that token, top-k not applied (the trainer's log-probs); the same draws as without; greedy and
-    unasked: none."""
+    completion at that token, top-k not applied (the trainer's log-probs; without top-k: the sampling softmax's
+    own, with it: from the raw logits); the same draws as without; greedy and unasked: none."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(micro_model)).eval()
     engine = HFEngine(AutoTokenizer.from_pretrained(str(micro_model)))
     rows = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
     prompts = [Prompt(r, seed=s) for r, s in zip(rows, completion_seeds(0, 0, [0, 1, 2], 1))]
-    params = SamplingParams(10, 0.7, top_k=5, batch_size=2)
-    gens = engine.generate(model, prompts, SamplingParams(10, 0.7, top_k=5, batch_size=2, logprobs=True))
+    params = SamplingParams(10, 0.7, top_k=top_k, batch_size=2)
+    gens = engine.generate(model, prompts, SamplingParams(10, 0.7, top_k=top_k, batch_size=2, logprobs=True))
     assert gens.completion_ids == engine.generate(model, prompts, params).completion_ids
     assert engine.generate(model, prompts, params).logps is None
     assert engine.generate(model, prompts, SamplingParams(10, 0.0, logprobs=True)).logps is None
