@@ -3,7 +3,8 @@
 * k = 0 is synchronous: 1 trainer + 1 generator process give EXACTLY the numbers of 1 colocated process (every
   logged loss, reward and gradient norm, and the final weights), since every completion is sampled from its own
   seed (rollout/seeds.py) by the same weights, and the trainers recompute the experience as colocated;
-* k = 1: every iteration after the first trains on samples one version old (``staleness/1``), none dropped;
+* k = 1: every iteration after the first trains on samples one version old (``staleness/1``), none dropped,
+  weighted by the behaviour log-probs the generator took off its decoding steps (none travel at staleness 0);
 * a 2-trainer + 1-generator run killed with SIGKILL after a checkpoint and resumed from it: the same prompts
   in the same iterations as the uninterrupted run (each consumed once), and with k = 0 the same losses and final
   weights.
@@ -75,12 +76,18 @@ def test_k0_separate_equals_colocated_and_k1_is_one_version_stale(micro_model: P
             assert a[key] == b[key], (key, a[key], b[key])
         assert b["staleness/0"] == 8 and b["staleness/dropped"] == 0 and b["staleness/max"] == 0
         assert b["async/weight_sync_s"] >= 0 and b["async/generator_generate_s"] > 0
+        assert b["async/generator_sample_s"] > 0 and "async/generator_send_s" in b
+        # staleness 0: the behaviour policy is the trainer's own, so no behaviour log-probs travel (as colocated)
+        assert "sampler_is_ratio" not in b and "sampler_is_ratio" not in a
     assert max_delta(final_weights(tmp_path / "colocated"), final_weights(tmp_path / "k0")) == 0.0
     assert_ok(run_cli([*common, f"output_dir={tmp_path / 'k1'}", "rollout.placement=separate",
                        "rollout.max_staleness=1"], nproc=2, timeout=300))
     k1 = _rows(tmp_path / "k1")
     assert [r["staleness/mean"] for r in k1] == [0.0, 1.0, 1.0, 1.0]  # iteration 0 has only version 0
     assert all(r["staleness/dropped"] == 0 for r in k1)
+    # stale samples carry the generator's log-probs, taken off its decoding steps (no forward): weighted
+    assert "sampler_is_ratio" not in k1[0] and all(r["sampler_is_ratio"] > 0 for r in k1[1:])
+    assert all(r["async/generator_behaviour_logps_s"] < r["async/generator_sample_s"] for r in k1)
     assert k1[0]["loss"] == colocated[0]["loss"] and k1[0]["reward_mean"] == colocated[0]["reward_mean"]
     assert k1[1]["reward_mean"] != colocated[1]["reward_mean"]  # sampled by the weights before update 1
 

@@ -23,6 +23,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     batch_size: int = 64  # sequences per generate call
+    #: ask the engine for the sampler's log-prob of each completion token (``Generations.logps``) where it does not
+    #: report them anyway: ``hf`` takes them off the decoding steps' own logits (a separate placement's
+    #: generators, for stale samples' behaviour log-probs, instead of a forward of the completions)
+    logprobs: bool = False
 
 
 @dataclass(frozen=True)

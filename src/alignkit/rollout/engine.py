@@ -45,7 +45,12 @@ from alignkit.models.generation import (  # the kinds' floor; the three types re
 )
 from alignkit.progress import track
 from alignkit.registry import Registry
-from alignkit.rollout.hf_generate import HFGenerateConfig, cache_kwargs  # re-exported here
+from alignkit.rollout.hf_generate import (  # re-exported here
+    HFGenerateConfig,
+    InverseCDFSampler,  # noqa: F401  (re-exported: the tests and callers import it from here)
+    cache_kwargs,
+    sampling_kwargs,
+)
 
 
 @dataclass(frozen=True)
@@ -215,64 +220,6 @@ def generation_mode(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-class InverseCDFSampler:
-    """A logits processor that draws the next token itself: temperature, top-k and top-p as Hugging Face's
-    warpers define them, then ONE uniform number per row looked up in the cumulative distribution
-    (inverse-CDF sampling, an exact draw from the same categorical). It returns 0 at the drawn token and
-    -inf elsewhere, so ``generate``'s greedy step takes it. ``torch.multinomial`` draws an exponential
-    variate for every vocabulary entry of every row instead: on CPU that was a quarter of a rollout
-    (6 ms a step at 32 x 8192, measured)."""
-
-    def __init__(self, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                 seeds: Sequence[int] | None = None) -> None:
-        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-        #: one generator per row, seeded with its request's seed (``rollout/seeds.py``): row i's t-th token
-        #: uses the t-th number of its own stream whatever rows share its batch; None: the global generator
-        self.generators = None if seeds is None else [torch.Generator().manual_seed(s) for s in seeds]
-
-        self.warpers: list[Any] = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
-        if top_k:
-            self.warpers.append(TopKLogitsWarper(top_k))
-        if top_p < 1.0:
-            self.warpers.append(TopPLogitsWarper(top_p))
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        for warp in self.warpers:
-            scores = warp(input_ids, scores)
-        cdf = torch.softmax(scores.float(), dim=-1).cumsum(dim=-1)
-        # u in (0, 1] times the total: the first index whose cumulative mass reaches it has mass > 0
-        u = (1.0 - self._uniform(cdf)) * cdf[:, -1:]
-        token = torch.searchsorted(cdf, u).clamp_(max=cdf.shape[1] - 1)
-        return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
-
-
-    def _uniform(self, cdf: torch.Tensor) -> torch.Tensor:
-        """``(B, 1)`` uniforms in [0, 1) for the rows of ``cdf``: from each row's generator (drawn on the CPU,
-        where a seeded stream is the same on every machine, then copied to ``cdf``'s device), else from the
-        global one."""
-        rows = cdf.shape[0]
-        if self.generators is None:
-            return torch.rand(rows, 1, device=cdf.device, dtype=cdf.dtype)
-        if len(self.generators) != rows:
-            raise ValueError(f"{len(self.generators)} seeds for {rows} rows")
-        u = torch.cat([torch.rand(1, 1, generator=g, dtype=cdf.dtype) for g in self.generators])
-        return u.to(cdf.device, non_blocking=True)
-
-
-def sampling_kwargs(params: SamplingParams, seeds: Sequence[int] | None = None) -> dict[str, Any]:
-    """``generate`` arguments of ``params``: greedy decoding, or sampling through :class:`InverseCDFSampler`
-    (greedy over its one-hot scores; ``seeds``: one per row, its own stream), with the generation config's own
-    sampling settings switched off."""
-    from transformers import LogitsProcessorList
-
-    off: dict[str, Any] = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-    if params.temperature <= 0:
-        return off
-    return {**off, "logits_processor": LogitsProcessorList(
-        [InverseCDFSampler(params.temperature, params.top_k, params.top_p, seeds)])}
-
-
 def row_seeds(chunk: Sequence[Prompt]) -> list[int] | None:
     """The batch's per-row seeds when every request has one; None when none has; a mix is refused (one
     batch cannot draw partly from the global generator and stay independent of its composition)."""
@@ -341,30 +288,42 @@ class HFEngine(RolloutEngine):
                  *, synced: bool = False, progress: str | None = None) -> Generations:
         requests = as_prompts(prompts)
         device = next(model.parameters()).device
-        out, reasons = [], []
+        out, reasons, logps = [], [], []
+        record = params.logprobs and params.temperature > 0  # greedy draws have no sampler log-probs to report
         starts = range(0, len(requests), params.batch_size)
         with generation_mode(model):
             for start in track(starts, len(starts), progress, "batches") if progress else starts:
-                new = self._call(model, requests[start : start + params.batch_size], params, device, synced)
-                for row in new.tolist():
+                new, lps = self._call(model, requests[start : start + params.batch_size], params, device, synced)
+                for i, row in enumerate(new.tolist()):
                     ids, stopped = self._cut(row)
                     out.append(ids)
                     reasons.append("stop" if stopped else "length")
+                    if record:
+                        logps.append(lps[i, : len(ids)].tolist())
         texts = completion_texts(self.tokenizer, out)
-        return Generations(out, reasons, texts)
+        return Generations(out, reasons, texts, logps if record else None)
 
     def _call(self, model: nn.Module, chunk: list[Prompt], params: SamplingParams, device: torch.device,
-              synced: bool) -> torch.Tensor:
-        """``(B, new)`` generated ids of one batch (EOS-finished rows padded after their EOS)."""
+              synced: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(B, new)`` generated ids of one batch (EOS-finished rows padded after their EOS) and, where the sampler
+        recorded them (``params.logprobs``), ``(B, new)`` their log-probs on the CPU (None otherwise)."""
         ids, mask = left_pad([p.ids for p in chunk], self.pad)
+        sampling = sampling_kwargs(params, row_seeds(chunk))
         kwargs: dict[str, Any] = dict(max_new_tokens=params.max_new_tokens, pad_token_id=self.pad,
                                       eos_token_id=sorted(self.eos) or None, use_cache=True,
-                                      **sampling_kwargs(params, row_seeds(chunk)), **cache_kwargs(self.settings, device))
+                                      **sampling, **cache_kwargs(self.settings, device))
         if synced:
             kwargs["synced_gpus"] = True
         extra = {k: v.to(device) for k, v in stitch_inputs(chunk).items()}
         gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **extra, **kwargs)
-        return gen[:, ids.shape[1]:].cpu()
+        new = gen[:, ids.shape[1]:].cpu()
+        sampler = sampling["logits_processor"][0] if "logits_processor" in sampling else None
+        if sampler is None or sampler.steps is None:
+            return new, None
+        logps = sampler.logps()
+        if logps.shape != new.shape:  # one recorded step per generated column, or the log-probs are not the tokens'
+            raise RuntimeError(f"the sampler recorded {tuple(logps.shape)} log-probs for {tuple(new.shape)} tokens")
+        return new, logps.cpu()
 
     def _cut(self, row: list[int]) -> tuple[list[int], bool]:
         """The completion up to and including the first EOS; (ids, whether it stopped)."""

@@ -61,6 +61,10 @@ class Delivery:
     #: the generator's global rank when a reward / cost MODEL scored the completions there (their ``model`` part
     #: is in ``scores``), else -1
     scored_by: int = -1
+    #: the generator's seconds of this iteration by phase, logged as ``async/generator_<phase>_s``: ``sample`` (the
+    #: engine), ``behaviour_logps`` (a forward where the engine reported none), ``score``, ``send`` (the previous
+    #: delivery's pickling); an agent's ``env`` and ``render`` too
+    phases: dict[str, float] = field(default_factory=dict)
 
     def part(self, cut: slice) -> Delivery:
         """The delivery of the rows at ``cut`` (one trainer's part of a generator's share)."""
@@ -87,6 +91,8 @@ class Received:
     sync_bytes: int = 0
     #: the highest global rank of a generator whose reward / cost model scored these completions (-1: none did)
     scored_by: int = -1
+    #: the generators' seconds by phase (``Delivery.phases``; the largest of them)
+    generator_phases: dict[str, float] = field(default_factory=dict)
 
 
 class RemoteEngine(RolloutEngine):
@@ -160,7 +166,8 @@ class RemoteEngine(RolloutEngine):
         self.received = Received([d.version for d in parts for _ in d.seeds], logps,
                                  max((d.idle_s for d in parts), default=0.0),
                                  max((d.generate_s for d in parts), default=0.0), wait, self.received.sync_s,
-                                 self.received.sync_bytes, max((d.scored_by for d in parts), default=-1))
+                                 self.received.sync_bytes, max((d.scored_by for d in parts), default=-1),
+                                 {k: max(d.phases.get(k, 0.0) for d in parts) for d in parts for k in d.phases})
         return parts
 
 

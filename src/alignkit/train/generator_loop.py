@@ -170,6 +170,7 @@ class Generator:
         self.per_iteration = plan.batch.global_batch // r.num_generations
         self.parts = generator_parts(plan.batch.global_batch, len(placement.generators), placement.trainers)
         self.version = -1  # the last version received
+        self.send_s = 0.0  # seconds pickling and starting the last delivery's sends
 
     def _scoring_models(self, workload: Workload, tokenizer: Any) -> Models:
         """The roles the signals score with (:func:`generator_scored_roles`), frozen and whole as a trainer holds
@@ -229,24 +230,37 @@ class Generator:
         per_gen = len(completions) // len(self.placement.generators)
         lo = g * per_gen
         rows, mine = [self.prompts[c] for c in completions[lo : lo + per_gen]], seeds[lo : lo + per_gen]
+        # the trainers update iteration j at version j: only samples of an older version need behaviour log-probs
+        # (at staleness 0 the behaviour policy is the trainers' own, weight 1: sent without, as colocated)
+        stale = iteration > self.version
         start = time.perf_counter()
-        made = self._items(rows, mine) if self.split == "items" else self._completions(rows, mine)
+        made = self._items(rows, mine, stale) if self.split == "items" else self._completions(rows, mine, stale)
         made.iteration, made.version, made.idle_s = iteration, self.version, idle
         made.generate_s = time.perf_counter() - start
-        return [send_object(made.part(slice(a - lo, b - lo)), t, self.placement)
-                for t, (a, b) in enumerate(self.parts[g]) if a != b]
+        made.phases["send"] = self.send_s  # the previous delivery's (pickled, its sends started)
+        began = time.perf_counter()
+        sends = [send_object(made.part(slice(a - lo, b - lo)), t, self.placement)
+                 for t, (a, b) in enumerate(self.parts[g]) if a != b]
+        self.send_s = time.perf_counter() - began
+        return sends
 
     def _generate(self, prompts: list[Any], params: SamplingParams) -> Any:
         """The policy's outputs of ``prompts``: one phase of the engine, as a trainer's ``RolloutContext.generate``."""
         with self.autocast, generation_phase(self.engine, self.policy):
             return self.kind.generate(self.policy, self.engine, prompts, params)
 
-    def _completions(self, rows: list[dict[str, Any]], seeds: list[int]) -> Delivery:
-        """The rows' completions, their behaviour log-probs and every signal's function scores."""
+    def _completions(self, rows: list[dict[str, Any]], seeds: list[int], stale: bool) -> Delivery:
+        """The rows' completions, their behaviour log-probs where ``stale`` (the engine's own: vLLM's always, hf's
+        off the decoding steps' logits, ``SamplingParams.logprobs``; a forward of the sampling weights where it
+        reports none: greedy) and every signal's function scores."""
         requests = [Prompt(list(row["prompt_ids"]), seed=s) for row, s in zip(rows, seeds)]
-        gens = self._generate(requests, self.params)
-        logps = gens.logps if gens.logps is not None else self._behaviour_logps([p.ids for p in requests],
-                                                                                 gens.completion_ids)
+        began = time.perf_counter()
+        gens = self._generate(requests, dataclasses.replace(self.params, logprobs=stale))
+        phases = {"sample": time.perf_counter() - began}
+        logps, began = gens.logps, time.perf_counter()
+        if logps is None and stale:
+            logps = self._behaviour_logps([p.ids for p in requests], gens.completion_ids)
+        phases["behaviour_logps"] = time.perf_counter() - began
         began = time.perf_counter()
         samples = [{"prompt_ids": p.ids, "completion_ids": list(c)} for p, c in zip(requests, gens.completion_ids)]
         inputs = ScoreInputs([row["prompt"] for row in rows], gens.texts, [len(c) for c in gens.completion_ids],
@@ -255,30 +269,36 @@ class Generator:
         scores = {name: {k: v for k, v in signal.score(self.models, inputs, self.trainers).items() if k != "total"}
                   for name, signal in self.signals.items()}
         scored_by = self.placement.env.rank if any(s.model_role for s in self.signals.values()) else -1
+        phases["score"] = time.perf_counter() - began
         return Delivery(-1, -1, seeds, gens.completion_ids, gens.finish_reasons, gens.texts, logps, scores=scores,
-                        seconds={"score": time.perf_counter() - began}, scored_by=scored_by)
+                        seconds={"score": phases["score"]}, scored_by=scored_by, phases=phases)
 
     def _batches(self, samples: list[dict[str, Any]]) -> list[Any]:
         """``samples`` collated in ``per_device`` micro-batches on the device, as a trainer's
         ``RolloutContext.batches`` (a reward model's inputs)."""
         return [self.algo.collate(mb).to(self.device) for mb in micro_batches(samples, self.plan.batch.per_device)]
 
-    def _items(self, rows: list[dict[str, Any]], seeds: list[int]) -> Delivery:
-        """The algorithm's items of the rows (``grpo_agent``: finished trajectories) and their behaviour log-probs."""
+    def _items(self, rows: list[dict[str, Any]], seeds: list[int], stale: bool) -> Delivery:
+        """The algorithm's items of the rows (``grpo_agent``: finished trajectories) and, where ``stale``, their
+        behaviour log-probs (as :meth:`_completions`)."""
         seconds: dict[str, float] = {}
 
         def generate(prompts: list[Any], max_new: int) -> Any:
             began = time.perf_counter()
             try:
-                return self._generate(prompts, dataclasses.replace(self.params, max_new_tokens=max_new))
+                return self._generate(prompts, dataclasses.replace(self.params, max_new_tokens=max_new,
+                                                                   logprobs=stale))
             finally:
                 seconds["generate"] = seconds.get("generate", 0.0) + time.perf_counter() - began
 
         items = self.algo.generator_items(rows, seeds, generate, seconds)
-        logps = [x.sampler_logps for x in items]
+        logps, began = [x.sampler_logps for x in items], time.perf_counter()
         if any(lp is None for lp in logps):
-            logps = self._behaviour_logps([x.prompt_ids for x in items], [x.completion_ids for x in items])
-        return Delivery(-1, -1, seeds, [], [], [], logps, items=items, seconds=seconds)
+            logps = self._behaviour_logps([x.prompt_ids for x in items], [x.completion_ids for x in items]) \
+                if stale else None
+        phases = {("sample" if k == "generate" else k): v for k, v in seconds.items()}
+        phases["behaviour_logps"] = time.perf_counter() - began
+        return Delivery(-1, -1, seeds, [], [], [], logps, items=items, seconds=seconds, phases=phases)
 
 
 def behaviour_temperature(r: RolloutConfig) -> float:

@@ -233,6 +233,8 @@ class OnlineTrainer:
                                   ("generator_generate_s", got.generator_generate_s),
                                   ("reward_model_rank", float(got.scored_by))):
                 experience.stats.add(f"async/{name}", seconds, 1)
+            for phase, seconds in got.generator_phases.items():
+                experience.stats.add(f"async/generator_{phase}_s", seconds, 1)
         return experience, time.perf_counter() - start
 
     def _add_times(self, stats: Any, rollout_s: float, phases: dict[str, float], update_s: float) -> None:

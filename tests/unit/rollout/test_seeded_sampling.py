@@ -72,3 +72,29 @@ def test_hf_engine_samples_the_same_completions_in_any_batching(micro_model: Pat
     assert whole[0] != whole[1]  # a group's completions: different streams
     unseeded = [engine.generate(model, rows, SamplingParams(8, 1.0, batch_size=4)).completion_ids for _ in range(2)]
     assert unseeded[0] != unseeded[1]  # without seeds: the global generator, as before
+
+
+@pytest.mark.parametrize("top_k", [0, 5])
+def test_hf_engine_reports_the_drawn_tokens_log_probs_of_a_training_forward(micro_model: Path, top_k: int) -> None:
+    """``SamplingParams.logprobs``: the sampler's log-prob of each drawn token, taken off the decoding step's logits
+    (a separate placement's stale samples: no extra forward) = log softmax(logits / T) of a full forward of prompt +
+    completion at that token, top-k not applied (the trainer's log-probs; without top-k: the sampling softmax's
+    own, with it: from the raw logits); the same draws as without; greedy and unasked: none."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(micro_model)).eval()
+    engine = HFEngine(AutoTokenizer.from_pretrained(str(micro_model)))
+    rows = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    prompts = [Prompt(r, seed=s) for r, s in zip(rows, completion_seeds(0, 0, [0, 1, 2], 1))]
+    params = SamplingParams(10, 0.7, top_k=top_k, batch_size=2)
+    gens = engine.generate(model, prompts, SamplingParams(10, 0.7, top_k=top_k, batch_size=2, logprobs=True))
+    assert gens.completion_ids == engine.generate(model, prompts, params).completion_ids
+    assert engine.generate(model, prompts, params).logps is None
+    assert engine.generate(model, prompts, SamplingParams(10, 0.0, logprobs=True)).logps is None
+    assert gens.logps is not None
+    for row, ids, lps in zip(rows, gens.completion_ids, gens.logps):
+        assert len(lps) == len(ids) > 0
+        with torch.no_grad():
+            logits = model(torch.tensor([row + ids])).logits[0, len(row) - 1 : -1].float() / 0.7
+        want = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(lps), want, atol=1e-5), (lps, want)
