@@ -121,13 +121,25 @@ class InverseCDFSampler:
         return u.to(cdf.device, non_blocking=True)
 
 
+#: ``generate`` arguments that switch off the logits processors a generation config can ask for (transformers'
+#: ``_get_logits_processor``); min_length 0 and forced EOS off: a rollout's length is ``max_new_tokens`` alone
+PROCESSORS_OFF: dict[str, Any] = {
+    "repetition_penalty": None, "encoder_repetition_penalty": None, "no_repeat_ngram_size": None,
+    "encoder_no_repeat_ngram_size": None, "bad_words_ids": None, "sequence_bias": None, "suppress_tokens": None,
+    "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None, "guidance_scale": None, "min_length": 0, "min_new_tokens": None,
+    "renormalize_logits": False, "remove_invalid_values": False}
+
+
 def sampling_kwargs(params: SamplingParams, seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """``generate`` arguments of ``params``: greedy decoding, or sampling through :class:`InverseCDFSampler`
     (greedy over its one-hot scores; ``seeds``: one per row, its own stream; recording the drawn tokens' log-probs
-    where ``params.logprobs``), with the generation config's own sampling settings switched off."""
+    where ``params.logprobs``), with the generation config's own sampling settings switched off, and so every logits
+    processor a model's ``generation_config.json`` may turn on (Qwen2.5's sets ``repetition_penalty: 1.05``): the
+    sampled distribution is the policy's (what the trainer's forward scores), greedy is its argmax."""
     from transformers import LogitsProcessorList
 
-    off: dict[str, Any] = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    off: dict[str, Any] = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, **PROCESSORS_OFF}
     if params.temperature <= 0:
         return off
     return {**off, "logits_processor": LogitsProcessorList(

@@ -51,10 +51,10 @@ def test_greedy_needs_no_sampler_and_generate_takes_the_draws(micro_model: objec
     ids = torch.tensor([[5, 6, 7, 8]] * 4)
     kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6, pad_token_id=0)
     torch.manual_seed(3)
-    a = model.generate(**kw, **sampling_kwargs(SamplingParams(6, 1.0)))
+    a = model.generate(**{**sampling_kwargs(SamplingParams(6, 1.0)), **kw})  # kw's min_new_tokens wins
     torch.manual_seed(3)
-    b = model.generate(**kw, **sampling_kwargs(SamplingParams(6, 1.0)))
-    greedy = model.generate(**kw, **sampling_kwargs(SamplingParams(6, 0.0)))
+    b = model.generate(**{**sampling_kwargs(SamplingParams(6, 1.0)), **kw})
+    greedy = model.generate(**{**sampling_kwargs(SamplingParams(6, 0.0)), **kw})
     assert torch.equal(a, b)  # seeded: reproducible
     assert len({tuple(r) for r in a[:, 4:].tolist()}) > 1  # the 4 identical prompts get different samples
     assert len({tuple(r) for r in greedy[:, 4:].tolist()}) == 1

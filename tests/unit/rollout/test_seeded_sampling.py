@@ -98,3 +98,23 @@ def test_hf_engine_reports_the_drawn_tokens_log_probs_of_a_training_forward(micr
             logits = model(torch.tensor([row + ids])).logits[0, len(row) - 1 : -1].float() / 0.7
         want = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
         assert torch.allclose(torch.tensor(lps), want, atol=1e-5), (lps, want)
+
+
+def test_a_generation_configs_own_processors_do_not_bend_the_rollout(micro_model: Path) -> None:
+    """A model's ``generation_config.json`` may turn on logits processors (Qwen2.5's ``repetition_penalty: 1.05``):
+    the rollout engine switches them off, so a sample is drawn from the policy the trainer scores (its recorded
+    log-probs = the forward's) and greedy is the forward's argmax. With a strong repetition penalty and
+    no-repeat bigrams asked for, the outputs equal those of the model without them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    plain = AutoModelForCausalLM.from_pretrained(str(micro_model)).eval()
+    bent = AutoModelForCausalLM.from_pretrained(str(micro_model)).eval()
+    bent.generation_config.repetition_penalty, bent.generation_config.no_repeat_ngram_size = 5.0, 1
+    bent.generation_config.min_new_tokens = 12  # EOS forbidden for 12 steps
+    engine = HFEngine(AutoTokenizer.from_pretrained(str(micro_model)))
+    prompts = [Prompt([5, 6, 7, 8], seed=s) for s in completion_seeds(0, 0, [0, 1], 1)]
+    for params in (SamplingParams(12, 0.0), SamplingParams(12, 1.0, logprobs=True)):
+        want, got = engine.generate(plain, prompts, params), engine.generate(bent, prompts, params)
+        assert got.completion_ids == want.completion_ids and got.logps == want.logps
+    greedy = engine.generate(plain, prompts, SamplingParams(12, 0.0)).completion_ids[0]
+    assert len(set(greedy)) < len(greedy)  # the micro model repeats a token greedily: the penalty would have bitten
