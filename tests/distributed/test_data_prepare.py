@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ok, run_cli, run_script, write_config
+from tests.conftest import assert_ok, run_script, write_config
 
 pytestmark = pytest.mark.distributed
 
@@ -44,12 +43,14 @@ def test_streamed_run_on_two_ranks_resumes_exactly(sft_config: dict, tmp_path: P
     cfg["training"] = {**cfg["training"], "per_device_batch_size": 3, "max_steps": 6}
     cfg["checkpoint"] = {"save_final": False, "save_steps": 3}
     cfg["output_dir"] = str(tmp_path / "a")
-    assert_ok(run_cli(["train", str(write_config(tmp_path / "a.yaml", cfg))], nproc=2))
+    a = write_config(tmp_path / "a.yaml", cfg)
+    # the resumed run into a fresh folder, from a's checkpoint-3: both runs in one torchrun launch
+    # (workers/train_many.py runs them one after the other)
+    cfg["output_dir"] = str(tmp_path / "b")
+    cfg["checkpoint"] = {**cfg["checkpoint"], "resume_from": str(tmp_path / "a" / "checkpoint-3")}
+    b = write_config(tmp_path / "b.yaml", cfg)
+    assert_ok(run_script(WORKERS / "train_many.py", nproc=2, args=[str(a), str(b)], timeout=400))
     saved = json.loads((tmp_path / "a" / "checkpoint-3" / "trainer_state.json").read_text())["stream"]
     assert [p["row"] for p in saved] == [17, 18]  # 9 rows each: rank 0 last read row 16, rank 1 row 17
-    shutil.copytree(tmp_path / "a" / "checkpoint-3", tmp_path / "b" / "checkpoint-3")
-    cfg["output_dir"] = str(tmp_path / "b")
-    cfg["checkpoint"] = {**cfg["checkpoint"], "resume_from": "latest"}
-    assert_ok(run_cli(["train", str(write_config(tmp_path / "b.yaml", cfg))], nproc=2))
     full, resumed = _losses(tmp_path / "a"), _losses(tmp_path / "b")
     assert len(full) == 6 and resumed == pytest.approx(full[3:], rel=1e-6, abs=1e-7)

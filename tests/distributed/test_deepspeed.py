@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO 0-3 (``distributed.strategy: deepspeed``) on 2 gloo processes, against DDP.
 
 Skipped when deepspeed is not importable (``DS_BUILD_OPS=0 pip install deepspeed``). All runs
-share ONE torchrun launch; accumulation 2 with micro-batches of unequal token counts checks that
+share ONE torchrun launch (the seed guide's zero2.json too); accumulation 2 with micro-batches of unequal token counts checks that
 the engine's accumulation boundary and loss scaling match alignkit's loop. ZeRO-1 and ZeRO-3
 use the shipped configs/deepspeed/*.json (ZeRO-3 offloads optimizer and parameters to the CPU).
 """
@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, assert_ok, run_cli, run_script, write_config
+from tests.conftest import REPO, assert_ok, run_script, write_config
 from tests.distributed.runs import derive_config as _cfg
 from tests.distributed.runs import final_weights as final
-from tests.distributed.runs import max_delta, metric as metrics
+from tests.distributed.runs import max_delta
+from tests.distributed.runs import metric as metrics
+from tests.distributed.workers.train_many import output_of
 
 pytest.importorskip("deepspeed")
 
@@ -59,8 +61,10 @@ def runs(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
              training__max_steps=2),
     ]
     paths = [str(write_config(root / f"{i}.yaml", c)) for i, c in enumerate(configs)]
-    proc = run_script(WORKERS / "train_many.py", nproc=2, args=paths, timeout=500)
+    seed_guide = str(_seed_guide_config(micro_model, root))  # one more run in the same launch
+    proc = run_script(WORKERS / "train_many.py", nproc=2, args=[*paths, seed_guide], timeout=600)
     assert_ok(proc)
+    (root / "seed_guide.stderr").write_text(output_of(proc.stderr, seed_guide))
     return root
 
 
@@ -96,27 +100,31 @@ def test_bf16_trains(runs: Path) -> None:
     assert len(loss) == 2 and all(math.isfinite(x) for x in loss)
 
 
-def test_seed_guide_zero2_json_trains(micro_model: Path, tmp_path: Path) -> None:
+def _seed_guide_config(micro_model: Path, root: Path) -> Path:
     """The seed guide's own zero2.json (optimizer AdamW, scheduler WarmupLR, fp16, concrete batch sizes;
-    train_batch_size set for these 2 processes) trains 2 steps: its values are read into training.*
-    (each said once, by rank 0), fp16 is said to be ignored on CPU, the engine gets alignkit's AdamW."""
+    train_batch_size set for these 2 processes) as a run of 2 steps."""
     seed = json.loads((REPO / "tests/unit/fixtures/seed_deepspeed/zero2.json").read_text())
     seed.update(train_batch_size=8, train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=2)
     seed["scheduler"]["params"]["warmup_num_steps"] = 4
-    ds = tmp_path / "zero2.json"
+    ds = root / "zero2.json"
     ds.write_text(json.dumps(seed))
-    cfg = {"algorithm": "sft", "output_dir": str(tmp_path / "run"), "model_name_or_path": str(micro_model),
+    cfg = {"algorithm": "sft", "output_dir": str(root / "seed_guide"), "model_name_or_path": str(micro_model),
            "deepspeed": str(ds), "max_steps": 2,
            "data": {"train": "builtin:sft_train.jsonl", "max_length": 64, "max_train_examples": 32},
            "logging": {"logging_steps": 1, "report_to": ["console", "jsonl"]}}
-    proc = run_cli(["train", str(write_config(tmp_path / "c.yaml", cfg))], nproc=2, timeout=300)
-    assert_ok(proc)
+    return write_config(root / "seed_guide.yaml", cfg)
+
+
+def test_seed_guide_zero2_json_trains(runs: Path) -> None:
+    """The seed guide's zero2.json trains 2 steps: its values are read into training.* (each said once, by rank
+    0), fp16 is said to be ignored on CPU, the engine gets alignkit's AdamW (the run's own lines of the launch)."""
+    stderr = (runs / "seed_guide.stderr").read_text()
     for line in ("config: zero2.json optimizer AdamW read as training.learning_rate=3e-05",
-                 "config: zero2.json scheduler WarmupLR read as training.lr_scheduler=constant, "
-                 "training.warmup_steps=4",
+                 ("config: zero2.json scheduler WarmupLR read as training.lr_scheduler=constant, "
+                  "training.warmup_steps=4"),
                  "config: zero2.json batch read as training.per_device_batch_size=2",
                  "config: zero2.json fp16.enabled=true is ignored on this CPU run",
                  "Effective batch size: 8 (per_device=2 x accumulation=2 x 2 processes)"):
-        assert proc.stderr.count(line) == 1, line
-    assert metrics(tmp_path / "run", "lr") == pytest.approx([3e-5 / 4, 2 * 3e-5 / 4])  # linear warmup, 4 steps
-    assert all(math.isfinite(x) for x in metrics(tmp_path / "run", "loss"))
+        assert stderr.count(line) == 1, (line, stderr[-3000:])
+    assert metrics(runs / "seed_guide", "lr") == pytest.approx([3e-5 / 4, 2 * 3e-5 / 4])  # linear warmup, 4 steps
+    assert all(math.isfinite(x) for x in metrics(runs / "seed_guide", "loss"))

@@ -10,19 +10,24 @@ from pathlib import Path
 import pytest
 
 from alignkit.models.tiny import build_tiny_model
-from tests.conftest import assert_ok, run_cli
+from tests.conftest import assert_ok, run_script
 from tests.integration.test_distill_cli import args
 
 pytestmark = pytest.mark.distributed
+
+TRAIN_MANY = Path(__file__).parent / "workers" / "train_many.py"
 
 
 @pytest.mark.slow(seconds=60)
 def test_chunked_distill_under_ddp_equals_the_full_path(micro_model: Path, tmp_path: Path) -> None:
     teacher = build_tiny_model(tmp_path / "teacher", size="micro", seed=1)
+    runs = {"full": [], "chunked": ["distill.chunk_tokens=5"]}
+    # both runs in ONE torchrun launch (workers/train_many.py takes a config and its overrides per run)
+    launch = [a for name, extra in runs.items() for a in args(micro_model, teacher, tmp_path / name, "distill.beta=0.5",
+                                                                "distributed.strategy=ddp", *extra)[1:]]
+    assert_ok(run_script(TRAIN_MANY, nproc=2, args=launch, timeout=300))
     logged = {}
-    for name, extra in (("full", []), ("chunked", ["distill.chunk_tokens=5"])):
-        assert_ok(run_cli(args(micro_model, teacher, tmp_path / name, "distill.beta=0.5", "distributed.strategy=ddp",
-                               *extra), nproc=2))
+    for name in runs:
         rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         logged[name] = [(r["loss"], r["grad_norm"]) for r in rows if "distill_divergence" in r]
     assert len(logged["full"]) == len(logged["chunked"]) == 2

@@ -20,8 +20,8 @@ WORKER = Path(__file__).parent / "workers" / "online_rl.py"
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
-def test_statistics_across_ranks(micro_model: Path, tmp_path: Path) -> None:
-    assert_ok(run_script(WORKER, nproc=2, timeout=300, args=[str(micro_model), str(tmp_path), "stats"]))
+def test_statistics_across_ranks(cases_root: Path) -> None:
+    tmp_path = cases_root / "stats"  # the worker's stats mode, run first in the 2-process cases' launch
     r0, r1 = (json.loads((tmp_path / f"stats_{r}.json").read_text()) for r in (0, 1))
     for r in (r0, r1):
         assert r["gathered_equal"]
@@ -47,13 +47,15 @@ CASES = {"ppo_lag-ddp": ("ppo_lag", "ddp", 2, []), "grpo-fsdp": ("grpo", "fsdp",
 @pytest.fixture(scope="module")
 def cases_root(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every case's runs, in ROOT/CASE: one launch per process count (the 2-process cases one after another in the
-    same process group: a launch's start-up costs more than a case)."""
+    same process group: a launch's start-up costs more than a case); the 2-process launch first writes the
+    statistics checks of test_statistics_across_ranks into ROOT/stats."""
     root = tmp_path_factory.mktemp("online_resume")
     for nproc in sorted({c[2] for c in CASES.values()}):
         cases = {name: [algo, strategy, extra] for name, (algo, strategy, n, extra) in CASES.items()
                  if n == nproc and (strategy != "deepspeed" or HAS_DEEPSPEED)}
         assert_ok(run_script(WORKER, nproc=nproc, timeout=900,
-                             args=[str(micro_model), str(root), "cases", json.dumps(cases)]))
+                             args=[str(micro_model), str(root), "stats+cases" if nproc == 2 else "cases",
+                                   json.dumps(cases)]))
     return root
 
 

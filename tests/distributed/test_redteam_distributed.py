@@ -7,6 +7,8 @@ with the micro model as attacker and target, and a scorer that is a known functi
 * VaR, reward mean / std and the advantage statistics are the same on both ranks;
 * 2 processes == 1 process (greedy attacks, global statistics: the same samples): same losses, weights;
 * a resumed run continues exactly, attacks.jsonl and top_attacks.md included.
+
+Every 2-process run shares one torchrun launch (the ``launched`` fixture).
 """
 
 from __future__ import annotations
@@ -26,15 +28,40 @@ WORKER = Path(__file__).parent / "workers" / "redteam.py"
 TIMING = ("rollout_s", "update_s")
 
 
-def run(micro_model: Path, out: Path, nproc: int, *overrides: str) -> list[list[dict]]:
-    out.mkdir(parents=True, exist_ok=True)
-    assert_ok(run_script(WORKER, nproc=nproc, timeout=300, args=[str(micro_model), str(out), "run", *overrides]))
+#: the 2-process runs of this file (folder: mode and overrides), all in ONE torchrun launch (``launched``); the
+#: resume first: a ``run`` leaves its rollout spy and score log in place for what follows in the process
+GREEDY = ("rollout.temperature=0", "redteam.statistics=global")  # the same attacks whatever the rank seeds
+TWO_PROCESS = {"resume": ("resume",), "main": ("run", "redteam.placement=main"),
+               "local": ("run", "redteam.placement=local"), "two": ("run", *GREEDY),
+               "multi_turn": ("run", "redteam.turns=2")}
+
+
+@pytest.fixture(scope="module")
+def launched(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every run of TWO_PROCESS under ``root/<name>``, one after another in one launch of the worker."""
+    root = tmp_path_factory.mktemp("redteam")
+    args = [str(micro_model)]
+    for name, (mode, *overrides) in TWO_PROCESS.items():
+        (root / name).mkdir()
+        args += [*(["::"] if len(args) > 1 else []), str(root / name), mode, *overrides]
+    assert_ok(run_script(WORKER, nproc=2, timeout=900, args=args))
+    return root
+
+
+def ranks_of(out: Path, nproc: int = 2) -> list[list[dict]]:
     return [json.loads((out / f"ranks_{r}.json").read_text()) for r in range(nproc)]
 
 
+def run(micro_model: Path, out: Path, nproc: int, *overrides: str) -> list[list[dict]]:
+    out.mkdir(parents=True, exist_ok=True)
+    assert_ok(run_script(WORKER, nproc=nproc, timeout=300, args=[str(micro_model), str(out), "run", *overrides]))
+    return ranks_of(out, nproc)
+
+
 @pytest.mark.parametrize("placement", ["main", "local"])
-def test_each_rank_trains_on_the_scores_of_its_own_samples(micro_model: Path, tmp_path: Path, placement: str) -> None:
-    ranks = run(micro_model, tmp_path, 2, f"redteam.placement={placement}")
+def test_each_rank_trains_on_the_scores_of_its_own_samples(launched: Path, placement: str) -> None:
+    tmp_path = launched / placement
+    ranks = ranks_of(tmp_path)
     scored = {p.name: p.read_text().split("\n")[:-1] for p in tmp_path.glob("scored.*")}
     if placement == "main":  # rank 0 alone, every sample of both ranks, once per iteration
         assert scored == {"scored.0": ["0 12"] * 4}
@@ -59,22 +86,20 @@ def test_each_rank_trains_on_the_scores_of_its_own_samples(micro_model: Path, tm
     assert [r["advantage"] for r in rows] == pytest.approx([s["advantage"] for s in mine], abs=1e-6)
 
 
-def test_two_processes_equal_one(micro_model: Path, tmp_path: Path) -> None:
-    greedy = ("rollout.temperature=0", "redteam.statistics=global")  # the same attacks whatever the rank seeds
-    one = run(micro_model, tmp_path / "one", 1, *greedy)[0]
-    two = run(micro_model, tmp_path / "two", 2, *greedy)[0]
+def test_two_processes_equal_one(micro_model: Path, launched: Path, tmp_path: Path) -> None:
+    one = run(micro_model, tmp_path / "one", 1, *GREEDY)[0]
+    two = ranks_of(launched / "two")[0]
     for a, b in zip(one, two):
         for key in ("var", "reward_mean", "reward_std", "advantage_std", "toxicity_mean", "similarity_mean"):
             assert a["stats"][key] == pytest.approx(b["stats"][key], abs=1e-9), key
-    la, lb = (json.loads((tmp_path / d / "losses.json").read_text()) for d in ("one", "two"))
+    la, lb = (json.loads((d / "losses.json").read_text()) for d in (tmp_path / "one", launched / "two"))
     assert la == pytest.approx(lb, abs=1e-6)
-    wa, wb = (load_file(str(tmp_path / d / "run" / "final" / "model.safetensors")) for d in ("one", "two"))
+    wa, wb = (load_file(str(d / "run" / "final" / "model.safetensors")) for d in (tmp_path / "one", launched / "two"))
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5
 
 
-def test_resume_is_exact(micro_model: Path, tmp_path: Path) -> None:
-    assert_ok(run_script(WORKER, nproc=2, timeout=400, args=[str(micro_model), str(tmp_path), "resume"]))
-    report = json.loads((tmp_path / "report.json").read_text())
+def test_resume_is_exact(launched: Path) -> None:
+    report = json.loads((launched / "resume" / "report.json").read_text())
     assert len(report["straight"]) == 4 and report["resumed"] == pytest.approx(report["straight"][2:], abs=1e-9)
     assert report["weights"] == 0.0 and report["attacks_equal"] and report["top_equal"]
 
@@ -95,11 +120,12 @@ def test_a_failing_scorer_on_rank_0_stops_every_rank(micro_model: Path, tmp_path
     assert proc.stderr.count("the judge's server is down") == 1, proc.stderr[-3000:]  # said once, by rank 0
 
 
-def test_multi_turn_each_rank_trains_on_its_own_conversations(micro_model: Path, tmp_path: Path) -> None:
+def test_multi_turn_each_rank_trains_on_its_own_conversations(launched: Path) -> None:
     """``redteam.turns: 2`` (the micro target reading each conversation through its chat template): rank 0 alone
     scores every answer of both ranks (12 conversations x 2 turns), each rank trains on the toxicity of ITS OWN
     conversations at their riskiest turn, and every statistic is the same on both ranks."""
-    ranks = run(micro_model, tmp_path, 2, "redteam.turns=2")
+    tmp_path = launched / "multi_turn"
+    ranks = ranks_of(tmp_path)
     scored = {p.name: p.read_text().split("\n")[:-1] for p in tmp_path.glob("scored.*")}
     assert scored == {"scored.0": ["0 24"] * 4}
     for seen in ranks:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -104,17 +103,17 @@ def test_ddp_equals_single_and_accumulation_invariance(base: dict[str, Any], tmp
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_exact_resume(base: dict[str, Any], tmp_path: Path, nproc: int) -> None:
     per_device = 4 // nproc
-    over = dict(training__max_steps=6, training__per_device_batch_size=per_device,
-                training__lr_scheduler="cosine", training__warmup_steps=2,
-                checkpoint__save_steps=3, checkpoint__save_final=True)
-    straight = train(base, tmp_path, "straight", nproc=nproc, **over)
-    assert (straight / "checkpoint-3" / "trainer_state.json").is_file()
-    # "stop after 3 steps": a fresh output dir holding only the step-3 checkpoint, then resume
-    resumed_dir = tmp_path / "resumed"
-    resumed_dir.mkdir()
-    shutil.copytree(straight / "checkpoint-3", resumed_dir / "checkpoint-3")
-    (resumed_dir / "latest").write_text("checkpoint-3")
-    resumed = train(base, tmp_path, "resumed", nproc=nproc, checkpoint__resume_from="latest", **over)
+    over = {"training__max_steps": 6, "training__per_device_batch_size": per_device,
+            "training__lr_scheduler": "cosine", "training__warmup_steps": 2, "checkpoint__save_steps": 3,
+            "checkpoint__save_final": True}
+    # "stop after 3 steps": a run into a fresh output dir resumed from the straight run's step-3 checkpoint; on 2
+    # processes both runs share one torchrun launch (the second starts after the first has saved)
+    runs = {"straight": over, "resumed": {**over, "checkpoint__resume_from": str(tmp_path / "straight" / "checkpoint-3")}}
+    if nproc == 1:
+        straight, resumed = [train(base, tmp_path, name, **o) for name, o in runs.items()]
+    else:
+        straight, resumed = train_two_processes(base, tmp_path, runs).values()
+    assert (straight / "checkpoint-3" / "trainer_state.json").is_file() and not (resumed / "checkpoint-3").exists()
     assert_same_weights(weights(straight), weights(resumed), atol=0.0 if nproc == 1 else 1e-6)
     assert losses(resumed) == pytest.approx(losses(straight)[3:], abs=0.0 if nproc == 1 else 1e-6)
 

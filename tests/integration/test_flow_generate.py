@@ -39,9 +39,10 @@ def tiny_run(micro_sd3: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     return {"proc": proc, "out": out, "prompts": prompts, "base": micro_sd3}
 
 
-def _generate(target: Path, prompts: Path, out: Path, *extra: str) -> Any:
+def _generate(target: Path, prompts: Path, out: Path, *extra: str, fresh: bool = False) -> Any:
+    """``alignkit generate`` in a forked CLI child; ``fresh``: in a new interpreter (what it prints at import)."""
     proc = run_cli(["generate", str(target), str(prompts), "--out", str(out), "--num-inference-steps", "2",
-                    "--resolution", "32", *extra], fresh=True)
+                    "--resolution", "32", *extra], fresh=fresh)
     assert_ok(proc)
     return proc
 
@@ -51,7 +52,7 @@ def test_flow_train_and_generate_print_no_known_harmless_warnings_or_progress_ba
     """Before: every flow command printed transformers' 'requires torchvision' fallback notes and diffusers'
     'Loading pipeline components' bar (and generate on a LoRA run 'No LoRA keys associated to
     CLIPTextModelWithProjection') into non-terminal output."""
-    gen = _generate(tiny_run["out"] / "config.yaml", tiny_run["prompts"], tmp_path / "images")
+    gen = _generate(tiny_run["out"] / "config.yaml", tiny_run["prompts"], tmp_path / "images", fresh=True)
     for proc in (tiny_run["proc"], gen):
         text = proc.stdout + proc.stderr
         assert not [line for line in text.splitlines() if any(n in line for n in NOISE)], text

@@ -10,7 +10,8 @@ checkpoint-4; every rank writes what it saw (its lambda, the iteration statistic
 ``ranks_RUN_RANK.json``; rank 0 compares losses and final weights in ``report.json``.
 
 ``cases CASES_JSON`` ({name: [ALGO, STRATEGY, [OVERRIDE ...]]}): ``resume`` for each case, one after another in
-the same launch (a launch's start-up costs more than a case), each in OUT_DIR/name.
+the same launch (a launch's start-up costs more than a case), each in OUT_DIR/name; ``stats+cases CASES_JSON``:
+``stats`` into OUT_DIR/stats first, then the cases.
 
 Usage: ``[torchrun --nproc_per_node=2] online_rl.py MODEL_DIR OUT_DIR MODE [ALGO] [STRATEGY] [OVERRIDE ...]``
 """
@@ -148,7 +149,11 @@ if __name__ == "__main__":
     model_dir, out_dir, mode = sys.argv[1:4]
     if mode == "stats":
         stats_mode(Path(out_dir))
-    elif mode == "cases":
+    elif mode in ("cases", "stats+cases"):  # stats+cases: stats_mode into OUT_DIR/stats first, in the same launch
+        if mode == "stats+cases":
+            (Path(out_dir) / "stats").mkdir(parents=True, exist_ok=True)
+            stats_mode(Path(out_dir) / "stats")
+            comm_barrier()
         for name, (algo, strategy, extra) in json.loads(sys.argv[4]).items():
             (Path(out_dir) / name).mkdir(parents=True, exist_ok=True)
             comm_barrier()

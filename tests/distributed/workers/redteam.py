@@ -7,7 +7,8 @@ process scored how many samples (``$REDTEAM_SCORE_LOG.RANK``).
 ``resume``: a straight run (4 iterations, checkpoint at 2) and one resumed from a copy of checkpoint-2;
 rank 0 compares losses, final weights and attacks.jsonl in ``report.json``.
 
-Usage: ``[torchrun --nproc_per_node=2] redteam.py MODEL_DIR OUT_DIR MODE [OVERRIDE ...]``
+Usage: ``[torchrun --nproc_per_node=2] redteam.py MODEL_DIR OUT_DIR MODE [OVERRIDE ...] [:: OUT_DIR MODE ...]``:
+several runs, separated by ``::``, one after another in one launch (a launch's start-up costs more than a run).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def config(model_dir: str, prompts: Path, out: Path, world: int, *extra: str):
         "logging.report_to=[jsonl]", "logging.logging_steps=1", "logging.plot=false",
         f"distributed.strategy={'ddp' if world > 1 else 'single'}",
         f"redteam.target.model={model_dir}", "redteam.target.max_new_tokens=6",
-        "redteam.scorers=[{name: 'tests.plugins.redteam_parts:vowel_share_logged'}, "
-        "{name: 'tests.plugins.redteam_parts:attack_length', use: quality}]",
+        ("redteam.scorers=[{name: 'tests.plugins.redteam_parts:vowel_share_logged'}, "
+         "{name: 'tests.plugins.redteam_parts:attack_length', use: quality}]"),
         "redteam.w_cvar=0.5", "redteam.w_quality=0.5", "redteam.w_diversity=0.1", "redteam.tau=0.25", *extra,
     ])
 
@@ -103,10 +104,20 @@ def resume_mode(model_dir: str, out: Path, *extra: str) -> None:
         (out / "report.json").write_text(json.dumps(report, indent=1))
 
 
+def groups(args: list[str]) -> list[list[str]]:
+    """``OUT_DIR MODE [OVERRIDE ...]`` groups separated by ``::``."""
+    out: list[list[str]] = [[]]
+    for arg in args:
+        if arg == "::":
+            out.append([])
+        else:
+            out[-1].append(arg)
+    return out
+
+
 if __name__ == "__main__":
-    model_dir, out_dir, mode = sys.argv[1:4]
-    if mode == "run":
-        run_mode(model_dir, Path(out_dir), *sys.argv[4:])
-    else:
-        resume_mode(model_dir, Path(out_dir), *sys.argv[4:])
+    model_dir = sys.argv[1]
+    for out_dir, mode, *overrides in groups(sys.argv[2:]):  # one after another in this launch
+        (run_mode if mode == "run" else resume_mode)(model_dir, Path(out_dir), *overrides)
+        comm.barrier()
     exit_process(0, barrier=True)

@@ -10,7 +10,8 @@
   update 3 gives exactly the lambda of the uninterrupted run;
 * the same two for ``safe_dpo.lambda_update: pid`` (its integral, EMAs and delay queue are state).
 
-Usage: torchrun --nproc_per_node=2 safe_dpo_sync.py MICRO_MODEL HELPFUL_RM COST_MODEL REPORT.json
+Usage: torchrun --nproc_per_node=2 safe_dpo_sync.py MICRO_MODEL HELPFUL_RM COST_MODEL REPORT.json [CONFIG [KEY=VALUE
+...] ...]: the configs (train_many.py's arguments) then train one after another in the same launch.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def setup(paths: tuple[str, str, str], over: list[str], env: DistEnv) -> tuple[A
 
 
 def one_step(paths: tuple[str, str, str], case: str, env: DistEnv, per_device: int, ga: int) -> tuple[float, torch.Tensor]:
-    cfg, algo, strategy, models, rows = setup(paths, CASES[case] + [f"training.per_device_batch_size={per_device}",
+    _cfg, algo, strategy, models, rows = setup(paths, CASES[case] + [f"training.per_device_batch_size={per_device}",
                                                                      f"training.gradient_accumulation_steps={ga}"], env)
     algo.before_training(Context(models, strategy), rows, [])
     assert ("reward_0" in rows[0]) == (case == "cached")
@@ -150,7 +151,7 @@ def main(model: str, helpful: str, cost: str, report: str) -> None:
                     out["failures"].append(f"{case} {name}: |dloss|={dl:.3g} max|dgrad|={dg:.3g}")
             if ref_grad.norm().item() < 1e-4:
                 out["failures"].append(f"{case}: gradient ~0, the comparison says nothing")
-        a, b = every
+        a, _b = every
         out["failures"] += check_multiplier(every) + check_multiplier(every_pid, "pid ")
         if "pid" not in every_pid[0]["final"]["multiplier"]:
             out["failures"].append(f"pid state not saved: {every_pid[0]['final']}")
@@ -180,4 +181,8 @@ def check_multiplier(every: list[dict[str, Any]], what: str = "") -> list[str]:
 
 if __name__ == "__main__":
     main(*sys.argv[1:5])
+    if sys.argv[5:]:  # then training runs in the same launch, as workers/train_many.py takes them
+        from train_many import main as train_many
+
+        train_many(sys.argv[5:])
     exit_process(0, barrier=True)

@@ -3,6 +3,7 @@
 Each torchrun launch costs ~6-8 s of process start and imports, so the distributed tests put
 several runs (and their checks) into one launch. Usage: ``torchrun ... train_many.py A.yaml B.yaml``;
 a config may be followed by overrides, as ``alignkit train`` takes them: ``A.yaml key=value ... B.yaml``.
+Rank 0 marks the start of each run on stderr (``output_of`` cuts one run's lines out of the launch's).
 Ends with os._exit after destroy_process_group (gloo can abort at interpreter exit).
 """
 
@@ -15,6 +16,14 @@ import torch.distributed as dist
 
 from alignkit.config import load_config
 from alignkit.train.runner import run_train
+
+MARK = "train_many: "
+
+
+def output_of(stderr: str, path: str) -> str:
+    """The part of a launch's ``stderr`` from the start of the run of config ``path`` to the next run's start
+    (each run ends at a barrier, so both ranks' lines of a run lie between its mark and the next)."""
+    return stderr.split(f"{MARK}{path}\n", 1)[1].split(MARK, 1)[0]
 
 
 def runs(args: list[str]) -> list[tuple[str, list[str]]]:
@@ -30,6 +39,8 @@ def runs(args: list[str]) -> list[tuple[str, list[str]]]:
 
 def main(args: list[str]) -> None:
     for path, overrides in runs(args):
+        if os.environ.get("RANK", "0") == "0":  # where each run's output starts (MARK + its config path)
+            print(f"{MARK}{path}", file=sys.stderr, flush=True)
         run_train(load_config(path, overrides))
         if dist.is_initialized():
             dist.barrier()
