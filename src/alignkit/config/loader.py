@@ -351,6 +351,8 @@ def import_plugins(modules: Any) -> None:
             importlib.import_module(name)
         except ImportError as e:
             raise ConfigError(f"plugins: cannot import {name!r} ({e})") from None
+        except SyntaxError as e:  # the plugin's own file: its line, not a traceback wall
+            raise ConfigError(f"plugins: {name!r}: {e.filename}:{e.lineno}: {e.msg}") from None
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None, *, notes: bool = True) -> RunConfig:
