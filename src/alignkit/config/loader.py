@@ -27,6 +27,7 @@ from alignkit.config.schema import RunConfig
 from alignkit.config.sections import ALGORITHMS, registered_sections, require_registrations
 from alignkit.config.values import check_range as _check_range
 from alignkit.config.values import convert_scalar as _convert_scalar
+from alignkit.config.values import freeze_problem
 from alignkit.errors import ConfigError
 
 # ---------------------------------------------------------------- reading + overrides
@@ -261,6 +262,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"algorithm: unknown {cfg.algorithm!r}{hint}; choose one of {names}")
     if not cfg.model.name_or_path:
         raise ConfigError("model.name_or_path: required (a hub id or a local model directory)")
+    if problem := freeze_problem(cfg.model.freeze, cfg.model.lora):  # before any model is read
+        raise ConfigError(problem)
     if not cfg.data.train:
         raise ConfigError("data.train: required (one or more .jsonl/.parquet files or builtin:NAME)")
     t = cfg.training
