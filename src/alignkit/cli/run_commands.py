@@ -10,12 +10,11 @@ import sys
 import alignkit.algorithms  # noqa: F401  (registers the algorithms and their config sections)
 from alignkit.cli.validate_command import batch_growth_note
 from alignkit.config import RunConfig, load_config
-from alignkit.distributed.placement import check_world
 from alignkit.launch import k8s, slurm
 from alignkit.launch.args import LaunchError, check_launch_args
 from alignkit.launch.run import run_launch
 from alignkit.launch.torchrun import build_launch
-from alignkit.rollout.config import RolloutConfig
+from alignkit.train.generator_loop import check_separate_config
 from alignkit.train.runner import run_train
 
 
@@ -36,9 +35,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     plan = build_launch(args.config, args.overrides, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                         node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
                         launcher=args.launcher)
-    rollout = cfg.section(RolloutConfig)
-    if rollout.placement == "separate":  # before torchrun starts, dry run included
-        check_world(rollout.generator_processes, plan.processes)
+    check_separate_config(cfg, plan.processes)  # before torchrun starts, dry run included
     note = batch_growth_note(cfg, plan.processes)
     plan.notes += [note] if note else []
     return run_launch(plan, dry_run=args.dry_run)
