@@ -74,9 +74,9 @@ def unsplit_rollout(cfg: RunConfig, algo_cls: type) -> str | None:
     """Why ``algo_cls`` as configured cannot run under ``placement: separate`` (its rollout is not split), or None."""
     if issubclass(algo_cls, OnlineAlgorithm) and algo_cls.split_rollout(cfg) is not None:
         return None
-    return (f"the {cfg.algorithm} algorithm (as configured: e.g. grpo.dynamic_sampling) has a rollout of its own "
-            "(split so far: the default rollout, grpo_agent's and ppo_agent's; not red teaming, flow, dynamic "
-            "sampling)")
+    return (f"the {cfg.algorithm} algorithm, as configured, has a rollout of its own, not split yet (split so far: "
+            "the default rollout, grpo_agent's and ppo_agent's; not red teaming, flow, dynamic sampling: "
+            "grpo.dynamic_sampling)")
 
 
 def check_separate_config(cfg: RunConfig, processes: int | None = None) -> None:
