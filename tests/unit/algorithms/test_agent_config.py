@@ -89,3 +89,21 @@ def test_a_row_without_the_environments_field_is_refused_when_read(micro_model: 
         algo = ALGORITHMS.get(name)(cfg, AutoTokenizer.from_pretrained(micro_model))
         with pytest.raises(DataError, match=r"rows\.jsonl:2: missing field 'answer'"):
             algo.data.build_dataset([str(rows)], "train")
+
+
+def test_a_plugin_that_raises_or_registers_a_taken_name_is_one_line(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin that registers an environment name already taken, or raises while imported, is one line naming its
+    own file and line and the exception (they were tracebacks)."""
+    from alignkit.errors import ConfigError
+
+    (tmp_path / "taken_env_plugin.py").write_text(
+        "from alignkit.rollout.agents.env import ToolEnvironment, register_environment\n\n\n"
+        "@register_environment('calculator')\nclass Mine(ToolEnvironment):\n    pass\n")
+    (tmp_path / "raising_env_plugin.py").write_text("import os\nx = 1 / 0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, want in (("taken_env_plugin", r"py:4: ValueError: environment 'calculator' is registered twice"),
+                       ("raising_env_plugin", r"py:2: ZeroDivisionError: division by zero")):
+        with pytest.raises(ConfigError, match=rf"plugins: importing '{name}' failed at .*{name}\.{want}"):
+            load_config(RECIPE, [f"plugins=[{name}]"], notes=False)
