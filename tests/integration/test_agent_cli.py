@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import assert_ok, run_cli, write_config
+from tests.conftest import assert_ok, child_env, run_cli, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -33,9 +37,20 @@ def logged(run: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
 
 
-def test_resume_is_exact(micro_model: Path, tmp_path: Path) -> None:
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert_ok(run_cli(["train", str(config(micro_model, straight))]))
+@pytest.fixture(scope="module")
+def straight(micro_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run (4 iterations, checkpoints at 2 and 4) both resume tests compare with."""
+    out = tmp_path_factory.mktemp("agent") / "straight"
+    assert_ok(run_cli(["train", str(config(micro_model, out))]))
+    return out
+
+
+def final_weights(run: Path) -> dict:
+    return load_file(str(run / "final" / "model.safetensors"))
+
+
+def test_resume_is_exact(micro_model: Path, tmp_path: Path, straight: Path) -> None:
+    resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-2", resumed / "checkpoint-2")
     (resumed / "latest").write_text("checkpoint-2")
@@ -46,7 +61,28 @@ def test_resume_is_exact(micro_model: Path, tmp_path: Path) -> None:
         assert a[step]["loss"] != 0.0 and a[step]["reward_mean"] == 0.5
         for key in ("loss", "grad_norm", "entropy", "reward_mean", "advantage_std", "agent/turns"):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-6, abs=1e-9), key
-    wa, wb = (load_file(str(r / "final" / "model.safetensors")) for r in (straight, resumed))
+    wa, wb = final_weights(straight), final_weights(resumed)
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= 1e-6
+
+
+def test_sigkill_after_a_checkpoint_then_resume_finishes(micro_model: Path, tmp_path: Path, straight: Path) -> None:
+    """A grpo_agent run killed with SIGKILL once its first checkpoint is written resumes from ``latest`` and
+    finishes: every step logged once, the final weights those of the uninterrupted run (a crash test of the
+    newest features: the kill lands anywhere after checkpoint-1, in a rollout, an update or a later save)."""
+    out = tmp_path / "killed"
+    cfg = config(micro_model, out, save_steps=1, resume_from="latest")
+    proc = subprocess.Popen([sys.executable, "-m", "alignkit", "train", str(cfg)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=child_env())
+    deadline = time.monotonic() + 120
+    while not (out / "latest").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "final").exists(), "the run ended before it was killed"
+    assert_ok(run_cli(["train", str(cfg)]))
+    steps = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert steps == [1, 2, 3, 4]
+    wa, wb = final_weights(straight), final_weights(out)
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= 1e-6
 
 

@@ -21,6 +21,8 @@ def reverse(text: str) -> str:
 
 @register_environment("reverse_word")
 class ReverseWord(ToolEnvironment):
+    row_fields = ("answer",)  # a row without it is refused as the data is read
+
     def functions(self) -> list:
         return [reverse]
 

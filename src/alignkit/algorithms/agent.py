@@ -61,6 +61,14 @@ class AgentConfig:
         TOOL_CALL_PARSERS.get(self.tool_call_parser)
 
 
+def open_environment(algo: Any, a: AgentConfig, tokenizer: Any) -> tuple[Any, MessageRenderer]:
+    """The ``agent:`` section's environment and its renderer (tools' schemas to the chat template); the
+    algorithm's prompt rows must then carry the environment's ``row_fields`` (checked as the data is read)."""
+    env = ENVIRONMENTS.get(a.env)(a.env_args, tool_timeout_s=a.tool_timeout_s, tool_call_parser=a.tool_call_parser)
+    algo.data.required = env.row_fields
+    return env, MessageRenderer(tokenizer, env.schemas())
+
+
 class AgentGRPO(GroupRelative):
     """``grpo_agent``: GRPO's update on multi-turn trajectories of the ``agent:`` section's environment."""
 
@@ -75,9 +83,7 @@ class AgentGRPO(GroupRelative):
         self.agent = a
         if cfg.section(GRPOConfig).loss_aggregation == "auto" and a.estimator != "dr_grpo":
             self.group.aggregation = "token_mean"  # sequence_mean would count the environment's ids
-        self.env = ENVIRONMENTS.get(a.env)(a.env_args, tool_timeout_s=a.tool_timeout_s,
-                                           tool_call_parser=a.tool_call_parser)
-        self.renderer = MessageRenderer(tokenizer, self.env.schemas())
+        self.env, self.renderer = open_environment(self, a, tokenizer)
 
     @classmethod
     def split_rollout(cls, cfg: RunConfig) -> str | None:

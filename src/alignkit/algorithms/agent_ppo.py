@@ -14,13 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from alignkit.algorithms.agent import AgentConfig, AgentGRPO, agent_stats
+from alignkit.algorithms.agent import AgentConfig, AgentGRPO, agent_stats, open_environment
 from alignkit.algorithms.ppo import PPO, PPOConfig
 from alignkit.config.schema import RunConfig
 from alignkit.rewards.signals import gather_scores
 from alignkit.rollout.agents.credit import policy_token_gae, turn_token_rewards
-from alignkit.rollout.agents.env import ENVIRONMENTS
-from alignkit.rollout.agents.render import MessageRenderer
 from alignkit.rollout.agents.trajectory import Trajectory
 from alignkit.rollout.context import Experience, LazyBatches, RolloutContext
 from alignkit.rollout.experience import Sample
@@ -52,9 +50,7 @@ class AgentPPO(PPO):
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         super().__init__(cfg, tokenizer)
         a = self.agent = cfg.section(AgentConfig)
-        self.env = ENVIRONMENTS.get(a.env)(a.env_args, tool_timeout_s=a.tool_timeout_s,
-                                           tool_call_parser=a.tool_call_parser)
-        self.renderer = MessageRenderer(tokenizer, self.env.schemas())
+        self.env, self.renderer = open_environment(self, a, tokenizer)
 
     def rollout(self, ctx: RolloutContext) -> Experience:
         trajs, seconds = self.trajectories(ctx)

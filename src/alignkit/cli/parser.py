@@ -40,7 +40,9 @@ def with_config(sp: argparse.ArgumentParser) -> None:
 
 def _launch_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
-                    help="processes on this node (default: its GPU count, 1 without GPUs)")
+                    help="processes on this node (default: its GPU count, 1 without GPUs); with "
+                    "rollout.placement=separate the last rollout.generator_processes of all the launched processes "
+                    "generate and the others train (docs/workflows/async-rl.md)")
     sp.add_argument("--nnodes", type=int, default=None,
                     help="number of nodes (default 1; with --slurm: the allocation's, which it must equal)")
     sp.add_argument("--node-rank", "--node_rank", type=int, default=None,

@@ -14,6 +14,7 @@ from alignkit.launch import k8s, slurm
 from alignkit.launch.args import LaunchError, check_launch_args
 from alignkit.launch.run import run_launch
 from alignkit.launch.torchrun import build_launch
+from alignkit.train.generator_loop import check_separate_config
 from alignkit.train.runner import run_train
 
 
@@ -34,6 +35,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     plan = build_launch(args.config, args.overrides, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                         node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
                         launcher=args.launcher)
+    check_separate_config(cfg, plan.processes)  # before torchrun starts, dry run included
     note = batch_growth_note(cfg, plan.processes)
     plan.notes += [note] if note else []
     return run_launch(plan, dry_run=args.dry_run)

@@ -18,7 +18,7 @@ from alignkit.distributed.strategy.base import pick_backend, pick_compute_dtype,
 from alignkit.distributed.strategy.deepspeed_config import build_deepspeed_config
 from alignkit.errors import UserError
 from alignkit.models.loading import load_tokenizer
-from alignkit.train.generator_loop import trainer_processes
+from alignkit.train.generator_loop import check_separate_config, trainer_processes
 from alignkit.train.online_loop import check_groups, online_step_plan
 from alignkit.train.run_plan import StepPlan, plan_run, plan_steps
 
@@ -45,6 +45,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def print_plan(config: str, overrides: list[str], *, world_size: int | None = None) -> None:
     cfg = load_config(config, overrides)
+    check_separate_config(cfg)
     env = read_env()
     if world_size is not None:
         env = dataclasses.replace(env, world_size=world_size, rank=0)

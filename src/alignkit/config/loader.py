@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import math
 import sys
+import traceback
 import types
 import typing
 import warnings
@@ -27,6 +29,7 @@ from alignkit.config.schema import RunConfig
 from alignkit.config.sections import ALGORITHMS, registered_sections, require_registrations
 from alignkit.config.values import check_range as _check_range
 from alignkit.config.values import convert_scalar as _convert_scalar
+from alignkit.config.values import freeze_problem
 from alignkit.errors import ConfigError
 
 # ---------------------------------------------------------------- reading + overrides
@@ -261,6 +264,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"algorithm: unknown {cfg.algorithm!r}{hint}; choose one of {names}")
     if not cfg.model.name_or_path:
         raise ConfigError("model.name_or_path: required (a hub id or a local model directory)")
+    if problem := freeze_problem(cfg.model.freeze, cfg.model.lora):  # before any model is read
+        raise ConfigError(problem)
     if not cfg.data.train:
         raise ConfigError("data.train: required (one or more .jsonl/.parquet files or builtin:NAME)")
     t = cfg.training
@@ -338,6 +343,15 @@ def native_raw(path: str | Path | None, overrides: list[str] | None = None) -> t
     return raw, notes + more + map_deepspeed_json(raw)
 
 
+def _plugin_line(name: str, e: BaseException) -> str:
+    """``file:line`` of the plugin ``name``'s own file where ``e`` came from (else the last frame outside
+    importlib's machinery)."""
+    spec = importlib.util.find_spec(name)
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<frozen")]
+    own = [f for f in frames if spec is not None and f.filename == spec.origin] or frames
+    return f"{own[-1].filename}:{own[-1].lineno}" if own else "?"
+
+
 def import_plugins(modules: Any) -> None:
     """Import the config's ``plugins`` (before its sections and algorithm are checked, since a plugin may
     register them), with the working directory importable as ``python -m`` has it."""
@@ -351,6 +365,13 @@ def import_plugins(modules: Any) -> None:
             importlib.import_module(name)
         except ImportError as e:
             raise ConfigError(f"plugins: cannot import {name!r} ({e})") from None
+        except SyntaxError as e:  # the plugin's own file: its line, not a traceback wall
+            raise ConfigError(f"plugins: {name!r}: {e.filename}:{e.lineno}: {e.msg}") from None
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the plugin's own failure (a name registered twice, a bug): one line
+            raise ConfigError(f"plugins: importing {name!r} failed at {_plugin_line(name, e)}: "
+                              f"{type(e).__name__}: {e}") from None
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None, *, notes: bool = True) -> RunConfig:

@@ -5,6 +5,7 @@ the key."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from alignkit.errors import ConfigError
@@ -54,3 +55,16 @@ def check_range(value: Any, meta: dict[str, Any], key: str) -> None:
         raise ConfigError(f"{key}: must be <= {meta['le']}, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+
+
+def freeze_problem(patterns: list[str], lora: Any) -> str | None:
+    """What is wrong with ``model.freeze`` before any model is read (one line), or None: beside ``model.lora``, or
+    an expression that is not a regular expression (one matching no parameter needs the model: models/loading.py)."""
+    if patterns and lora is not None:
+        return "model.freeze: not with model.lora (LoRA trains only its adapters already); set one of them"
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            return f"model.freeze: {pattern!r} is not a regular expression ({e})"
+    return None

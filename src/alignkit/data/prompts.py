@@ -43,10 +43,14 @@ class PromptData:
                             f"rollout.max_new_tokens ({max_new_tokens})")
         self.skipped: dict[str, int] = {}
         self.row_counts: dict[str, RowCounts] = {}
+        #: fields every row needs besides the prompt (an agent environment's ``row_fields``): checked per row
+        self.required: tuple[str, ...] = ()
 
     def convert(self, row: Row) -> dict[str, Any]:
         column = self.cfg.prompt_column
         prompt = require_field(row, column)
+        for name in self.required:
+            require_field(row, name)
         if isinstance(prompt, list):
             prompt = require_messages(row, column)
         elif not isinstance(prompt, str) or not prompt.strip():

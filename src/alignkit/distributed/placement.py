@@ -58,14 +58,20 @@ class Placement:
         return self.env.rank - self.trainers
 
 
+def check_world(generators: int, world_size: int) -> None:
+    """One line when the launched world leaves no trainer (``alignkit launch`` checks it before starting torchrun,
+    every rank again in :func:`split_world`)."""
+    if world_size <= generators:
+        raise ConfigError(f"rollout.placement: separate needs more processes than rollout.generator_processes "
+                          f"({generators}): the launcher starts {world_size}; start more (--nproc-per-node, "
+                          f"--nnodes) or lower rollout.generator_processes")
+
+
 def split_world(generators: int, backend: str, device: torch.device, timeout_minutes: float = 30) -> Placement:
     """Join the launched world and split it (module docstring). Every rank calls it once, before its Strategy is
     set up (which then finds the process group made). ``backend``: the world's (nccl | gloo)."""
     env = read_launch_env()
-    if env.world_size <= generators:
-        raise ConfigError(f"rollout.placement: separate needs more processes than rollout.generator_processes "
-                          f"({generators}): the launcher started {env.world_size}; start more (torchrun "
-                          f"--nproc_per_node) or lower rollout.generator_processes")
+    check_world(generators, env.world_size)
     if not dist.is_initialized():
         kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(minutes=timeout_minutes)}
         if device.type == "cuda":

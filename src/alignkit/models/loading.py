@@ -13,6 +13,7 @@ from torch import nn
 
 from alignkit.config.schema import LoraConfig as LoraSection
 from alignkit.config.schema import ModelConfig
+from alignkit.config.values import freeze_problem
 from alignkit.errors import ModelError
 from alignkit.models.adapter_dirs import adapter_base, is_adapter_dir
 from alignkit.models.attention import PACKED_CHOICES, check_installed, resolve
@@ -150,14 +151,11 @@ def freeze_parameters(model: nn.Module, cfg: ModelConfig) -> None:
     an expression that finds none, or freezing beside LoRA, is one line naming the key."""
     import re
 
-    if cfg.lora is not None:
-        raise ModelError("model.freeze: not with model.lora (LoRA trains only its adapters already); set one of them")
+    if problem := freeze_problem(cfg.freeze, cfg.lora):
+        raise ModelError(problem)
     params = dict(model.named_parameters())
     for pattern in cfg.freeze:
-        try:
-            found = [n for n in params if re.search(pattern, n)]
-        except re.error as e:
-            raise ModelError(f"model.freeze: {pattern!r} is not a regular expression ({e})") from None
+        found = [n for n in params if re.search(pattern, n)]
         if not found:
             tops = sorted({".".join(n.split(".")[:2 if n.startswith("model.") else 1]) for n in params})
             raise ModelError(f"model.freeze: {pattern!r} matches no parameter of this {type(model).__name__}; its "

@@ -41,6 +41,7 @@ from alignkit.distributed.placement import (
     Placement,
     broadcast_start,
     check_base,
+    check_world,
     frozen_tensors,
     pull_weights,
     send_object,
@@ -69,25 +70,44 @@ from alignkit.train.step import TrainState
 SEPARATE_STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
 
 
+def unsplit_rollout(cfg: RunConfig, algo_cls: type) -> str | None:
+    """Why ``algo_cls`` as configured cannot run under ``placement: separate`` (its rollout is not split), or None."""
+    if issubclass(algo_cls, OnlineAlgorithm) and algo_cls.split_rollout(cfg) is not None:
+        return None
+    return (f"the {cfg.algorithm} algorithm, as configured, has a rollout of its own, not split yet (split so far: "
+            "the default rollout, grpo_agent's and ppo_agent's; not red teaming, flow, dynamic sampling: "
+            "grpo.dynamic_sampling)")
+
+
+def check_separate_config(cfg: RunConfig, processes: int | None = None) -> None:
+    """What ``alignkit validate`` and ``alignkit launch`` (its dry run too) can refuse of ``placement: separate``
+    from the config alone, before any process starts: an algorithm whose rollout is not split, and (``processes``:
+    the launched world, when known) a world with no trainer left. The runner checks the rest (:func:`check_separate`)."""
+    r = cfg.section(RolloutConfig)
+    if r.placement != "separate":
+        return
+    if why := unsplit_rollout(cfg, ALGORITHMS.get(cfg.algorithm)):
+        raise ConfigError(f"rollout.placement: separate: {why}; use placement: colocated")
+    if processes is not None:
+        check_world(r.generator_processes, processes)
+
+
 def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy: str, generators: int,
                    global_batch: int) -> None:
     """What ``placement: separate`` supports so far, each refusal one line: an algorithm whose rollout splits
     (``OnlineAlgorithm.split_rollout``: the default one, grpo_agent's and ppo_agent's), a token policy (kind lm; full weights or
     LoRA, whose adapters alone travel) under single / ddp / fsdp / deepspeed, and an iteration's completions that
     split evenly over the generators."""
-    why = None
     policy = next(s for s in workload.specs if s.trainable)
-    if not issubclass(algo_cls, OnlineAlgorithm) or algo_cls.split_rollout(cfg) is None:
-        why = (f"the {cfg.algorithm} algorithm (as configured: e.g. grpo.dynamic_sampling) has a rollout of its own "
-               "(split so far: the default rollout, grpo_agent's and ppo_agent's; not red teaming, flow, dynamic "
-               "sampling)")
-    elif policy.kind != "lm":
-        why = f"the policy must be a language model (kind lm) for now, not kind {policy.kind}"
-    elif strategy not in SEPARATE_STRATEGIES:
-        why = f"the trainers' strategy must be one of {', '.join(SEPARATE_STRATEGIES)} for now, not {strategy}"
-    elif global_batch % generators:
-        why = (f"an iteration's {global_batch} completions must split evenly over rollout.generator_processes "
-               f"({generators})")
+    why = unsplit_rollout(cfg, algo_cls)
+    if why is None:
+        if policy.kind != "lm":
+            why = f"the policy must be a language model (kind lm) for now, not kind {policy.kind}"
+        elif strategy not in SEPARATE_STRATEGIES:
+            why = f"the trainers' strategy must be one of {', '.join(SEPARATE_STRATEGIES)} for now, not {strategy}"
+        elif global_batch % generators:
+            why = (f"an iteration's {global_batch} completions must split evenly over rollout.generator_processes "
+                   f"({generators})")
     if why:
         raise ConfigError(f"rollout.placement: separate: {why}; use placement: colocated")
 

@@ -64,3 +64,46 @@ def test_env_args_reach_the_environment(micro_model: Path) -> None:
                        ("{digits: 2}", r"agent\.env_args: unknown key\(s\) \['digits'\]")):
         with pytest.raises(ConfigError, match=match):
             ALGORITHMS.get("grpo_agent")(load_config(RECIPE, [*base, f"agent.env_args={bad}"], notes=False), tok)
+
+
+def test_plugin_with_a_syntax_error_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``plugins:`` file that does not parse names its file and line (it was a SyntaxError traceback)."""
+    from alignkit.errors import ConfigError
+
+    (tmp_path / "broken_env_plugin.py").write_text("import os\ndef f(:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"plugins: 'broken_env_plugin': .*broken_env_plugin\.py:2: invalid syntax"):
+        load_config(RECIPE, ["plugins=[broken_env_plugin]"], notes=False)
+
+
+def test_a_row_without_the_environments_field_is_refused_when_read(micro_model: Path, tmp_path: Path) -> None:
+    """The calculator environment reads ``row["answer"]`` (``row_fields``): a row without it is one line naming the
+    file and row as the data set is read, before any rollout (it was a KeyError mid-rollout)."""
+    from alignkit.errors import DataError
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "What is 2*3?", "answer": "6"}\n{"prompt": "What is 4*5?"}\n')
+    for name in ("grpo_agent", "ppo_agent"):
+        cfg = load_config(RECIPE, [f"model.name_or_path={micro_model}", f"algorithm={name}"], notes=False)
+        algo = ALGORITHMS.get(name)(cfg, AutoTokenizer.from_pretrained(micro_model))
+        with pytest.raises(DataError, match=r"rows\.jsonl:2: missing field 'answer'"):
+            algo.data.build_dataset([str(rows)], "train")
+
+
+def test_a_plugin_that_raises_or_registers_a_taken_name_is_one_line(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin that registers an environment name already taken, or raises while imported, is one line naming its
+    own file and line and the exception (they were tracebacks)."""
+    from alignkit.errors import ConfigError
+
+    (tmp_path / "taken_env_plugin.py").write_text(
+        "from alignkit.rollout.agents.env import ToolEnvironment, register_environment\n\n\n"
+        "@register_environment('calculator')\nclass Mine(ToolEnvironment):\n    pass\n")
+    (tmp_path / "raising_env_plugin.py").write_text("import os\nx = 1 / 0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, want in (("taken_env_plugin", r"py:4: ValueError: environment 'calculator' is registered twice"),
+                       ("raising_env_plugin", r"py:2: ZeroDivisionError: division by zero")):
+        with pytest.raises(ConfigError, match=rf"plugins: importing '{name}' failed at .*{name}\.{want}"):
+            load_config(RECIPE, [f"plugins=[{name}]"], notes=False)

@@ -201,3 +201,18 @@ def test_dict_field_from_yaml_and_override(tmp_path: Path) -> None:
     assert cfg.agent.env_args == {"tool": "calc", "extra": 1}
     with pytest.raises(ConfigError, match=r"^agent\.env_args: expected a mapping .*got 'calc'$"):
         load_config(write_config(tmp_path / "c.yaml", raw), ["agent.env_args=calc"], notes=False)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["model.freeze=['(']"], r"model\.freeze: '\(' is not a regular expression \(missing \), unterminated"),
+    (["model.freeze=[embed_tokens]", "model.lora={r: 4}"], r"model\.freeze: not with model\.lora"),
+])
+def test_a_freeze_that_cannot_apply_is_refused_at_load(extra: list[str], message: str) -> None:
+    """``model.freeze`` beside LoRA, or not a regular expression, is one line when the config is read (``alignkit
+    validate`` too), not only once the model is loaded; a valid list passes (a pattern matching no parameter
+    needs the model: tests/integration/test_freeze.py)."""
+    sft = REPO / "configs" / "sft.yaml"
+    with pytest.raises(ConfigError, match=message):
+        load_config(sft, extra, notes=False)
+    assert load_config(sft, ["model.freeze=[embed_tokens, 'layers\\.0\\.']"], notes=False).model.freeze == [
+        "embed_tokens", "layers\\.0\\."]

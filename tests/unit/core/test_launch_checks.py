@@ -164,3 +164,31 @@ def test_help_lists_the_algorithms_the_recipes_and_the_docs() -> None:
     assert "sft.yaml" in recipes() and "grpo.yaml" in recipes()
     assert all(name in text for name in recipes())
     assert "documentation: docs/index.md" in text
+
+
+def test_separate_placement_without_a_trainer_is_refused_before_torchrun(capsys: pytest.CaptureFixture[str]) -> None:
+    """``rollout.generator_processes`` as large as the launched world leaves no trainer: `alignkit launch` (its dry
+    run too) says so in one line before starting torchrun (it printed the command and every rank failed after
+    start-up); one fewer generator passes."""
+    grpo = str(REPO / "configs" / "grpo.yaml")
+    sep = ["rollout.placement=separate", "rollout.generator_processes=2"]
+    line = one_line(capsys, ["launch", "--dry-run", "--nproc-per-node", "2", grpo, *sep])
+    assert "rollout.generator_processes (2): the launcher starts 2" in line
+    assert "the launcher starts 4" in one_line(capsys, ["launch", "--dry-run", "--nnodes", "2", "--nproc-per-node",
+                                                        "2", "--node-rank", "0", "--master-addr", "n0", grpo,
+                                                        "rollout.placement=separate", "rollout.generator_processes=4"])
+    assert main(["launch", "--dry-run", "--nproc-per-node", "3", grpo, *sep]) == 0
+
+
+def test_separate_placement_of_an_unsplit_rollout_is_refused_by_validate_and_dry_run(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Red teaming (or GRPO with DAPO's dynamic sampling) has a rollout of its own that separate placement does not
+    split yet: `alignkit validate` and `alignkit launch --dry-run` now say so in the runner's one line (they passed,
+    and only the started ranks refused)."""
+    redteam = str(REPO / "configs" / "redteam.yaml")
+    want = "alignkit: error: rollout.placement: separate: the redteam algorithm"
+    assert one_line(capsys, ["launch", "--dry-run", "--nproc-per-node", "2", redteam,
+                             "rollout.placement=separate"]).startswith(want)
+    assert one_line(capsys, ["validate", redteam, "rollout.placement=separate"]).startswith(want)
+    grpo = [str(REPO / "configs" / "grpo.yaml"), "rollout.placement=separate", "grpo.dynamic_sampling=true"]
+    assert "the grpo algorithm" in one_line(capsys, ["validate", *grpo])

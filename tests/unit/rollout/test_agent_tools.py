@@ -108,3 +108,26 @@ def test_environment_registry_names_the_closest() -> None:
     assert ENVIRONMENTS.get("test_echo_env") is Echo and Echo().schemas() is None
     with pytest.raises(UnknownNameError, match="calculator"):
         ENVIRONMENTS.get("calculater")
+
+
+def untyped(text):  # type: ignore[no-untyped-def]
+    """Reverse.
+
+    Args:
+        text: the string
+    """
+    return text[::-1]
+
+
+def undocumented(text: str) -> str:
+    return text
+
+
+@pytest.mark.parametrize("fn, why", [(untyped, "missing a type hint"), (undocumented, "no docstring")])
+def test_a_tool_without_hints_or_docstring_is_one_line(fn: object, why: str) -> None:
+    """A plugin's tool whose schema cannot be read is refused at the environment's construction in one line naming
+    the function and its file (it was transformers' exception and a traceback)."""
+    from alignkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"agent tool '{fn.__name__}' \(.*test_agent_tools\.py:\d+\): .*{why}"):
+        as_tool(fn)  # type: ignore[arg-type]

@@ -59,6 +59,8 @@ TOOLS: dict[str, Callable[..., Any]] = {"calculator": calculator, "calc": calc}
 class CalculatorEnv(ToolEnvironment):
     """Answer ``row["prompt"]``; reward 1 when the final answer's last integer equals ``row["answer"]``."""
 
+    row_fields = ("answer",)
+
     def functions(self) -> list[Callable[..., Any]]:
         unknown = sorted(set(self.settings) - {"tool"})
         if unknown:

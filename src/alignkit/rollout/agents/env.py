@@ -52,6 +52,10 @@ class Environment:
     ``step``. ``settings``: keyword settings of a subclass's own (the run builds it with none; a plugin's class
     fixes its own)."""
 
+    #: the prompt-row fields ``reset`` / ``step`` read besides the prompt (e.g. ``("answer",)``): a row without one
+    #: is refused when the data set is read, one line naming the file and row, before any rollout
+    row_fields: tuple[str, ...] = ()
+
     def __init__(self, settings: dict[str, Any] | None = None, *, tool_timeout_s: float = 5.0,
                  tool_call_parser: str = "hermes") -> None:
         self.settings = dict(settings or {})

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transformers.utils import get_json_schema
+from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
+
+from alignkit.errors import ConfigError
 
 #: what a tool call came to: ``ok`` or why not
 STATUSES = ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout")
@@ -55,8 +58,15 @@ class Tool:
 
 def as_tool(fn: Callable[..., Any], timeout_s: float = 5.0) -> Tool:
     """``fn`` as a :class:`Tool`; its every argument needs a type hint and a line in the docstring's ``Args:``
-    (``get_json_schema`` raises otherwise, at the environment's construction, not mid-run)."""
-    return Tool(fn, get_json_schema(fn), timeout_s)
+    (otherwise one line naming the function and its file, at the environment's construction, not mid-run)."""
+    try:
+        schema = get_json_schema(fn)
+    except (TypeHintParsingException, DocstringParsingException) as e:
+        code = getattr(fn, "__code__", None)
+        where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        raise ConfigError(f"agent tool {getattr(fn, '__qualname__', fn)!r}{where}: {e}; a tool needs a type hint "
+                          "on every argument and a Google-style docstring with an Args: line for each") from None
+    return Tool(fn, schema, timeout_s)
 
 
 def call_tool(tools: dict[str, Tool], call: ToolCall) -> ToolResult:
