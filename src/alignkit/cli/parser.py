@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from alignkit.constants import RECIPES_DIR
+
 #: ``tiny-model --arch sd3``: VAE fitting steps by default
 VAE_STEPS = 300
 
@@ -267,8 +269,7 @@ def command_summary(sub: argparse._SubParsersAction) -> str:
 ALGORITHM_NAMES = ("sft", "reward_model", "cost_model", "dpo", "safe_dpo", "kto", "orpo", "ppo", "ppo_lag", "grpo",
                    "dr_grpo", "rloo", "grpo_agent", "ppo_agent", "distill", "redteam", "vlm_sft", "flow_sft", "flow_grpo",
                    "flow_rtpo")
-#: the repository's configs/ (the package runs from its src/ folder), else ./configs
-RECIPES = Path(__file__).resolve().parents[3] / "configs"
+RECIPES = RECIPES_DIR  # the repository's configs/ (the package runs from its src/ folder), else ./configs
 DOCS = "docs/index.md (in the repository; `mkdocs serve` shows the site at http://127.0.0.1:8000)"
 
 
