@@ -1,199 +1,143 @@
-"""On-policy distillation against SFT on the teacher's samples, on the shipped digits task (issue 47's claim: a
-student distilled from a trained teacher closes most of the teacher's lead, faster than SFT on the teacher's
-samples).
+"""On-policy distillation against SFT on the teacher's samples, on two-digit addition (issue 47's claim: a student
+distilled from a trained teacher closes most of the teacher's lead, faster than SFT on the teacher's samples).
 
-Once: the tiny Llama, SFT on ``builtin:digits_sft_train.jsonl`` (``configs/sft_digits.yaml``: the student's start
-S0) and the teacher T: S0 SFT'd further (150 steps, the same recipe) on the training prompts with their right
-bare answers (``builtin:digits_prompts_train.jsonl``). Not the GRPO teacher of ``configs/distill.yaml``'s header:
-that one (``configs/grpo.yaml`` from S0, 60 iterations) scored 0.024 against S0's 0.005 on this evaluator, a lead
-within the evaluator's noise, so nothing could be said of closing it. Then per
-seed, from S0, the same N optimizer steps of 64 completions (prompts of ``builtin:digits_prompts_train.jsonl``,
-up to 8 new tokens, temperature 1, Adam at 3e-4 constant, the distill recipe's):
+This replaces the earlier digits-task measurement (tiny Llama, sampled accuracy of 100 prompts x 8: too noisy to tell
+the arms apart, ``results/learn-distill-2026-11-28.md``). The task, data, start recipe and evaluator are
+``learn_addition.py``'s (the GRPO learning benchmark): "What is 37+48?" -> "85" on the micro Llama, 200 held-out sums.
 
-- **distill**: ``configs/distill.yaml`` (reverse KL to T on the student's own samples);
-- **sft**: SFT on completions T sampled (temperature 1, the seed's draws) for the same prompts, one per example,
-  64 per step: the same number of completions, each at most 8 tokens, as the student samples when distilling
-  (the token counts are recorded).
+- Teacher T: ``learn_addition.py``'s start, the micro Llama SFT'd for 600 steps (``results/models/learn-add-600``,
+  ``--teacher`` to read a cached copy elsewhere; built once if missing).
+- Student S0: the same SFT recipe (cosine lr 3e-3, batch 32 packed) for ``--student-steps`` steps (default
+  ``S0_STEPS``), cached in ``results/models/learn-add-<steps>``: well below T by expected accuracy.
 
-Each arm saves a checkpoint every N/3 steps; every checkpoint, S0 and T are scored by one evaluator here: 8
-sampled completions (temperature 1, the same draws for every model) of each of the 100 held-out
-``builtin:digits_prompts_eval.jsonl`` prompts, exact match (greedy decoding is no measure here: the GRPO teacher
-answers "9" to every held-out prompt greedily). The fraction of the teacher's lead closed at a checkpoint is (acc - acc(S0)) / (acc(T) - acc(S0)).
-One thread per run, two runs at a time. Results: ``benchmarks/results/learn-distill-<date>.json`` and ``.md``.
+Then per seed, from S0, the same N optimizer steps of 64 completions (8 prompts x 8, prompts in the order
+``torch.randperm(500)`` seeded with the seed, as alignkit's ``GlobalOrder`` draws them), AdamW at a constant lr,
+``FREEZE`` (embeddings + block 0: the micro Llama's sharp input side, ``probe_sharpness.py``) on both arms:
 
-    python benchmarks/learn_distill.py --seeds 3 --steps 60
+- **distill**: ``algorithm: distill`` (reverse KL to T per token on the student's own samples, temperature 1,
+  ``max_new_tokens`` 6, ``distill.beta`` 1);
+- **sft**: SFT on T's samples (temperature 1, the seed's draws) for the same prompts, 8 per prompt, one completion
+  per row, 64 rows per step, unpacked: the same number of completions of the same prompts.
+
+Each arm saves a checkpoint every N/3 steps; each checkpoint, S0 and T are scored on the held-out sums by
+``policy_eval.expected_accuracy`` (the exact P(right answer) at temperature 1, teacher forced: no sampling noise)
+and by sampled accuracy beside it (8 draws per sum, common random numbers). Fraction of T's lead closed at a
+checkpoint: (acc - acc(S0)) / (acc(T) - acc(S0)); mean with a 95% t interval over seeds, and the paired difference
+distill - SFT. ``--lrs`` runs a small lr grid on the first ``--seeds`` seeds of both arms (the sweep); ``--lr-distill``
+and ``--lr-sft`` set each arm's rate for the paired runs. One thread per run, ``--jobs`` runs at a time.
+
+    python benchmarks/learn_distill.py --teacher PATH --seeds 1 --lrs 3e-4,1e-3,3e-3 --tag sweep
+    python benchmarks/learn_distill.py --teacher PATH --seeds 8 --lr-distill 3e-3 --lr-sft 1e-3
+
+The sweep (2026-11-29, seed 0) put distill's best rate at 3e-3 and SFT's at 1e-3: the defaults below.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-THREADS = 1
-BATCH = 64
-MAX_NEW = 8
-LR = 3e-4
-EVAL_SEED = 1234
-#: SFT steps of the teacher on the training prompts' answers (batch 32: ~5 epochs of the 1,000 prompts)
-TEACHER_STEPS = 150
-#: two-sided 97.5% quantile of Student's t by degrees of freedom (a 95% CI of a mean over seeds)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import learn_addition as la  # benchmarks/ is not a package
+
+S0_STEPS = 200
+PROMPTS_PER_STEP = 8
+G = 8
+BATCH = PROMPTS_PER_STEP * G
+MAX_NEW = la.MAX_NEW
+STEPS = 60
+EVAL_SAMPLES = 8
 
 
-def builtin(name: str) -> Path:
-    return REPO / "src" / "alignkit" / "resources" / "data" / name
+def common(run: Path, seed: int, steps: int, lr: float, every: int) -> list[str]:
+    """Overrides both arms share: batch, schedule, freeze, checkpoints, logging."""
+    return [f"output_dir={run}", "data.max_length=64", f"training.per_device_batch_size={BATCH}",
+            f"training.learning_rate={lr}", "training.lr_scheduler=constant", "training.warmup_steps=0",
+            f"training.max_steps={steps}", f"training.seed={seed}", f"checkpoint.save_steps={every}",
+            "checkpoint.save_total_limit=null", "logging.report_to=[jsonl]", "logging.logging_steps=1",
+            "logging.plot=false", "distributed.strategy=single",
+            "model.freeze=[" + ", ".join(f"'{x}'" for x in la.FREEZE) + "]"]
 
 
-def train(config: str | None, overrides: list[str]) -> None:
-    """One alignkit run in this process (a child): one thread."""
+def child_train(spec: dict[str, Any]) -> dict[str, Any]:
+    """One arm of one seed in this process (1 thread); ``sft`` first samples T's completions for its rows."""
     import torch
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(la.THREADS)
     from alignkit.config import load_config
     from alignkit.train.runner import run_train
 
-    run_train(load_config(config, [*overrides, "logging.plot=false", "logging.report_to=[jsonl]"]))
-
-
-def child_prepare(spec: dict[str, Any]) -> dict[str, Any]:
-    """The tiny model, S0 (SFT on the digits chat rows) and T (S0 SFT'd further on the training prompts' right
-    bare answers), seed 0."""
-    from alignkit.models.tiny import build_tiny_model
-
-    work = Path(spec["work"])
-    if (work / "teacher_sft" / "final" / "config.json").is_file():  # a rerun in the same folder: the same S0 and T
-        return {"student": f"{work}/s0/final", "teacher": f"{work}/teacher_sft/final"}
-    if not (work / "s0" / "final" / "config.json").is_file():
-        base = build_tiny_model(work / "base", size="tiny", seed=0)
-        train(str(REPO / "configs" / "sft_digits.yaml"), [f"model.name_or_path={base}", f"output_dir={work}/s0"])
-    answers = work / "teacher_rows.jsonl"
-    answers.write_text("".join(json.dumps({"messages": [{"role": "user", "content": r["prompt"]},
-                                                        {"role": "assistant", "content": r["answer"]}]}) + "\n"
-                               for r in map(json.loads, builtin("digits_prompts_train.jsonl").read_text().splitlines())))
-    train(str(REPO / "configs" / "sft_digits.yaml"), [
-        f"model.name_or_path={work}/s0/final", f"data.train={answers}", f"output_dir={work}/teacher_sft",
-        f"training.max_steps={TEACHER_STEPS}"])
-    return {"student": f"{work}/s0/final", "teacher": f"{work}/teacher_sft/final"}
-
-
-def child_distill(spec: dict[str, Any]) -> dict[str, Any]:
+    run = Path(spec["run"])
+    base = common(run, spec["seed"], spec["steps"], spec["lr"], spec["every"])
+    if spec["arm"] == "distill":
+        cfg = ["algorithm=distill", f"model.name_or_path={spec['student']}", f"distill.teacher={spec['teacher']}",
+               f"data.train={spec['prompts']}", f"rollout.num_generations={G}", f"rollout.max_new_tokens={MAX_NEW}",
+               "rollout.temperature=1.0", "rollout.log_samples=0",
+               "reward.functions=[{name: 'bench_rewards:exact_answer', weight: 1.0}]"]
+        tokens = None
+    else:
+        rows, tokens = teacher_rows(spec)
+        data = run.parent / f"{run.name}.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        cfg = ["algorithm=sft", f"model.name_or_path={spec['student']}", f"data.train={data}", "data.packing=false"]
     t0 = time.perf_counter()
-    train(str(REPO / "configs" / "distill.yaml"), [
-        f"model.name_or_path={spec['student']}", f"distill.teacher={spec['teacher']}", f"output_dir={spec['out']}",
-        f"training.max_steps={spec['steps']}", f"training.seed={spec['seed']}", "data.eval=[]",
-        f"checkpoint.save_steps={spec['every']}", "checkpoint.save_total_limit=null", "rollout.log_samples=0",
-        f"training.per_device_batch_size={BATCH}", f"rollout.max_new_tokens={MAX_NEW}", f"training.learning_rate={LR}",
-        "logging.logging_steps=1"])
-    rows = [json.loads(x) for x in (Path(spec["out"]) / "metrics.jsonl").read_text().splitlines()]
-    lengths = [r["completion_length"] for r in rows if "completion_length" in r]
-    return {"seconds": time.perf_counter() - t0,
-            "completion_tokens": sum(lengths) * BATCH if len(lengths) == spec["steps"] else None}
-
-
-def child_sft(spec: dict[str, Any]) -> dict[str, Any]:
-    """Sample T's completions (temperature 1, this seed's draws) for the prompts distillation would draw, then SFT."""
-    rows, tokens = teacher_samples(spec["teacher"], spec["steps"] * BATCH, spec["seed"])
-    data = Path(spec["out"] + ".jsonl")
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    t0 = time.perf_counter()
-    train(str(REPO / "configs" / "sft_digits.yaml"), [
-        f"model.name_or_path={spec['student']}", f"data.train={data}", f"output_dir={spec['out']}",
-        "data.packing=false", f"training.per_device_batch_size={BATCH}", f"training.learning_rate={LR}",
-        "training.lr_scheduler=constant", "training.warmup_steps=0", f"training.max_steps={spec['steps']}",
-        f"training.seed={spec['seed']}", f"checkpoint.save_steps={spec['every']}", "checkpoint.save_total_limit=null",
-        "logging.logging_steps=10"])
+    run_train(load_config(None, [*cfg, *base]))
     return {"seconds": time.perf_counter() - t0, "completion_tokens": tokens}
 
 
-def teacher_samples(teacher: str, n: int, seed: int) -> tuple[list[dict[str, Any]], int]:
-    """``n`` chat rows: the training prompts in a seeded order (cycled), each with one completion of T."""
-    import random
-
+def teacher_rows(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """``steps x 8`` prompts in the seed's ``randperm`` order (cycled), each with ``G`` completions T samples at
+    temperature 1 (seeded by the seed): chat rows, and the completions' token count (EOS included)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(THREADS)
-    prompts = [json.loads(x)["prompt"] for x in builtin("digits_prompts_train.jsonl").read_text().splitlines()]
-    order = list(range(len(prompts)))
-    random.Random(seed).shuffle(order)
-    picked = [prompts[order[i % len(order)]] for i in range(n)]
-    tok = AutoTokenizer.from_pretrained(teacher)
-    model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32).eval()
-    torch.manual_seed(seed)
+    prompts = [json.loads(x)["prompt"] for x in Path(spec["prompts"]).read_text().splitlines()]
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(spec["seed"])).tolist()
+    picked = [prompts[order[i % len(order)]] for i in range(spec["steps"] * PROMPTS_PER_STEP)]
+    tok = AutoTokenizer.from_pretrained(spec["teacher"])
+    model = AutoModelForCausalLM.from_pretrained(spec["teacher"], dtype=torch.float32).eval()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    torch.manual_seed(spec["seed"])
     rows, tokens = [], 0
-    for start in range(0, n, 256):
-        texts, lengths = generate(model, tok, picked[start:start + 256], sample=True)
-        tokens += sum(lengths)
+    for p in picked:  # one prompt at a time: no padding, G samples each
+        ids = tok(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                          tokenize=False), add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=MAX_NEW, num_return_sequences=G, pad_token_id=pad)
+        new = out[:, ids.shape[1]:]
+        for r in new:
+            ended = (r == tok.eos_token_id).nonzero()
+            tokens += int(ended[0, 0]) + 1 if len(ended) else len(r)
         rows += [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]}
-                 for p, c in zip(picked[start:start + 256], texts)]
+                 for c in tok.batch_decode(new, skip_special_tokens=True)]
     return rows, tokens
 
 
-def generate(model: Any, tok: Any, prompts: list[str], *, sample: bool) -> tuple[list[str], list[int]]:
-    """Completions (up to MAX_NEW tokens, cut at EOS) and their token counts; left-padded batch."""
-    import torch
-
-    tok.padding_side = "left"
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-             for p in prompts]
-    batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    with torch.no_grad():
-        how = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {"do_sample": False}
-        out = model.generate(**batch, **how, max_new_tokens=MAX_NEW, pad_token_id=pad)
-    new = out[:, batch["input_ids"].shape[1]:]
-    lengths = [int(((row != pad) & (row != tok.eos_token_id)).sum()) + int((row == tok.eos_token_id).any())
-               for row in new]
-    return tok.batch_decode(new, skip_special_tokens=True), lengths
-
-
-def accuracy(path: str, samples: int = 8) -> float:
-    """Sampled exact match on the 100 held-out prompts: ``samples`` completions each at temperature 1 (as the
-    policies sample in training), the same random draws for every model (common random numbers), compared as
-    ``reward.functions: exact_match`` compares."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_num_threads(THREADS)
-    rows = [json.loads(x) for x in builtin("digits_prompts_eval.jsonl").read_text().splitlines()]
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    right = 0
-    for k in range(samples):
-        torch.manual_seed(EVAL_SEED + k)
-        texts, _ = generate(model, tok, [r["prompt"] for r in rows], sample=True)
-        right += sum(t.strip() == str(r["answer"]).strip() for t, r in zip(texts, rows))
-    return right / (samples * len(rows))
-
-
 def child_eval(spec: dict[str, Any]) -> dict[str, Any]:
-    return {p: accuracy(p) for p in spec["paths"]}
+    """Expected and sampled held-out accuracy of each path."""
+    import policy_eval
+    import torch
+
+    torch.set_num_threads(la.THREADS)
+    rows = la.held_out_rows()
+    return {p: {"expected": policy_eval.expected_accuracy(p, rows),
+                "sampled": policy_eval.evaluate(p, samples=EVAL_SAMPLES, max_new=MAX_NEW, seed=la.EVAL_SEED,
+                                                rows=rows)["reward"]} for p in spec["paths"]}
 
 
-CHILDREN = {"prepare": child_prepare, "distill": child_distill, "sft": child_sft, "eval": child_eval}
+CHILDREN = {"train": child_train, "eval": child_eval}
 
 
-def run_child(kind: str, spec: dict[str, Any], log: Path) -> dict[str, Any]:
-    """``kind`` in a fresh interpreter (this checkout's src first; one thread); its JSON answer."""
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO / 'benchmarks'}", "OMP_NUM_THREADS": str(THREADS),
-           "MKL_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
-    answer = log.with_suffix(".answer.json")
-    with log.open("w") as fh:
-        proc = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(spec), str(answer)], env=env,
-                              stdout=fh, stderr=subprocess.STDOUT, cwd=str(log.parent), check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"{kind} failed (exit {proc.returncode}); its log: {log}")
-    return json.loads(answer.read_text())
+def child_cmd(kind: str, spec: dict[str, Any]) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--child", kind, json.dumps(spec)]
 
 
 def checkpoint_model(run: str, step: int) -> str:
@@ -204,96 +148,144 @@ def checkpoint_model(run: str, step: int) -> str:
     return str(folders[0])
 
 
-def mean_ci(xs: list[float]) -> dict[str, float]:
-    """Mean over seeds and the half-width of its 95% t interval."""
-    n = len(xs)
-    mean = sum(xs) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.nan
-    return {"mean": mean, "ci95": T975.get(n - 1, 1.96) * sd / math.sqrt(n) if n > 1 else math.nan, "n": n}
+def closed(acc: float, start: dict[str, float], teacher: dict[str, float], key: str) -> float:
+    return (acc - start[key]) / (teacher[key] - start[key])
 
 
-def summarize(acc: dict[str, float], runs: list[dict[str, Any]], steps: list[int]) -> dict[str, Any]:
-    s0, t = acc["student"], acc["teacher"]
-    lead = t - s0
-    out: dict[str, Any] = {"student_acc": s0, "teacher_acc": t, "teacher_lead": lead, "by_step": {}}
-    for step in steps:
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """Per (arm, lr) and checkpoint: accuracy and fraction of the lead closed (t intervals over seeds); per
+    checkpoint, distill - SFT paired by seed for each pair of lrs run on the same seeds."""
+    s0, t = result["start"], result["teacher"]
+    out: dict[str, Any] = {}
+    for name, runs in result["runs"].items():
         row: dict[str, Any] = {}
-        for arm in ("distill", "sft"):
-            accs = [r[arm]["acc"][str(step)] for r in runs]
-            row[arm] = {"acc": mean_ci(accs), "closed": mean_ci([(a - s0) / lead for a in accs])}
-        row["distill_minus_sft_closed"] = mean_ci([(r["distill"]["acc"][str(step)] - r["sft"]["acc"][str(step)]) / lead
-                                                   for r in runs])
-        out["by_step"][str(step)] = row
-    return out
-
-
-def fmt(x: dict[str, float]) -> str:
-    return f"{x['mean']:+.3f} ± {x['ci95']:.3f}" if not math.isnan(x["ci95"]) else f"{x['mean']:+.3f}"
+        for step in result["checkpoints"]:
+            row[str(step)] = {key: {"acc": la.t_interval([r["eval"][str(step)][key] for r in runs]),
+                                    "closed": la.t_interval([closed(r["eval"][str(step)][key], s0, t, key)
+                                                             for r in runs])} for key in ("expected", "sampled")}
+        out[name] = row
+    pairs = {}
+    for d in (n for n in result["runs"] if n.startswith("distill")):
+        for s in (n for n in result["runs"] if n.startswith("sft")):
+            dr, sr = result["runs"][d], result["runs"][s]
+            if [r["seed"] for r in dr] != [r["seed"] for r in sr] or len(dr) < 2:
+                continue
+            pairs[f"{d} - {s}"] = {str(step): {key: la.paired(
+                [closed(r["eval"][str(step)][key], s0, t, key) for r in dr],
+                [closed(r["eval"][str(step)][key], s0, t, key) for r in sr]) for key in ("expected", "sampled")}
+                for step in result["checkpoints"]}
+    return {"arms": out, "paired": pairs}
 
 
 def markdown(result: dict[str, Any]) -> str:
-    s = result["summary"]
-    lines = [f"# On-policy distillation vs SFT on the teacher's samples ({result['date']})", "",
-             f"{result['setup']}", "",
-             (f"Held-out sampled accuracy (100 prompts x 8 samples): student start S0 {s['student_acc']:.3f}, teacher T "
-              f"{s['teacher_acc']:.3f}, lead {s['teacher_lead']:+.3f}. Fraction of the lead closed, mean ± 95% CI "
-              f"over {len(result['runs'])} seeds (paired: the same seed's two arms):"), "",
-             "| step | distill acc | SFT acc | distill: lead closed | SFT: lead closed | distill - SFT (closed) |",
-             "|---|---|---|---|---|---|"]
-    for step, row in s["by_step"].items():
-        lines.append(f"| {step} | {fmt(row['distill']['acc'])} | {fmt(row['sft']['acc'])} | "
-                     f"{fmt(row['distill']['closed'])} | {fmt(row['sft']['closed'])} | "
-                     f"{fmt(row['distill_minus_sft_closed'])} |")
-    lines += ["", "Per seed (accuracy at each checkpoint; completion tokens the student trained on; seconds):", "",
-              "| seed | distill | SFT | distill tokens | SFT tokens | distill s | SFT s |", "|---|---|---|---|---|---|---|"]
-    for r in result["runs"]:
-        lines.append(f"| {r['seed']} | {r['distill']['acc']} | {r['sft']['acc']} | {r['distill']['completion_tokens']} "
-                     f"| {r['sft']['completion_tokens']} | {r['distill']['seconds']:.0f} | {r['sft']['seconds']:.0f} |")
+    s0, t, summ = result["start"], result["teacher"], result["summary"]
+    lines = [f"# On-policy distillation vs SFT on the teacher's samples: two-digit addition ({result['stamp']})", "",
+             result["setup_text"], "",
+             (f"Held-out accuracy ({la.HELD_OUT} sums), expected (exact) / sampled ({EVAL_SAMPLES} draws): student "
+              f"start S0 {s0['expected']:.3f} / {s0['sampled']:.3f}, teacher T {t['expected']:.3f} / "
+              f"{t['sampled']:.3f}; lead {t['expected'] - s0['expected']:+.3f} / {t['sampled'] - s0['sampled']:+.3f}."),
+             "", "Fraction of T's lead closed (mean ± 95% t interval over seeds), expected accuracy (sampled beside):", "",
+             "| arm (lr) | seeds | " + " | ".join(f"step {c}" for c in result["checkpoints"]) + " |",
+             "|---|---|" + "---|" * len(result["checkpoints"])]
+    for name, row in summ["arms"].items():
+        cells = [f"{la.fmt(row[str(c)]['expected']['closed'], True)} ({row[str(c)]['sampled']['closed']['mean']:+.2f})"
+                 for c in result["checkpoints"]]
+        lines.append(f"| {name} | {len(result['runs'][name])} | " + " | ".join(cells) + " |")
+    if summ["paired"]:
+        lines += ["", ("Paired by seed, distill - SFT in fraction closed, expected (sampled beside); higher / lower "
+                      "= seeds where distill is ahead / behind:"), "",
+                  "| pair | " + " | ".join(f"step {c}" for c in result["checkpoints"]) + " |",
+                  "|---|" + "---|" * len(result["checkpoints"])]
+        for name, row in summ["paired"].items():
+            cells = [f"{la.fmt(row[str(c)]['expected'], True)} ({row[str(c)]['expected']['higher']}/"
+                     f"{row[str(c)]['expected']['lower']}; sampled {row[str(c)]['sampled']['mean']:+.2f})"
+                     for c in result["checkpoints"]]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Per seed, expected accuracy at each checkpoint (seconds of training):", "",
+              "| arm (lr) | seed | " + " | ".join(str(c) for c in result["checkpoints"]) + " | s |",
+              "|---|---|" + "---|" * (len(result["checkpoints"]) + 1)]
+    for name, runs in result["runs"].items():
+        for r in runs:
+            lines.append(f"| {name} | {r['seed']} | " + " | ".join(f"{r['eval'][str(c)]['expected']:.3f}"
+                                                                  for c in result["checkpoints"])
+                         + f" | {r['seconds']:.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def run_all(a: argparse.Namespace, models: dict[str, str], prompts: str, work: Path) -> dict[str, list[dict]]:
+    """Every (arm, lr, seed) run, ``--jobs`` at a time, then one evaluation child over every checkpoint."""
+    every = a.steps // 3
+    grid = [("distill", lr) for lr in a.lrs_distill] + [("sft", lr) for lr in a.lrs_sft]
+    jobs = [(arm, lr, seed) for seed in range(a.seeds) for arm, lr in grid]
+
+    def one(job: tuple[str, float, int]) -> dict[str, Any]:
+        arm, lr, seed = job
+        run = work / f"{arm}-{lr:g}-{seed}"
+        spec = {**models, "arm": arm, "lr": lr, "seed": seed, "steps": a.steps, "every": every, "run": str(run),
+                "prompts": prompts}
+        res = la.spawn(child_cmd("train", spec), work / f"{run.name}.log", 3600)
+        if not res["ok"]:
+            raise RuntimeError(f"{run.name} failed: {res['error']}")
+        la.log(f"{run.name}: {res['wall_s']:.0f} s")
+        return {**res, "seed": seed, "run": str(run)}
+
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        done = dict(zip(jobs, pool.map(one, jobs)))
+    steps = [every, 2 * every, a.steps]
+    paths = [models["student"], models["teacher"]] + [checkpoint_model(r["run"], c) for r in done.values() for c in steps]
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:  # ``--jobs`` evaluation children over shares of the paths
+        parts = list(pool.map(lambda k: la.spawn(child_cmd("eval", {"paths": paths[k::a.jobs]}),
+                                                 work / f"eval-{k}.log", 3600), range(a.jobs)))
+    if not all(p["ok"] for p in parts):
+        raise RuntimeError(f"evaluation failed: {[p.get('error') for p in parts]}")
+    ev = {k: v for p in parts for k, v in p.items() if k not in ("ok", "wall_s")}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for (arm, lr, _), r in done.items():
+        r["eval"] = {str(c): ev[checkpoint_model(r["run"], c)] for c in steps}
+        runs.setdefault(f"{arm} ({lr:g})", []).append(r)
+    return {"runs": runs, "start": ev[models["student"]], "teacher": ev[models["teacher"]], "checkpoints": steps}
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        kind, spec, answer = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
-        Path(answer).write_text(json.dumps(CHILDREN[kind](spec)))
+        print("\n" + la.RESULT_TAG + json.dumps(CHILDREN[sys.argv[2]](json.loads(sys.argv[3]))), flush=True)
         return
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=60, help="optimizer steps per arm (N)")
-    ap.add_argument("--work", default="runs/learn_distill")
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per arm (N)")
+    ap.add_argument("--student-steps", type=int, default=S0_STEPS, help="SFT steps of the student start S0")
+    ap.add_argument("--teacher", default="", help="T's model folder (default: OUT/models/learn-add-600/sft/final)")
+    ap.add_argument("--lrs", default="", help="comma-separated lr grid run on both arms (a sweep)")
+    ap.add_argument("--lr-distill", type=float, default=3e-3)
+    ap.add_argument("--lr-sft", type=float, default=1e-3)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--tag", default="", help="suffix of the result files (e.g. sweep)")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args()
-    work = Path(a.work).resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    grid = [float(x) for x in a.lrs.split(",") if x]
+    a.lrs_distill, a.lrs_sft = (grid, grid) if grid else ([a.lr_distill], [a.lr_sft])
     t0 = time.perf_counter()
-    models = run_child("prepare", {"work": str(work)}, work / "prepare.log")
-    every = a.steps // 3
-    steps = [every, 2 * every, a.steps]
-
-    def one(seed: int, arm: str) -> dict[str, Any]:
-        spec = {**models, "seed": seed, "steps": a.steps, "every": every, "out": str(work / f"{arm}-{seed}")}
-        return run_child(arm, spec, work / f"{arm}-{seed}.log")
-
-    jobs = [(seed, arm) for seed in range(a.seeds) for arm in ("distill", "sft")]
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two runs at a time, one thread each
-        done = dict(zip(jobs, pool.map(lambda j: one(*j), jobs)))
-    paths = [models["student"], models["teacher"]] + [checkpoint_model(str(work / f"{arm}-{seed}"), step)
-                                                       for seed, arm in jobs for step in steps]
-    acc = run_child("eval", {"paths": paths}, work / "eval.log")
-    runs = [{"seed": seed, **{arm: {**done[(seed, arm)], "acc": {
-        str(step): acc[checkpoint_model(str(work / f"{arm}-{seed}"), step)] for step in steps}}
-        for arm in ("distill", "sft")}} for seed in range(a.seeds)]
-    named = {"student": acc[models["student"]], "teacher": acc[models["teacher"]]}
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    result = {"date": date, "runs": runs, "summary": summarize(named, runs, steps), "seconds": time.perf_counter() - t0,
-              "setup": f"tiny Llama; S0 = configs/sft_digits.yaml, T = S0 + {TEACHER_STEPS} SFT steps on the training prompts' answers; {a.steps} steps of "
-                       f"{BATCH} completions (<= {MAX_NEW} tokens) per arm, Adam lr {LR} constant, {THREADS} thread "
-                       f"per run, 2 runs at a time; torch {__import__('torch').__version__}; wall "
-                       f"{time.perf_counter() - t0:.0f} s"}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"learn-distill-{date}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-    (out / f"learn-distill-{date}.md").write_text(markdown(result), encoding="utf-8")
+    work = a.out / "work" / "learn-addition"
+    have = {"prompts": str(work / "prompts.jsonl"), "sft": str(work / "sft.jsonl")}
+    data = have if all(Path(x).is_file() for x in have.values()) else la.write_task_data(work)
+    models = {"student": la.ensure_policy(a.out, data, a.student_steps),
+              "teacher": a.teacher or la.ensure_policy(a.out, data, la.SFT_STEPS)}
+    result = run_all(a, models, data["prompts"], a.out / "work" / "learn-distill" / time.strftime("%H%M%S"))
+    torch_version = __import__("torch").__version__
+    result.update(stamp=time.strftime("%Y-%m-%d %H:%M"), models=models, setup={
+        "student_sft_steps": a.student_steps, "teacher_sft_steps": la.SFT_STEPS, "steps": a.steps, "batch": BATCH,
+        "generations": G, "max_new_tokens": MAX_NEW, "freeze": la.FREEZE, "threads": la.THREADS, "jobs": a.jobs,
+        "torch": torch_version, "held_out": la.HELD_OUT, "eval_samples": EVAL_SAMPLES})
+    result["setup_text"] = (
+        f"micro Llama; S0 = {a.student_steps} SFT steps, T = {la.SFT_STEPS} SFT steps of learn_addition.py's recipe; "
+        f"{a.steps} steps of {BATCH} completions ({PROMPTS_PER_STEP} prompts x {G}, <= {MAX_NEW} tokens) per arm, "
+        f"AdamW constant lr, embeddings + block 0 frozen, {la.THREADS} thread per run, {a.jobs} runs at a time; "
+        f"torch {torch_version}; wall {time.perf_counter() - t0:.0f} s")
+    result["summary"] = summarize(result)
+    name = f"learn-distill-{time.strftime('%Y-%m-%d')}{'-' + a.tag if a.tag else ''}"
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / f"{name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    (a.out / f"{name}.md").write_text(markdown(result), encoding="utf-8")
     print(markdown(result))
 
 
