@@ -40,7 +40,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     shipped = RECIPES_DIR / p.name
     if not p.is_file() and p.parent == Path("configs") and shipped.is_file():  # a docs block run outside the clone
-        print(f"{p}: not in this folder; reading the shipped recipe {shipped}", file=sys.stderr)
+        emit_notes([f"config: {p} is not in this folder; reading the shipped recipe {shipped}"])  # rank 0 only
         p = shipped
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")

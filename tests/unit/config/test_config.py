@@ -131,15 +131,15 @@ def test_yaml_file_errors(tmp_path: Path) -> None:
 
 
 def test_a_recipe_path_outside_the_clone_reads_the_shipped_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
     """The docs' blocks say ``alignkit train configs/X.yaml``: run from an empty folder (not the clone), a
-    ``configs/NAME`` the folder lacks is the repository's shipped recipe, said on stderr; a local file wins; a name
-    not shipped is still the one-line error."""
+    ``configs/NAME`` the folder lacks is the repository's shipped recipe, said in one line (rank 0's config note);
+    a local file wins; a name not shipped is still the one-line error."""
     from alignkit.config.loader import read_yaml
 
     monkeypatch.chdir(tmp_path)
     assert read_yaml("configs/sft_digits.yaml") == read_yaml(REPO / "configs" / "sft_digits.yaml")
-    assert "reading the shipped recipe" in capsys.readouterr().err
+    assert "reading the shipped recipe" in caplog.text
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "sft_digits.yaml").write_text("algorithm: dpo\n")
     assert read_yaml("configs/sft_digits.yaml") == {"algorithm": "dpo"}
