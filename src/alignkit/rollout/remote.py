@@ -167,7 +167,7 @@ class RemoteEngine(RolloutEngine):
                                  max((d.idle_s for d in parts), default=0.0),
                                  max((d.generate_s for d in parts), default=0.0), wait, self.received.sync_s,
                                  self.received.sync_bytes, max((d.scored_by for d in parts), default=-1),
-                                 {k: max(d.phases.get(k, 0.0) for d in parts) for d in parts for k in d.phases})
+                                 {k: max(d.phases.get(k, 0.0) for d in parts) for k in {p for d in parts for p in d.phases}})
         return parts
 
 
