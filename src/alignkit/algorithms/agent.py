@@ -14,6 +14,7 @@ trajectory's loss by all its ids, the environment's too.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -151,19 +152,27 @@ class AgentGRPO(GroupRelative):
         how many, completion ids, then the :attr:`eval_sums`: turns, valid tool calls, tool calls)."""
         trajs, _ = self.trajectories(ctx)
         c = trajectory_counts(trajs)
-        calls = sum(v for k, v in c.items() if k.startswith("tool_"))
         return (sum(t.reward for t in trajs), float(len(trajs)), float(sum(len(t.completion_ids) for t in trajs)),
-                float(c["turns"]), float(c["tool_ok"]), float(calls))
+                float(c["turns"]), float(c["tool_ok"]), float(tool_calls(c)))
 
     def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """Turns per trajectory and tool-call validity (valid calls / calls; 0 without calls) of an evaluation."""
-        return {"turns": sums["turns"] / max(1.0, sums["scored"]),
-                "tool_valid": sums["tool_ok"] / sums["tool_calls"] if sums["tool_calls"] else 0.0}
+        return {"turns": sums["turns"] / max(1.0, sums["scored"]), "tool_valid": validity(sums["tool_ok"], sums["tool_calls"])}
 
 
 #: the per-trajectory counts summed over ranks into the metrics
 _COUNTS = ("trajectories", "turns", "truncated", "policy_tokens", "env_tokens", *(
     f"tool_{s}" for s in ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout")))
+
+
+def tool_calls(counts: Mapping[str, float]) -> float:
+    """The tool calls of trajectory counts: every ``tool_<status>`` (ok or not)."""
+    return sum(v for k, v in counts.items() if k.startswith("tool_"))
+
+
+def validity(ok: float, calls: float) -> float:
+    """Tool-call validity: valid calls / calls, 0 without calls."""
+    return ok / calls if calls else 0.0
 
 
 def agent_stats(stats: MetricSums, trajs: list[Trajectory], rewards: torch.Tensor, seconds: dict[str, float]) -> None:
@@ -174,11 +183,11 @@ def agent_stats(stats: MetricSums, trajs: list[Trajectory], rewards: torch.Tenso
     total = comm.all_reduce_sum(torch.tensor([float(c[k]) for k in _COUNTS], dtype=torch.float64))
     n = dict(zip(_COUNTS, total.tolist()))
     per = max(1.0, n["trajectories"])
-    calls = sum(v for k, v in n.items() if k.startswith("tool_"))
+    calls = tool_calls(n)
     stats.add("reward_mean", float(rewards.mean()), 1)
     stats.add("agent/turns", n["turns"] / per, 1)
     stats.add("agent/tool_calls", calls / per, 1)
-    stats.add("agent/tool_valid", n["tool_ok"] / calls if calls else 0.0, 1)
+    stats.add("agent/tool_valid", validity(n["tool_ok"], calls), 1)
     for k in _COUNTS[5:]:
         stats.add(f"agent/{k}", n[k] / per, 1)
     stats.add("agent/truncated", n["truncated"] / per, 1)
