@@ -269,13 +269,12 @@ def command_summary(sub: argparse._SubParsersAction) -> str:
 ALGORITHM_NAMES = ("sft", "reward_model", "cost_model", "dpo", "safe_dpo", "kto", "orpo", "ppo", "ppo_lag", "grpo",
                    "dr_grpo", "rloo", "grpo_agent", "ppo_agent", "distill", "redteam", "vlm_sft", "flow_sft", "flow_grpo",
                    "flow_rtpo")
-RECIPES = RECIPES_DIR  # the repository's configs/ (the package runs from its src/ folder), else ./configs
 DOCS = "docs/index.md (in the repository; `mkdocs serve` shows the site at http://127.0.0.1:8000)"
 
 
 def recipes() -> list[str]:
     """The shipped recipes: the configs/*.yaml of the repository (or of the current folder)."""
-    folder = RECIPES if RECIPES.is_dir() else Path("configs")
+    folder = RECIPES_DIR if RECIPES_DIR.is_dir() else Path("configs")
     return sorted(p.name for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
