@@ -32,6 +32,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -142,6 +143,8 @@ def main() -> None:
     p.add_argument("--no-1thread", dest="one_thread", action="store_false", help="skip the 1-thread colocated run")
     p.add_argument("--max-new", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1, help="repeat colocated + separate runs, interleaved")
+    p.add_argument("--size", default="tiny", help="the built-in Llama's size (alignkit.models.tiny_base.SIZES)")
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args()
     if args.batch % args.group:
@@ -151,13 +154,32 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         root = Path(tmp)
-        model = build_tiny_model(root / "tiny", size="tiny", seed=0)
+        model = build_tiny_model(root / args.size, size=args.size, seed=0)
         prompts = write_prompts(root / "prompts.jsonl")
-        results = [run(args, model, prompts, root / "colocated", None)]
-        if args.one_thread:
-            results.append(run(args, model, prompts, root / "colocated-1thread", None, threads=1))
-        for k in [int(x) for x in args.ks.split(",") if x]:
-            results.append(run(args, model, prompts, root / f"separate-k{k}", k))
+        rounds = []
+        for i in range(args.rounds):  # interleaved: a slow minute of a noisy machine hits both sides of a round
+            results = [run(args, model, prompts, root / f"colocated-{i}", None)]
+            if args.one_thread and i == 0:
+                results.append(run(args, model, prompts, root / "colocated-1thread", None, threads=1))
+            for k in [int(x) for x in args.ks.split(",") if x]:
+                results.append(run(args, model, prompts, root / f"separate-k{k}-{i}", k))
+            rounds.append(results)
+    tables = [run_table(results) for results in rounds]
+    summary = rounds_table(rounds) if len(rounds) > 1 else ""
+    text = "\n\n".join(f"round {i + 1}\n\n{t}" if len(rounds) > 1 else t for i, t in enumerate(tables))
+    text = f"{summary}\n\n{text}" if summary else text
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    meta = {"cpu_count": os.cpu_count(), "load_avg": os.getloadavg(), "args": {k: str(v) for k, v in vars(args).items()},
+            "workload": f"{args.size} Llama, {args.batch // args.group} prompts x {args.group}, {args.max_new} new tokens"}
+    (args.out / f"async-{stamp}.json").write_text(json.dumps({"meta": meta, "rounds": rounds}, indent=1))
+    (args.out / f"async-{stamp}.md").write_text(f"# bench_async {stamp}\n\n{meta['workload']}; load average at the "
+                                                f"end: {meta['load_avg']}\n\n{text}\n")
+
+
+def run_table(results: list[dict[str, Any]]) -> str:
+    """One round's runs (the first: the colocated 2-thread baseline of its speed-ups) and their phases."""
     base = results[0]["s_per_iteration"]
     lines = ["| run | s / iteration | speed-up | generate s | update s | trainer idle | generator idle | staleness |",
              "|---|---|---|---|---|---|---|---|"]
@@ -167,15 +189,19 @@ def main() -> None:
         lines.append(f"| {name} | {r['s_per_iteration']:.3f} | {base / r['s_per_iteration']:.2f}x | {gen:.3f} | "
                      f"{r['update_s']:.3f} | {r.get('trainer_idle', float('nan')):.2f} | "
                      f"{r.get('generator_idle', float('nan')):.2f} | {r.get('staleness_mean', 0.0):.2f} |")
-    table = "\n".join(lines) + "\n\n" + phase_table(results)
-    print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    meta = {"cpu_count": os.cpu_count(), "load_avg": os.getloadavg(), "args": {k: str(v) for k, v in vars(args).items()},
-            "workload": f"{args.batch // args.group} prompts x {args.group}, {args.max_new} new tokens"}
-    (args.out / f"async-{stamp}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    (args.out / f"async-{stamp}.md").write_text(f"# bench_async {stamp}\n\nload average at the end: "
-                                                f"{meta['load_avg']}\n\n{table}\n")
+    return "\n".join(lines) + "\n\n" + phase_table(results)
+
+
+def rounds_table(rounds: list[list[dict[str, Any]]]) -> str:
+    """Each separate run's speed-up over its own round's colocated run, per round, with the median and range."""
+    ks = [r["k"] for r in rounds[0] if r["k"] is not None]
+    lines = ["| run | " + " | ".join(f"round {i + 1}" for i in range(len(rounds))) + " | median | min | max |",
+             "|---|" + "---|" * (len(rounds) + 3)]
+    for k in ks:
+        ups = [rs[0]["s_per_iteration"] / next(r["s_per_iteration"] for r in rs if r["k"] == k) for rs in rounds]
+        cells = " | ".join(f"{u:.2f}x" for u in ups)
+        lines.append(f"| separate k={k} | {cells} | {statistics.median(ups):.2f}x | {min(ups):.2f}x | {max(ups):.2f}x |")
+    return "Speed-up over the same round's colocated run (rounds interleaved):\n\n" + "\n".join(lines)
 
 
 if __name__ == "__main__":
