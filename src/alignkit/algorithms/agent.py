@@ -25,6 +25,7 @@ from alignkit.algorithms.grpo import GroupRelative, GRPOConfig
 from alignkit.config.schema import RunConfig, f
 from alignkit.config.sections import register_section
 from alignkit.distributed import comm
+from alignkit.errors import ConfigError
 from alignkit.metrics import MetricSums
 from alignkit.rewards.signals import gather_scores
 from alignkit.rollout.agents import calculator  # noqa: F401  (registers the shipped environment)
@@ -62,6 +63,16 @@ class AgentConfig:
         TOOL_CALL_PARSERS.get(self.tool_call_parser)
 
 
+def check_agent_budget(cfg: RunConfig) -> None:
+    """A trajectory's token budget must hold at least one whole policy turn: with ``agent.max_total_tokens`` below
+    ``rollout.max_new_tokens`` the first turn would be cut at the trajectory's budget, silently."""
+    total, turn = cfg.section(AgentConfig).max_total_tokens, cfg.section(RolloutConfig).max_new_tokens
+    if total < turn:
+        raise ConfigError(f"agent.max_total_tokens ({total}) is below rollout.max_new_tokens ({turn}), the tokens of "
+                          "one policy turn: a trajectory could not hold its first turn; raise agent.max_total_tokens "
+                          "or lower rollout.max_new_tokens")
+
+
 def open_environment(algo: Any, a: AgentConfig, tokenizer: Any) -> tuple[Any, MessageRenderer]:
     """The ``agent:`` section's environment and its renderer (tools' schemas to the chat template); the
     algorithm's prompt rows must then carry the environment's ``row_fields`` (checked as the data is read)."""
@@ -85,6 +96,11 @@ class AgentGRPO(GroupRelative):
         if cfg.section(GRPOConfig).loss_aggregation == "auto" and a.estimator != "dr_grpo":
             self.group.aggregation = "token_mean"  # sequence_mean would count the environment's ids
         self.env, self.renderer = open_environment(self, a, tokenizer)
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        super().check_config(cfg)
+        check_agent_budget(cfg)
 
     @classmethod
     def split_rollout(cls, cfg: RunConfig) -> str | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from alignkit.algorithms.agent import AgentConfig, AgentGRPO, agent_stats, open_environment
+from alignkit.algorithms.agent import AgentConfig, AgentGRPO, agent_stats, check_agent_budget, open_environment
 from alignkit.algorithms.ppo import PPO, PPOConfig
 from alignkit.config.schema import RunConfig
 from alignkit.rewards.signals import gather_scores
@@ -39,6 +39,11 @@ class AgentPPO(PPO):
     eval_metrics = AgentGRPO.eval_metrics
 
     generator_items = AgentGRPO.generator_items
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        super().check_config(cfg)
+        check_agent_budget(cfg)
 
     @classmethod
     def split_rollout(cls, cfg: RunConfig) -> str | None:

@@ -34,7 +34,7 @@ import torch
 
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.algorithms.online import OnlineAlgorithm
-from alignkit.config import RunConfig
+from alignkit.config import RunConfig, resolve_batch
 from alignkit.data.sampler import GlobalOrder
 from alignkit.distributed.env import DistEnv, read_launch_env
 from alignkit.distributed.placement import (
@@ -90,6 +90,18 @@ def check_separate_config(cfg: RunConfig, processes: int | None = None) -> None:
         raise ConfigError(f"rollout.placement: separate: {why}; use placement: colocated")
     if processes is not None:
         check_world(r.generator_processes, processes)
+        trainers = processes - r.generator_processes
+        if why := uneven_split(resolve_batch(cfg, trainers).global_batch, r.generator_processes):
+            raise ConfigError(f"rollout.placement: separate: {why} (with {trainers} trainer processes of the "
+                              f"{processes} launched); change the batch or the generator count")
+
+
+def uneven_split(global_batch: int, generators: int) -> str | None:
+    """Why an iteration's ``global_batch`` completions cannot be shared by ``generators`` processes, or None."""
+    if global_batch % generators:
+        return (f"an iteration's {global_batch} completions must split evenly over rollout.generator_processes "
+                f"({generators})")
+    return None
 
 
 def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy: str, generators: int,
@@ -105,9 +117,8 @@ def check_separate(cfg: RunConfig, algo_cls: type, workload: Workload, strategy:
             why = f"the policy must be a language model (kind lm) for now, not kind {policy.kind}"
         elif strategy not in SEPARATE_STRATEGIES:
             why = f"the trainers' strategy must be one of {', '.join(SEPARATE_STRATEGIES)} for now, not {strategy}"
-        elif global_batch % generators:
-            why = (f"an iteration's {global_batch} completions must split evenly over rollout.generator_processes "
-                   f"({generators})")
+        else:
+            why = uneven_split(global_batch, generators)
     if why:
         raise ConfigError(f"rollout.placement: separate: {why}; use placement: colocated")
 

@@ -107,3 +107,14 @@ def test_a_plugin_that_raises_or_registers_a_taken_name_is_one_line(tmp_path: Pa
                        ("raising_env_plugin", r"py:2: ZeroDivisionError: division by zero")):
         with pytest.raises(ConfigError, match=rf"plugins: importing '{name}' failed at .*{name}\.{want}"):
             load_config(RECIPE, [f"plugins=[{name}]"], notes=False)
+
+
+def test_a_trajectory_budget_below_one_turn_is_refused_at_load() -> None:
+    """``agent.max_total_tokens`` below ``rollout.max_new_tokens`` cut the first turn at the trajectory's budget
+    silently; now one line at load naming both keys (grpo_agent and ppo_agent), equal passes."""
+    from alignkit.errors import ConfigError
+
+    for algorithm in ("grpo_agent", "ppo_agent"):
+        with pytest.raises(ConfigError, match=r"agent.max_total_tokens \(40\) is below rollout.max_new_tokens \(56\)"):
+            load_config(RECIPE, [f"algorithm={algorithm}", "agent.max_total_tokens=40"], notes=False)
+        load_config(RECIPE, [f"algorithm={algorithm}", "agent.max_total_tokens=56"], notes=False)

@@ -192,3 +192,17 @@ def test_separate_placement_of_an_unsplit_rollout_is_refused_by_validate_and_dry
     assert one_line(capsys, ["validate", redteam, "rollout.placement=separate"]).startswith(want)
     grpo = [str(REPO / "configs" / "grpo.yaml"), "rollout.placement=separate", "grpo.dynamic_sampling=true"]
     assert "the grpo algorithm" in one_line(capsys, ["validate", *grpo])
+
+
+def test_separate_placement_with_an_uneven_generator_split_is_refused_by_dry_run(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An iteration's completions that do not split evenly over ``rollout.generator_processes`` were refused only
+    by the started ranks; `alignkit launch --dry-run` now counts the batch over the trainers and says so first."""
+    grpo = [str(REPO / "configs" / "grpo.yaml"), "rollout.placement=separate", "rollout.generator_processes=3",
+            "training.per_device_batch_size=8", "training.gradient_accumulation_steps=1"]
+    line = one_line(capsys, ["launch", "--dry-run", "--nproc-per-node", "4", *grpo])
+    assert "an iteration's 8 completions must split evenly over rollout.generator_processes (3)" in line
+    assert "with 1 trainer processes of the 4 launched" in line
+    assert main(["launch", "--dry-run", "--nproc-per-node", "6", *grpo]) == 0  # 3 trainers: 24 completions
+    even = [*grpo[:2], "rollout.generator_processes=2", *grpo[3:]]
+    assert main(["launch", "--dry-run", "--nproc-per-node", "3", *even]) == 0
