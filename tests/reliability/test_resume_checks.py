@@ -41,6 +41,8 @@ def test_another_algorithm_is_refused_in_one_line(micro_model: Path, sft_run: Pa
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("alignkit: error: checkpoint.resume_from: ") and "was written by another run" in last
     assert "algorithm: 'sft' -> 'dpo'" in last and "resume_weights_only=true" in last and "Traceback" not in proc.stderr
+    # said before the run starts (it came after the strategy's set-up and every model's load)
+    assert "Strategy:" not in proc.stderr and "parameters" not in proc.stderr
 
 
 def test_weights_only_starts_a_new_run_from_the_weights(micro_model: Path, sft_run: Path, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import yaml
 
 from alignkit.config.aliases import apply_aliases
 from alignkit.config.sections import registered_sections
+from alignkit.errors import ConfigError
 
 #: changes to these keys (dotted, or a prefix ending in ".") are not a resume of the same run
 FIXED = ("algorithm", "model.", "data.", "training.seed", "training.weight_decay", "training.adam_beta1",
@@ -68,6 +69,21 @@ def compare(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], 
         line = f"{key}: {a!r} -> {b!r}"
         (fixed if _matches(key, fixed_all) and not _matches(key, HARMLESS) else allowed).append(line)
     return fixed, allowed
+
+
+def check_same_run(path: Path, config_yaml: str) -> list[str]:
+    """Refuse the checkpoint ``path`` of another run than the resolved ``config_yaml`` in one line; the allowed
+    changes (``key: old -> new``) otherwise (none for a checkpoint without its config)."""
+    saved = saved_config(path)
+    if saved is None:
+        return []
+    fixed, allowed = compare(saved, yaml.safe_load(config_yaml))
+    if fixed:
+        shown = "; ".join(fixed[:4]) + (f"; and {len(fixed) - 4} more" if len(fixed) > 4 else "")
+        raise ConfigError(f"checkpoint.resume_from: {path} was written by another run ({shown}); a resume "
+                          "continues the same run: set checkpoint.resume_weights_only=true to start a new run "
+                          "from its weights")
+    return allowed
 
 
 def schedule_changed(allowed: list[str]) -> bool:

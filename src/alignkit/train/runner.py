@@ -24,7 +24,7 @@ from alignkit import progress
 from alignkit.algorithms import ALGORITHMS, workload_of
 from alignkit.algorithms.base import OfflineAlgorithm
 from alignkit.algorithms.online import OnlineAlgorithm
-from alignkit.config import RunConfig, to_dict
+from alignkit.config import RunConfig, dump_yaml, to_dict
 from alignkit.config.schema import ModelConfig
 from alignkit.data.streaming import RowStream
 from alignkit.distributed.env import DistEnv, read_env, read_launch_env
@@ -51,6 +51,7 @@ from alignkit.train.offline_loop import OfflineTrainer, TrainResult
 from alignkit.train.online_loop import OnlineTrainer, check_groups, online_steps
 from alignkit.train.optim import build_optimizer, optimizer_impl
 from alignkit.train.output_dir import check_reuse, hold, release
+from alignkit.train.resume import check_same_run
 from alignkit.train.run_plan import RunPlan, plan_run
 
 if TYPE_CHECKING:
@@ -84,6 +85,9 @@ class Session:
         for spec in workload.specs:  # a folder that holds no model of its kind: one line before any work
             if spec.loaded:
                 KINDS.get(spec.kind).check_source(spec.source)
+        if not cfg.checkpoint.resume_weights_only and (
+                resumed := resolve_resume(Path(cfg.output_dir), cfg.checkpoint.resume_from)):
+            check_same_run(resumed, dump_yaml(cfg))  # another run's checkpoint: one line before any model loads
         plan = plan_run(cfg, env, workload)
         strategy = configured_strategy(cfg, env, plan)
         strategy.setup()

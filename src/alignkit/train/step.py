@@ -19,20 +19,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import yaml
 
 from alignkit.algorithms.base import Batch
 from alignkit.config import BatchPlan
 from alignkit.distributed import comm
 from alignkit.distributed.comm import stack_on_one_device
 from alignkit.distributed.strategy.base import Strategy
-from alignkit.errors import ConfigError, TrainingError
+from alignkit.errors import TrainingError
 from alignkit.logging import RunLogger
 from alignkit.metrics import MetricSums
 from alignkit.models.roles import Models
 from alignkit.train import checkpoint as ckpt
 from alignkit.train.model_card import write_model_card
-from alignkit.train.resume import compare, fast_forward, saved_config, schedule_changed
+from alignkit.train.resume import check_same_run, fast_forward, schedule_changed
 from alignkit.train.step_metrics import StepResult, Window
 
 LossFn = Callable[..., tuple["torch.Tensor | dict[str, torch.Tensor]", MetricSums]]
@@ -273,15 +272,7 @@ class Checkpointer:
 
     def _check_same_run(self, path: Path) -> bool:
         """Refuse a checkpoint of another run; log each allowed change; True when the LR schedule changed."""
-        saved = saved_config(path)
-        if saved is None:
-            return False
-        fixed, allowed = compare(saved, yaml.safe_load(self.config_yaml))
-        if fixed:
-            shown = "; ".join(fixed[:4]) + (f"; and {len(fixed) - 4} more" if len(fixed) > 4 else "")
-            raise ConfigError(f"checkpoint.resume_from: {path} was written by another run ({shown}); a resume "
-                              "continues the same run: set checkpoint.resume_weights_only=true to start a new run "
-                              "from its weights")
+        allowed = check_same_run(path, self.config_yaml)
         for line in allowed:
             self.log.info(f"Resume with a changed setting, applied: {line}")
         return schedule_changed(allowed)
