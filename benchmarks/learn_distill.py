@@ -90,8 +90,9 @@ def child_train(spec: dict[str, Any]) -> dict[str, Any]:
     run = Path(spec["run"])
     base = common(run, spec["seed"], spec["steps"], spec["lr"], spec["every"], spec["freeze"])
     if spec["arm"] == "distill":
-        cfg = ["algorithm=distill", f"model.name_or_path={spec['student']}", f"distill.teacher={spec['teacher']}", f"distill.beta={spec['beta']}",
-               f"data.train={spec['prompts']}", f"rollout.num_generations={spec['g']}", f"rollout.max_new_tokens={MAX_NEW}",
+        cfg = ["algorithm=distill", f"model.name_or_path={spec['student']}", f"distill.teacher={spec['teacher']}",
+               f"distill.beta={spec['beta']}", f"data.train={spec['prompts']}", f"rollout.num_generations={spec['g']}",
+               f"rollout.max_new_tokens={MAX_NEW}",
                "rollout.temperature=1.0", "rollout.log_samples=0",
                "reward.functions=[{name: 'bench_rewards:exact_answer', weight: 1.0}]"]
         tokens = None
@@ -171,9 +172,10 @@ def held_out_kl(path: str, teacher: str, rows: list[tuple[str, str]]) -> float:
     for g, (length, prompts) in enumerate(sorted(groups.items())):
         torch.manual_seed(la.EVAL_SEED * 1000 + g)
         with torch.no_grad():
-            seqs = student.generate(torch.tensor(prompts), attention_mask=torch.ones(len(prompts), length, dtype=torch.long),
-                                    do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_NEW,
-                                    num_return_sequences=EVAL_SAMPLES, pad_token_id=tok.pad_token_id)
+            x = torch.tensor(prompts)
+            seqs = student.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=1.0, top_k=0,
+                                    top_p=1.0, max_new_tokens=MAX_NEW, num_return_sequences=EVAL_SAMPLES,
+                                    pad_token_id=tok.pad_token_id)
             new = seqs[:, length:]
             is_eos = (new == tok.eos_token_id).long()
             keep = (is_eos.cumsum(-1) - is_eos) == 0  # up to and including the first EOS
@@ -348,13 +350,15 @@ def main() -> None:
     torch_version = __import__("torch").__version__
     result.update(stamp=time.strftime("%Y-%m-%d %H:%M"), models=models, setup={
         "student_sft_steps": a.student_steps, "teacher_sft_steps": la.SFT_STEPS, "steps": a.steps, "batch": BATCH,
-        "generations": a.generations, "max_new_tokens": MAX_NEW, "freeze": la.FREEZE, "freeze_distill": a.freezes_distill,
-        "freeze_sft": a.freezes_sft, "betas": a.betas, "threads": la.THREADS, "jobs": a.jobs,
+        "generations": a.generations, "max_new_tokens": MAX_NEW, "freeze": la.FREEZE,
+        "freeze_distill": a.freezes_distill, "freeze_sft": a.freezes_sft, "betas": a.betas, "threads": la.THREADS,
+        "jobs": a.jobs,
         "torch": torch_version, "held_out": la.HELD_OUT, "eval_samples": EVAL_SAMPLES})
     result["setup_text"] = (
         f"micro Llama; S0 = {a.student_steps} SFT steps, T = {la.SFT_STEPS} SFT steps of learn_addition.py's recipe; "
-        f"{a.steps} steps of {BATCH} completions ({BATCH // a.generations} prompts x {a.generations}, <= {MAX_NEW} tokens) per arm, "
-        f"AdamW constant lr, 'frozen' = embeddings + block 0 frozen, 'all' = every weight trained, {la.THREADS} thread per run, {a.jobs} runs at a time; "
+        f"{a.steps} steps of {BATCH} completions ({BATCH // a.generations} prompts x {a.generations}, <= {MAX_NEW} "
+        f"tokens) per arm, AdamW constant lr, 'frozen' = embeddings + block 0 frozen, 'all' = every weight trained, "
+        f"{la.THREADS} thread per run, {a.jobs} runs at a time; "
         f"torch {torch_version}; wall {time.perf_counter() - t0:.0f} s")
     result["summary"] = summarize(result)
     name = f"learn-distill-{time.strftime('%Y-%m-%d')}{'-' + a.tag if a.tag else ''}"
