@@ -1,5 +1,6 @@
-"""PixelCache: a VLM's preprocessed images kept across epochs give the very tensors the uncached path gives, each
-image read once; a processor whose tensors are not one per image, or a full cache, goes the uncached way."""
+"""Images read once: PixelCache (a VLM's preprocessed images kept across epochs) gives the very tensors the uncached
+path gives, each image read once; a processor whose tensors are not one per image, or a full cache, goes the
+uncached way. flow_sft's caption batches read no image whose latents its encoding cache holds."""
 
 from __future__ import annotations
 
@@ -110,3 +111,24 @@ def test_a_full_cache_serves_what_it_holds_and_preprocesses_the_rest_as_before(p
     assert list(cache.images) == sources[:1]
     assert _equal(pixel_inputs(processor, sources, cache), pixel_inputs(processor, sources))
     assert list(cache.images) == sources[:1]  # nothing more kept
+
+
+def test_caption_batches_read_no_image_whose_encoding_is_held(shapes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flow_sft with cache_encodings: the collator reads only the images of rows whose latents are not held; their
+    pixels are those of the full batch's rows (pixel_keys names them)."""
+    from alignkit.config.schema import DataConfig
+    from alignkit.data import captions
+    from alignkit.data.captions import CaptionData
+
+    read: list[str] = []
+    monkeypatch.setattr(captions, "open_image", lambda s: read.append(s) or vlm.open_image(s))
+    cfg = DataConfig(train=str(shapes))
+    examples = CaptionData(cfg, 32).build_dataset([str(shapes)], "train")[:4]
+    full = CaptionData(cfg, 32).collate(examples)
+    held = {examples[1]["key"]: None, examples[3]["key"]: None}
+    assert len(read) == 4 and full["pixel_keys"] == [e["key"] for e in examples]
+    part = CaptionData(cfg, 32, encoded=held).collate(examples)
+    assert len(read) == 6 and part["pixel_keys"] == [examples[0]["key"], examples[2]["key"]]
+    assert torch.equal(part["pixels"], full["pixels"][[0, 2]]) and part["keys"] == full["keys"]
+    none = CaptionData(cfg, 32, encoded={e["key"]: None for e in examples}).collate(examples)
+    assert len(read) == 6 and none["pixels"].shape == (0, 3, 32, 32)
