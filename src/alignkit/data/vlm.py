@@ -284,7 +284,8 @@ class PixelCache:
     which case preprocessing them together pads nothing and gives the concatenation (an image processor that
     pads to the batch's largest image, or flattens patches of unequal counts, goes the uncached way). Bounded:
     once ``max_bytes`` are held, a micro-batch with an image not held is preprocessed the uncached way, so
-    memory stays bounded however large the data set (32x32 images take 12 KiB each)."""
+    memory stays bounded however large the data set (32x32 images take 12 KiB each). Not in a DataLoader worker
+    (``data.num_workers``): each epoch's workers start from an empty copy, which would only add per-image calls."""
 
     def __init__(self, max_bytes: int = 256 << 20) -> None:
         self.max_bytes, self.nbytes = max_bytes, 0
@@ -292,6 +293,8 @@ class PixelCache:
 
     def pixels(self, processor: Any, sources: list[str]) -> dict[str, torch.Tensor] | None:
         """The micro-batch's tensors (new ones, each image's concatenated in order) or None: go uncached."""
+        if torch.utils.data.get_worker_info() is not None:
+            return None
         for s in dict.fromkeys(sources):
             if s in self.images:
                 continue

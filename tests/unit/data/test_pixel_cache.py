@@ -113,6 +113,14 @@ def test_a_full_cache_serves_what_it_holds_and_preprocesses_the_rest_as_before(p
     assert list(cache.images) == sources[:1]  # nothing more kept
 
 
+def test_dataloader_workers_go_uncached(processor: Any, shapes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's copy of the cache starts empty every epoch: it would only turn one call into one per image."""
+    sources = [str(shapes.parent / r["image"]) for r in json.loads(shapes.read_text())]
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    cache = PixelCache()
+    assert _equal(pixel_inputs(processor, sources, cache), pixel_inputs(processor, sources)) and not cache.images
+
+
 def test_caption_batches_read_no_image_whose_encoding_is_held(shapes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """flow_sft with cache_encodings: the collator reads only the images of rows whose latents are not held; their
     pixels are those of the full batch's rows (pixel_keys names them)."""
