@@ -77,9 +77,11 @@ class FlowSFT(StepSeeded, OfflineAlgorithm):
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         self.opts = cfg.section(FlowSFTConfig)
-        super().__init__(cfg, tokenizer, CaptionData(cfg.data, self.opts.resolution))
-        self.step = 0  # optimizer steps done: seeds the noise of the next one
         self.cached: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # key -> latents, embeds, pooled
+        # with the cache, the collator reads no image whose latents are held (every step after the first epoch)
+        encoded = self.cached if self.opts.cache_encodings else None
+        super().__init__(cfg, tokenizer, CaptionData(cfg.data, self.opts.resolution, encoded=encoded))
+        self.step = 0  # optimizer steps done: seeds the noise of the next one
 
     @classmethod
     def model_specs(cls, cfg: RunConfig) -> list[ModelSpec]:
@@ -108,8 +110,9 @@ class FlowSFT(StepSeeded, OfflineAlgorithm):
             return flow.encode_images(batch["pixels"]), embeds, pooled
         keys = batch["keys"]
         new = [i for i, k in enumerate(keys) if k not in self.cached]
-        if new:
-            x0 = flow.encode_images(batch["pixels"][new])
+        if new:  # batch["pixels"] holds the images of the rows not held when it was collated (pixel_keys), a superset
+            row = {k: j for j, k in enumerate(batch["pixel_keys"])}
+            x0 = flow.encode_images(batch["pixels"][[row[keys[i]] for i in new]])
             embeds, pooled = flow.encode_text([batch["captions"][i] for i in new], self.opts.max_sequence_length)
             for j, i in enumerate(new):
                 self.cached[keys[i]] = (x0[j].cpu(), embeds[j].cpu(), pooled[j].cpu())

@@ -6,11 +6,12 @@ caption row (``image`` + ``conversations`` whose last ``gpt`` turn is the captio
 the data file's folder; ``data:`` URIs). An example keeps the resolved image, the caption and a ``key`` (file,
 line) that seeds its noise. The collator reads the images as ``(B, 3, H, W)`` pixels in [-1, 1] at
 ``resolution`` (square, bicubic); images and captions are batch fields: the policy's own encoders turn them
-into latents and text embeddings.
+into latents and text embeddings (the images of rows whose latents flow_sft's cache holds are not read).
 """
 
 from __future__ import annotations
 
+from collections.abc import Container
 from pathlib import PurePath
 from typing import Any
 
@@ -68,8 +69,10 @@ def image_pixels(sources: list[str], resolution: int) -> torch.Tensor:
 class CaptionData:
     """The data pipeline of image/caption rows; the loss unit is an image."""
 
-    def __init__(self, cfg: DataConfig, resolution: int) -> None:
-        self.cfg, self.resolution = cfg, resolution
+    def __init__(self, cfg: DataConfig, resolution: int, encoded: Container[str] | None = None) -> None:
+        """``encoded``: the keys of rows whose images the consumer holds encoded (flow_sft's cache_encodings): the
+        collator does not read their images; ``pixels`` holds those of the other rows, named by ``pixel_keys``."""
+        self.cfg, self.resolution, self.encoded = cfg, resolution, encoded
         self.skipped: dict[str, int] = {}
         self.row_counts: dict[str, RowCounts] = {}
 
@@ -83,7 +86,10 @@ class CaptionData:
         return examples
 
     def collate(self, examples: list[dict[str, Any]]) -> Batch:
-        return Batch({}, {"pixels": image_pixels([e["image"] for e in examples], self.resolution),
+        read = [e for e in examples if self.encoded is None or e["key"] not in self.encoded]
+        pixels = (image_pixels([e["image"] for e in read], self.resolution) if read
+                  else torch.zeros(0, 3, self.resolution, self.resolution))
+        return Batch({}, {"pixels": pixels, "pixel_keys": [e["key"] for e in read],
                           "captions": [e["caption"] for e in examples], "keys": [e["key"] for e in examples],
                           "noise_keys": [e["noise_key"] for e in examples]})
 

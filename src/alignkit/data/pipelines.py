@@ -27,6 +27,7 @@ from alignkit.data.cache import Job
 from alignkit.data.collate import TokenCollator, count_loss_tokens
 from alignkit.data.io import Row, RowCounts, convert_rows
 from alignkit.data.preference import PairCollator, count_pairs, pair_converter
+from alignkit.data.vlm import PixelCache
 
 
 def _limit(cfg: DataConfig, split: str) -> int | None:
@@ -102,6 +103,7 @@ class PairData:
                  processor: Any = None) -> None:
         self.tokenizer, self.cfg, self.pair, self.needs_safety_labels = tokenizer, cfg, pair, needs_safety_labels
         self.processor = processor
+        self.pixels = PixelCache()  # a VLM's preprocessed images, read once over the epochs
         self.skipped: dict[str, int] = {}
         self.row_counts: dict[str, RowCounts] = {}
 
@@ -130,7 +132,8 @@ class PairData:
         return examples
 
     def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return PairCollator(self.tokenizer.pad_token_id, packed=True, processor=self.processor)(examples)
+        return PairCollator(self.tokenizer.pad_token_id, packed=True, processor=self.processor,
+                            cache=self.pixels)(examples)
 
     def loss_units(self, batch: dict[str, torch.Tensor]) -> int:
         return count_pairs(batch)

@@ -46,7 +46,7 @@ from alignkit.data.io import (
     require_messages,
 )
 from alignkit.data.tokenize import encode_prompt_response
-from alignkit.data.vlm import IMAGE_BEYOND_MAX_LENGTH, RowImages, image_refs, pixel_inputs
+from alignkit.data.vlm import IMAGE_BEYOND_MAX_LENGTH, PixelCache, RowImages, image_refs, pixel_inputs
 
 PAIRS = ("helpful", "safety")
 
@@ -314,6 +314,7 @@ class PairCollator:
     pad_token_id: int
     packed: bool = False
     processor: Any = None  # a vision-language model's processor: images -> pixel_values
+    cache: PixelCache | None = None  # preprocessed images kept across calls by the pipeline that owns it
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         seqs = [{"input_ids": e[f"{s}_ids"], "labels": e[f"{s}_labels"]} for s in ("chosen", "rejected") for e in examples]
@@ -335,7 +336,7 @@ class PairCollator:
         if images:  # the sequences are chosen 0..B-1 then rejected 0..B-1: every pair's images twice
             if self.processor is None:
                 raise ValueError("PairCollator: examples with images need the processor")
-            batch.add_inputs(pixel_inputs(self.processor, images + images))
+            batch.add_inputs(pixel_inputs(self.processor, images + images, self.cache or PixelCache()))
         return batch
 
 

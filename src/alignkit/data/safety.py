@@ -37,6 +37,7 @@ from alignkit.data.preference import (
     two_response_row,
 )
 from alignkit.data.tokenize import _ids, render_chat
+from alignkit.data.vlm import PixelCache
 
 SAFETY_FIELDS = ("safer_response_id", "is_response_0_safe", "is_response_1_safe")
 
@@ -86,6 +87,7 @@ class SafetyData:
 
     def __init__(self, tokenizer: Any, cfg: DataConfig, processor: Any = None) -> None:
         self.tokenizer, self.cfg, self.processor = tokenizer, cfg, processor
+        self.pixels = PixelCache()  # a VLM's preprocessed images, read once over the epochs
         self.skipped: dict[str, int] = {}
         self.row_counts: dict[str, RowCounts] = {}
 
@@ -101,7 +103,8 @@ class SafetyData:
         return examples
 
     def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        batch = PairCollator(self.tokenizer.pad_token_id, packed=True, processor=self.processor)(examples)
+        batch = PairCollator(self.tokenizer.pad_token_id, packed=True, processor=self.processor,
+                             cache=self.pixels)(examples)
         batch["better_id"] = torch.tensor([int(e["better_id"]) for e in examples])
         batch["safer_id"] = torch.tensor([int(e["safer_id"]) for e in examples])
         for name in ("reward", "cost"):
