@@ -11,10 +11,9 @@ import argparse
 import importlib
 import textwrap
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from alignkit.constants import RECIPES_DIR
+from alignkit.config.recipes import recipes
 
 #: ``tiny-model --arch sd3``: VAE fitting steps by default
 VAE_STEPS = 300
@@ -270,12 +269,6 @@ ALGORITHM_NAMES = ("sft", "reward_model", "cost_model", "dpo", "safe_dpo", "kto"
                    "dr_grpo", "rloo", "grpo_agent", "ppo_agent", "distill", "redteam", "vlm_sft", "flow_sft", "flow_grpo",
                    "flow_rtpo")
 DOCS = "docs/index.md (in the repository; `mkdocs serve` shows the site at http://127.0.0.1:8000)"
-
-
-def recipes() -> list[str]:
-    """The shipped recipes: the configs/*.yaml of the repository (or of the current folder)."""
-    folder = RECIPES_DIR if RECIPES_DIR.is_dir() else Path("configs")
-    return sorted(p.name for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
 def help_epilog() -> str:

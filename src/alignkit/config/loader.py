@@ -25,25 +25,19 @@ import yaml
 from alignkit.config.alias_readers import MISSING, find
 from alignkit.config.aliases import apply_aliases, emit_notes, put, read_aliases
 from alignkit.config.deepspeed_json import map_deepspeed_json
+from alignkit.config.recipes import locate
 from alignkit.config.schema import RunConfig
 from alignkit.config.sections import ALGORITHMS, registered_sections, require_registrations
 from alignkit.config.values import check_range as _check_range
 from alignkit.config.values import convert_scalar as _convert_scalar
 from alignkit.config.values import freeze_problem
-from alignkit.constants import RECIPES_DIR
 from alignkit.errors import ConfigError
 
 # ---------------------------------------------------------------- reading + overrides
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    shipped = RECIPES_DIR / p.name
-    if not p.is_file() and p.parent == Path("configs") and shipped.is_file():  # a docs block run outside the clone
-        emit_notes([f"config: {p} is not in this folder; reading the shipped recipe {shipped}"])  # rank 0 only
-        p = shipped
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
+    p = locate(path)  # a shipped recipe where configs/NAME.yaml is missing here; the closest one named otherwise
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:

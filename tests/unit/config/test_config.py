@@ -143,8 +143,23 @@ def test_a_recipe_path_outside_the_clone_reads_the_shipped_recipe(tmp_path: Path
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "sft_digits.yaml").write_text("algorithm: dpo\n")
     assert read_yaml("configs/sft_digits.yaml") == {"algorithm": "dpo"}
-    with pytest.raises(ConfigError, match="config file 'configs/no_such_recipe.yaml' does not exist"):
+    with pytest.raises(ConfigError, match=r"config file 'configs/no_such_recipe.yaml' does not exist$"):
         read_yaml("configs/no_such_recipe.yaml")
+
+
+@pytest.mark.parametrize(("given", "meant"), [("grpo", "grpo.yaml"), ("configs/grpoo.yaml", "grpo.yaml"),
+                                              ("sft_digit", "sft_digits.yaml"), ("dpo.yml", "dpo.yaml")])
+def test_a_missing_config_names_the_closest_shipped_recipe(given: str, meant: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newcomer types a recipe's name (``alignkit train grpo``) or misspells one: the one-line error says which
+    shipped recipe was likely meant; a name near none says only that the file does not exist."""
+    from alignkit.config.loader import read_yaml
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=rf"'{given}' does not exist \(did you mean configs/{meant}, a shipped"):
+        read_yaml(given)
+    with pytest.raises(ConfigError, match=r"'my_own_run.yaml' does not exist$"):
+        read_yaml("my_own_run.yaml")
 
 
 @pytest.mark.parametrize(
