@@ -58,14 +58,22 @@ def write_prompts(path: Path, n: int = 400) -> Path:
 
 
 def overrides(args: argparse.Namespace, model: Path, prompts: Path, out: Path) -> list[str]:
+    spi = steps_per_iteration(args.set)
     return [
         "algorithm=grpo", f"model.name_or_path={model}", f"output_dir={out}", f"data.train={prompts}",
         f"data.max_length={max(64, args.max_new + 32)}", f"rollout.num_generations={args.group}", f"rollout.max_new_tokens={args.max_new}",
         "rollout.log_samples=0", "reward.functions=[{name: 'bench_rewards:digit_fraction', weight: 1.0}]",
         f"training.per_device_batch_size={args.batch}", "training.learning_rate=1e-6", "training.lr_scheduler=constant",
-        f"training.max_steps={args.warmup + args.timed}", "training.seed=0", "logging.report_to=[jsonl]",
+        f"training.max_steps={spi * (args.warmup + args.timed)}", "training.seed=0", "logging.report_to=[jsonl]",
         "logging.logging_steps=1", "logging.plot=false", "checkpoint.save_final=false", "distributed.strategy=single",
+        *args.set,
     ]
+
+
+def steps_per_iteration(extra: list[str]) -> int:
+    """Optimizer steps per iteration the ``--set`` overrides ask for (rollout.update_epochs x mini_batches)."""
+    given = dict(x.split("=", 1) for x in extra)
+    return int(given.get("rollout.update_epochs", 1)) * int(given.get("rollout.mini_batches", 1))
 
 
 def run(args: argparse.Namespace, model: Path, prompts: Path, out: Path, k: int | None,
@@ -145,6 +153,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=1, help="repeat colocated + separate runs, interleaved")
     p.add_argument("--size", default="tiny", help="the built-in Llama's size (alignkit.models.tiny_base.SIZES)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every run (e.g. rollout.update_epochs=2: more update per generation)")
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args()
     if args.batch % args.group:
