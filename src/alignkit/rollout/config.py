@@ -73,6 +73,3 @@ class RolloutConfig:
         if self.placement == "colocated" and self.max_staleness:
             raise ConfigError(f"rollout.max_staleness={self.max_staleness} needs rollout.placement: separate (colocated "
                               "generation is synchronous: every iteration samples from the weights it trains)")
-        if self.placement == "colocated" and self.generator_processes != 1:
-            raise ConfigError(f"rollout.generator_processes={self.generator_processes} needs rollout.placement: "
-                              "separate (colocated, every process trains and generates)")

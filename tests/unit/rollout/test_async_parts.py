@@ -82,10 +82,6 @@ def test_config_cross_checks() -> None:
     assert load_config(None, [*base, "rollout.placement=separate", "rollout.max_staleness=2"]).rollout.max_staleness == 2
     with pytest.raises(ConfigError, match="needs rollout.placement: separate"):
         load_config(None, [*base, "rollout.max_staleness=1"])
-    # generator processes without the split were accepted and meant nothing
-    with pytest.raises(ConfigError, match=r"rollout.generator_processes=2 needs rollout.placement: separate"):
-        load_config(None, [*base, "rollout.generator_processes=2"])
-    assert load_config(None, [*base, "rollout.placement=separate", "rollout.generator_processes=2"])
     with pytest.raises(ConfigError, match="rollout.placement"):
         load_config(None, [*base, "rollout.placement=elsewhere"])
     with pytest.raises(ConfigError, match="max_staleness"):
